@@ -1,0 +1,74 @@
+# ddp-operator: every entry point a developer or CI needs.
+# Slow things (the Python environment, the Kubernetes binaries) are cached under
+# $(CACHE), keyed by their pinned versions, and rebuilt only when a pin changes.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+CACHE ?= $(HOME)/.cache/ddp-operator
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+LOCK := requirements/dev.lock
+LOCK_HASH := $(shell sha256sum $(LOCK) | cut -c1-12)
+UV := $(CACHE)/uv-$(UV_VERSION)/bin/uv
+VENV := $(CACHE)/venv-$(LOCK_HASH)
+PY := $(VENV)/bin/python
+BIN_STAMP := $(CACHE)/bin/.stamp-$(shell sha256sum devcluster/ddp_devcluster/versions.py | cut -c1-12)
+
+export DDP_CACHE := $(CACHE)
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)/devcluster
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(UV):
+	@echo ">> installing uv $(UV_VERSION) into $(CACHE)"
+	$(PYTHON) -m venv $(CACHE)/uv-$(UV_VERSION)
+	$(CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
+
+$(VENV)/.ok: $(LOCK) | $(UV)
+	@echo ">> creating the Python environment $(VENV) from $(LOCK) (torch is large: the first time takes minutes)"
+	$(UV) venv -q --allow-existing --python $(PYTHON) $(VENV)
+	$(UV) pip sync -q --python $(PY) $(LOCK)
+	touch $@
+
+$(BIN_STAMP): devcluster/ddp_devcluster/versions.py | $(VENV)/.ok
+	$(PY) -m ddp_devcluster build
+	touch $@
+
+.PHONY: venv binaries deps
+venv: $(VENV)/.ok ## the pinned Python environment (cached)
+binaries: $(BIN_STAMP) ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm (cached)
+deps: venv binaries ## everything the tests and the demo need
+
+.PHONY: lock
+lock: | $(UV) ## re-resolve requirements/dev.lock from pyproject.toml
+	$(UV) pip compile -q pyproject.toml --extra dev --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-emit-package ddp-operator -o $(LOCK)
+
+.PHONY: lint
+lint: venv ## ruff and mypy
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy operator/ddp_operator trainer_image/ddp_trainer devcluster/ddp_devcluster
+
+.PHONY: test
+test: deps lint ## everything CI runs: lint, type check, and the test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: cluster-up cluster-down
+cluster-up: deps ## start the embedded control plane in the background; prints the KUBECONFIG to export
+	$(PY) -m ddp_devcluster up --nodes $(or $(NODES),2)
+
+cluster-down: ## stop the embedded control plane started by cluster-up
+	$(PY) -m ddp_devcluster down
+
+.PHONY: demo
+demo: deps ## run a real training job on this machine
+	$(PY) -m ddp_devcluster demo
+
+.PHONY: clean
+clean: ## remove the checkout's build outputs (the cache under $(CACHE) stays)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

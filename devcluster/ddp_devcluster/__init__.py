@@ -1,0 +1,1 @@
+"""An embedded Kubernetes control plane for development and tests (not for production)."""

@@ -1,0 +1,250 @@
+"""Build the control-plane binaries from the Go module proxy into a version-keyed cache.
+
+Each tool is built from a tiny wrapper module that requires the upstream module at its
+pinned version (Kubernetes' staging modules replaced by their published ``v0.X.Y``), so
+nothing but the Go toolchain and the module proxy is needed. A finished tool lives in
+``$DDP_CACHE/bin/<tool>-<version>/`` and is never rebuilt until its pin changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import versions
+from .paths import cache_dir
+
+
+@dataclass(frozen=True)
+class GoTool:
+    """One upstream Go module and the main packages to build from it."""
+
+    name: str
+    version: str
+    module: str
+    module_version: str
+    binaries: dict[str, str]  # binary name -> main package import path
+    ldflags: list[str] = field(default_factory=list)
+    staging_replaces: bool = False  # k8s.io/kubernetes needs its staging modules replaced
+
+    @property
+    def install_dir(self) -> Path:
+        return cache_dir() / "bin" / f"{self.name}-{self.version}"
+
+    def installed(self) -> bool:
+        return all((self.install_dir / b).is_file() for b in self.binaries)
+
+
+def _k8s_version_flags(pkg: str, version: str) -> list[str]:
+    major, minor, _ = version.split(".")
+    return [
+        f"-X {pkg}.gitVersion=v{version}",
+        f"-X {pkg}.gitMajor={major}",
+        f"-X {pkg}.gitMinor={minor}",
+        f"-X {pkg}.gitTreeState=clean",
+        f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+    ]
+
+
+def tools() -> list[GoTool]:
+    k = versions.KUBERNETES
+    return [
+        GoTool(
+            name="etcd",
+            version=versions.ETCD,
+            module="go.etcd.io/etcd/server/v3",
+            module_version=f"v{versions.ETCD}",
+            binaries={"etcd": "go.etcd.io/etcd/server/v3"},
+        ),
+        GoTool(
+            name="kubernetes",
+            version=k,
+            module="k8s.io/kubernetes",
+            module_version=f"v{k}",
+            binaries={
+                b: f"k8s.io/kubernetes/cmd/{b}"
+                for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+            },
+            ldflags=_k8s_version_flags("k8s.io/component-base/version", k)
+            + _k8s_version_flags("k8s.io/client-go/pkg/version", k),
+            staging_replaces=True,
+        ),
+        GoTool(
+            name="kwok",
+            version=versions.KWOK,
+            module="sigs.k8s.io/kwok",
+            module_version=f"v{versions.KWOK}",
+            binaries={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+        ),
+        GoTool(
+            name="helm",
+            version=versions.HELM,
+            module="helm.sh/helm/v4",
+            module_version=f"v{versions.HELM}",
+            binaries={"helm": "helm.sh/helm/v4/cmd/helm"},
+            ldflags=[f"-X helm.sh/helm/v4/internal/version.version=v{versions.HELM}"],
+        ),
+    ]
+
+
+def staging_modules(upstream_gomod: str) -> list[str]:
+    """The ``k8s.io/<name>`` modules that k8s.io/kubernetes replaces with ./staging paths."""
+    return sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", upstream_gomod, re.M)))
+
+
+def wrapper_gomod(tool: GoTool, staging: list[str], go_version: str) -> str:
+    """The go.mod of the wrapper module that builds ``tool``."""
+    lines = [
+        f"module ddp-operator.local/build/{tool.name}",
+        "",
+        f"go {go_version}",
+        "",
+        f"require {tool.module} {tool.module_version}",
+    ]
+    if staging:
+        minor = tool.version.split(".", 1)[1]  # 1.36.3 -> staging v0.36.3
+        lines += ["", "replace ("]
+        lines += [f"\t{m} => {m} v0.{minor}" for m in staging]
+        lines += [")"]
+    return "\n".join(lines) + "\n"
+
+
+def wrapper_tools_go(tool: GoTool) -> str:
+    """A build-tagged file importing the main packages, so ``go mod tidy`` resolves them."""
+    imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(tool.binaries.values())))
+    return f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n"
+
+
+class Progress:
+    """A log line per few seconds: packages compiled, rate, elapsed time."""
+
+    def __init__(self, label: str, total: int, every_s: float = 5.0) -> None:
+        self.label, self.total, self.every_s = label, max(total, 1), every_s
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def tick(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.print(now)
+
+    def print(self, now: float | None = None) -> None:
+        elapsed = (now or time.monotonic()) - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        pct = min(100.0, 100.0 * self.done / self.total)
+        print(
+            f"   [{self.label}] {self.done}/{self.total} packages compiled ({pct:4.1f}%), "
+            f"{rate:.1f} pkg/s, {elapsed:.0f}s elapsed",
+            flush=True,
+        )
+
+
+def _go(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"}
+    return subprocess.run(["go", *args], cwd=cwd, env=env, text=True, check=False, **kw)  # type: ignore[call-overload]
+
+
+def _go_version() -> str:
+    out = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True)
+    return out.stdout.strip().removeprefix("go")
+
+
+def _checked(proc: subprocess.CompletedProcess[str], what: str) -> subprocess.CompletedProcess[str]:
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stderr or ''}")
+    return proc
+
+
+def build(tool: GoTool) -> float:
+    """Build ``tool`` into its cache folder; returns seconds taken."""
+    t0 = time.monotonic()
+    src = cache_dir() / "src" / f"{tool.name}-{tool.version}"
+    src.mkdir(parents=True, exist_ok=True)
+    print(f">> {tool.name} {tool.version}: resolving {tool.module}@{tool.module_version}", flush=True)
+    staging: list[str] = []
+    if tool.staging_replaces:
+        dl = _checked(
+            _go(["mod", "download", "-json", f"{tool.module}@{tool.module_version}"], src,
+                capture_output=True),
+            f"go mod download {tool.module}",
+        )
+        gomod_path = re.search(r'"GoMod":\s*"([^"]+)"', dl.stdout)
+        assert gomod_path, dl.stdout
+        staging = staging_modules(Path(gomod_path.group(1)).read_text())
+    (src / "go.mod").write_text(wrapper_gomod(tool, staging, _go_version()))
+    (src / "tools.go").write_text(wrapper_tools_go(tool))
+    _checked(_go(["mod", "tidy"], src, capture_output=True), f"go mod tidy for {tool.name}")
+
+    pkgs = list(tool.binaries.values())
+    deps = _checked(_go(["list", "-deps", *pkgs], src, capture_output=True), "go list -deps")
+    progress = Progress(tool.name, len(deps.stdout.split()))
+    tmp = tool.install_dir.with_name(tool.install_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(f">> {tool.name} {tool.version}: compiling {len(pkgs)} binaries "
+          f"({progress.total} packages; cached packages are skipped)", flush=True)
+    ldflags = " ".join(["-s", "-w", *tool.ldflags])
+    for binary, pkg in tool.binaries.items():
+        proc = subprocess.Popen(
+            ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(tmp / binary), pkg],
+            cwd=src,
+            env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        errors = []
+        for line in proc.stderr:
+            if line.startswith(("#", " ", "\t")) or ":" in line:
+                errors.append(line)
+            else:
+                progress.tick()
+        if proc.wait() != 0:
+            raise SystemExit(f"go build {pkg} failed:\n{''.join(errors)}")
+    progress.print()
+    shutil.rmtree(tool.install_dir, ignore_errors=True)
+    tmp.rename(tool.install_dir)
+    took = time.monotonic() - t0
+    print(f">> {tool.name} {tool.version}: built in {took:.0f}s -> {tool.install_dir}", flush=True)
+    return took
+
+
+def ensure_all(force: bool = False) -> dict[str, float]:
+    """Build every tool that is not cached yet; returns seconds per tool built."""
+    timings: dict[str, float] = {}
+    missing = [t for t in tools() if force or not t.installed()]
+    if not shutil.which("go") and missing:
+        raise SystemExit(
+            "Go is needed to build " + ", ".join(t.name for t in missing) + ": install Go >= 1.26"
+        )
+    for t in tools():
+        if t in missing:
+            timings[t.name] = build(t)
+        else:
+            print(f">> {t.name} {t.version}: cached in {t.install_dir}", flush=True)
+    return timings
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddp-devcluster build", description=__doc__)
+    ap.add_argument("--force", action="store_true", help="rebuild even when cached")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    timings = ensure_all(force=args.force)
+    if timings:
+        total = time.monotonic() - t0
+        print(f">> built {', '.join(timings)} in {total:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

