@@ -1,22 +1,161 @@
-"""Command line: ``python -m ddp_devcluster {build,up,down,demo}``."""
+"""ddp-devcluster: the embedded control plane from the command line.
+
+build                 build the pinned binaries into the cache (once per version)
+up [--nodes N]        start the plane in the background; prints the KUBECONFIG to export
+down                  stop the plane that `up` started, leaving no process behind
+serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
+
+from .paths import state_dir
+
+
+def _serve(nodes: int, ready_file: Path | None) -> int:
+    from .plane import ControlPlane
+
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cp = ControlPlane(nodes=nodes)
+    try:
+        cp.start()
+        info = {
+            "pid": os.getpid(),
+            "kubeconfig": str(cp.kubeconfig),
+            "server": cp.server,
+            "startup_s": round(cp.startup_s, 2),
+            "marker": cp.marker,
+        }
+        if ready_file:
+            ready_file.write_text(json.dumps(info))
+        else:
+            print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
+        while not stop:
+            dead = [p.name for p in cp.procs.values() if not p.alive()]
+            if dead:
+                print(f"{', '.join(dead)} exited; stopping the plane", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        cp.stop()
+
+
+def _up(nodes: int) -> int:
+    sd = state_dir()
+    sd.mkdir(parents=True, exist_ok=True)
+    ready = sd / "ready.json"
+    if ready.exists():
+        info = json.loads(ready.read_text())
+        if _alive(info["pid"]):
+            print(f"already running (pid {info['pid']})\nexport KUBECONFIG={info['kubeconfig']}")
+            return 0
+        ready.unlink()
+    log = (sd / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddp_devcluster",
+            "serve",
+            "--nodes",
+            str(nodes),
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # outlives this command; `down` stops it
+    )
+    t0 = time.monotonic()
+    print(f"starting the control plane with {nodes} kwok nodes (log: {sd / 'serve.log'})")
+    while not ready.exists():
+        if proc.poll() is not None:
+            print((sd / "serve.log").read_text()[-4000:], file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    info = json.loads(ready.read_text())
+    print(f"ready in {time.monotonic() - t0:.1f}s (pid {info['pid']}); to use it:")
+    print(f"export KUBECONFIG={info['kubeconfig']}")
+    return 0
+
+
+def _down() -> int:
+    ready = state_dir() / "ready.json"
+    if not ready.exists():
+        print("no control plane is running")
+        return 0
+    info = json.loads(ready.read_text())
+    pid = int(info["pid"])
+    if _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)  # its children die with it (PDEATHSIG)
+    ready.unlink(missing_ok=True)
+    from .plane import processes_with_marker
+
+    left = processes_with_marker(info["marker"])
+    for p in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    print("stopped" + (f" (killed {len(left)} leftover processes)" if left else ""))
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "build":
+    ap = argparse.ArgumentParser(
+        prog="ddp-devcluster", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build the pinned binaries into the cache")
+    b.add_argument("--force", action="store_true")
+    for name in ("up", "serve"):
+        p = sub.add_parser(name)
+        p.add_argument("--nodes", type=int, default=2, help="kwok nodes to create")
+        if name == "serve":
+            p.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
+    sub.add_parser("down")
+    args = ap.parse_args(argv)
+    if args.cmd == "build":
         from .build import main as build_main
 
-        return build_main(rest)
-    print(f"unknown command {cmd!r}; one of: build, up, down, demo", file=sys.stderr)
-    return 2
+        return build_main(["--force"] if args.force else [])
+    if args.cmd == "up":
+        return _up(args.nodes)
+    if args.cmd == "serve":
+        return _serve(args.nodes, args.ready_file)
+    return _down()
 
 
 if __name__ == "__main__":

@@ -96,7 +96,9 @@ def tools() -> list[GoTool]:
 
 def staging_modules(upstream_gomod: str) -> list[str]:
     """The ``k8s.io/<name>`` modules that k8s.io/kubernetes replaces with ./staging paths."""
-    return sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", upstream_gomod, re.M)))
+    return sorted(
+        set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", upstream_gomod, re.M))
+    )
 
 
 def wrapper_gomod(tool: GoTool, staging: list[str], go_version: str) -> str:
@@ -169,12 +171,17 @@ def build(tool: GoTool) -> float:
     t0 = time.monotonic()
     src = cache_dir() / "src" / f"{tool.name}-{tool.version}"
     src.mkdir(parents=True, exist_ok=True)
-    print(f">> {tool.name} {tool.version}: resolving {tool.module}@{tool.module_version}", flush=True)
+    print(
+        f">> {tool.name} {tool.version}: resolving {tool.module}@{tool.module_version}", flush=True
+    )
     staging: list[str] = []
     if tool.staging_replaces:
         dl = _checked(
-            _go(["mod", "download", "-json", f"{tool.module}@{tool.module_version}"], src,
-                capture_output=True),
+            _go(
+                ["mod", "download", "-json", f"{tool.module}@{tool.module_version}"],
+                src,
+                capture_output=True,
+            ),
             f"go mod download {tool.module}",
         )
         gomod_path = re.search(r'"GoMod":\s*"([^"]+)"', dl.stdout)
@@ -190,8 +197,11 @@ def build(tool: GoTool) -> float:
     tmp = tool.install_dir.with_name(tool.install_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    print(f">> {tool.name} {tool.version}: compiling {len(pkgs)} binaries "
-          f"({progress.total} packages; cached packages are skipped)", flush=True)
+    print(
+        f">> {tool.name} {tool.version}: compiling {len(pkgs)} binaries "
+        f"({progress.total} packages; cached packages are skipped)",
+        flush=True,
+    )
     ldflags = " ".join(["-s", "-w", *tool.ldflags])
     for binary, pkg in tool.binaries.items():
         proc = subprocess.Popen(

@@ -13,4 +13,4 @@ def cache_dir() -> Path:
 
 def state_dir() -> Path:
     """Where ``ddp-devcluster up`` records the running plane for ``down`` to find."""
-    return cache_dir() / "run"
+    return Path(os.environ.get("DDP_CACHE_RUN", cache_dir() / "run"))

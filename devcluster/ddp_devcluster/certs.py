@@ -1,0 +1,165 @@
+"""Certificates and kubeconfigs for the embedded control plane (a throwaway CA per start)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+# The first address of the Service range: in-cluster clients reach the API server as
+# https://kubernetes.default.svc, which resolves to it, so the serving cert must name it.
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _validity(builder: x509.CertificateBuilder) -> x509.CertificateBuilder:
+    now = dt.datetime.now(dt.UTC)
+    return builder.not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(
+        now + dt.timedelta(days=7)
+    )
+
+
+def make_ca() -> tuple[KeyPair, ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = _key()
+    name = _name("ddp-devcluster-ca")
+    cert = (
+        _validity(x509.CertificateBuilder())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key)), key, cert
+
+
+def issue(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    cn: str,
+    orgs: tuple[str, ...] = (),
+    dns: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+) -> KeyPair:
+    """A leaf certificate for a client (``orgs`` become RBAC groups) or a server (SANs)."""
+    key = _key()
+    server = bool(dns or ips)
+    builder = (
+        _validity(x509.CertificateBuilder())
+        .subject_name(_name(cn, orgs))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [x509.ExtendedKeyUsageOID.SERVER_AUTH]
+                if server
+                else [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+    )
+    if server:
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key))
+
+
+def service_account_keys() -> KeyPair:
+    """The key pair that signs and verifies ServiceAccount tokens (public key as 'cert')."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pub = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return KeyPair(pub, _pem(key))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def kubeconfig(
+    server: str, ca_pem: bytes, user: str, *, client: KeyPair | None = None, token: str = ""
+) -> str:
+    """A kubeconfig with everything embedded, so it can be copied anywhere."""
+    creds: dict[str, str] = {}
+    if client is not None:
+        creds = {
+            "client-certificate-data": _b64(client.cert_pem),
+            "client-key-data": _b64(client.key_pem),
+        }
+    if token:
+        creds["token"] = token
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "ddp-devcluster",
+                    "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)},
+                }
+            ],
+            "users": [{"name": user, "user": creds}],
+            "contexts": [{"name": user, "context": {"cluster": "ddp-devcluster", "user": user}}],
+            "current-context": user,
+        },
+        sort_keys=False,
+    )
+
+
+def write_pair(directory: Path, name: str, pair: KeyPair) -> tuple[Path, Path]:
+    crt, key = directory / f"{name}.crt", directory / f"{name}.key"
+    crt.write_bytes(pair.cert_pem)
+    key.write_bytes(pair.key_pem)
+    key.chmod(0o600)
+    return crt, key

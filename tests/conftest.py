@@ -1,0 +1,1 @@
+pytest_plugins = ["ddp_devcluster.pytest_plugin"]

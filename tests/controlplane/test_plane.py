@@ -1,0 +1,164 @@
+"""The embedded control plane is a real cluster: scheduling, garbage collection, RBAC, tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ddp_devcluster.plane import ControlPlane
+
+pytestmark = pytest.mark.controlplane
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def get(cp: ControlPlane, *args: str) -> dict:
+    return json.loads(cp.kubectl("get", *args, "-o", "json").stdout)
+
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: hello, namespace: default}
+spec:
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, "echo hi"]
+"""
+
+
+def test_applied_pod_is_scheduled_on_a_kwok_node_and_runs(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    assert "pod/hello created" in cp.kubectl("apply", "-f", "-", input=POD).stdout
+    wait_for(lambda: get(cp, "pod", "hello")["status"].get("phase") == "Running", "Running")
+    pod = get(cp, "pod", "hello")
+    assert pod["spec"]["nodeName"].startswith("kwok-node-")
+    assert pod["status"]["podIP"]
+    # A test finishes a pod as a kubelet would; kwok records the exit code.
+    cp.kubectl("annotate", "pod", "hello", "kwok.ddp.dev/exit-code=3")
+    wait_for(lambda: get(cp, "pod", "hello")["status"]["phase"] == "Failed", "Failed")
+    state = get(cp, "pod", "hello")["status"]["containerStatuses"][0]["state"]
+    assert state["terminated"]["exitCode"] == 3
+    cp.kubectl("delete", "pod", "hello", "--wait=true", timeout=60)
+
+
+def test_deleting_an_owner_deletes_its_dependents(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    cp.kubectl("create", "configmap", "owner", "--from-literal=a=b")
+    uid = get(cp, "configmap", "owner")["metadata"]["uid"]
+    dependent = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "dependent",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}
+            ],
+        },
+    }
+    cp.kubectl("apply", "-f", "-", input=json.dumps(dependent))
+    cp.kubectl("delete", "configmap", "owner")
+
+    def gone() -> bool:
+        r = cp.kubectl("get", "configmap", "dependent", check=False)
+        return r.returncode != 0 and "NotFound" in r.stderr
+
+    wait_for(gone, "the garbage collector to delete the dependent", 60)
+
+
+def test_service_account_without_a_role_is_forbidden(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    cp = control_plane
+    cp.kubectl("create", "namespace", "rbac-check")
+    cp.kubectl("create", "serviceaccount", "nobody", "-n", "rbac-check")
+    kc = cp.token_kubeconfig("rbac-check", "nobody", tmp_path / "nobody.kubeconfig")
+
+    denied = cp.kubectl("get", "pods", "-n", "rbac-check", kubeconfig=kc, check=False)
+    assert denied.returncode != 0
+    assert "forbidden" in denied.stderr.lower()
+    assert "system:serviceaccount:rbac-check:nobody" in denied.stderr
+
+    # The same token is allowed once a role grants exactly that: the token authenticates,
+    # and RBAC alone decides.
+    cp.kubectl("create", "role", "pod-reader", "--verb=list", "--resource=pods", "-n", "rbac-check")
+    cp.kubectl(
+        "create",
+        "rolebinding",
+        "nobody-reads",
+        "--role=pod-reader",
+        "--serviceaccount=rbac-check:nobody",
+        "-n",
+        "rbac-check",
+    )
+    wait_for(
+        lambda: (
+            cp.kubectl("get", "pods", "-n", "rbac-check", kubeconfig=kc, check=False).returncode
+            == 0
+        ),
+        "the RoleBinding to take effect",
+    )
+    still_denied = cp.kubectl("get", "secrets", "-n", "rbac-check", kubeconfig=kc, check=False)
+    assert "forbidden" in still_denied.stderr.lower()
+
+
+def test_kubectl_and_server_are_the_pinned_version(control_plane: ControlPlane) -> None:
+    from ddp_devcluster import versions
+
+    out = json.loads(control_plane.kubectl("version", "-o", "json").stdout)
+    assert out["serverVersion"]["gitVersion"] == f"v{versions.KUBERNETES}"
+    assert out["clientVersion"]["gitVersion"] == f"v{versions.KUBERNETES}"
+
+
+def test_cluster_up_and_down_from_the_command_line(tmp_path: Path) -> None:
+    """`make cluster-up` / `make cluster-down` use this; a separate state dir keeps it apart."""
+    import os
+    import sys
+
+    env = {**os.environ, "DDP_CACHE_RUN": str(tmp_path)}
+    up = subprocess.run(
+        [sys.executable, "-m", "ddp_devcluster", "up", "--nodes", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    line = next(x for x in up.stdout.splitlines() if x.startswith("export KUBECONFIG="))
+    kubeconfig = line.split("=", 1)[1]
+    try:
+        from ddp_devcluster.plane import kubectl_path
+
+        nodes = subprocess.run(
+            [kubectl_path(), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "name"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert nodes.split() == ["node/kwok-node-0"]
+    finally:
+        down = subprocess.run(
+            [sys.executable, "-m", "ddp_devcluster", "down"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+    assert not Path(kubeconfig).exists()
