@@ -9,6 +9,7 @@ nothing but the Go toolchain and the module proxy is needed. A finished tool liv
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -253,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     if timings:
         total = time.monotonic() - t0
         print(f">> built {', '.join(timings)} in {total:.0f}s", flush=True)
+        record = cache_dir() / "bin" / "build-times.json"
+        old = json.loads(record.read_text()) if record.exists() else {}
+        for name, secs in timings.items():
+            tool = next(t for t in tools() if t.name == name)
+            old[f"{name}-{tool.version}"] = round(secs, 1)
+        record.write_text(json.dumps(old, indent=1, sort_keys=True))
     return 0
 
 

@@ -162,3 +162,13 @@ def test_cluster_up_and_down_from_the_command_line(tmp_path: Path) -> None:
         )
     assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
     assert not Path(kubeconfig).exists()
+
+
+def test_helm_is_built_at_its_pin() -> None:
+    from ddp_devcluster import versions
+    from ddp_devcluster.plane import binary
+
+    out = subprocess.run(
+        [str(binary("helm")), "version", "--short"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith(f"v{versions.HELM}")
