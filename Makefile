@@ -28,13 +28,13 @@ $(UV):
 	$(PYTHON) -m venv $(CACHE)/uv-$(UV_VERSION)
 	$(CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
 
-$(VENV)/.ok: $(LOCK) | $(UV)
+$(VENV)/.ok: | $(UV)
 	@echo ">> creating the Python environment $(VENV) from $(LOCK) (torch is large: the first time takes minutes)"
 	$(UV) venv -q --allow-existing --python $(PYTHON) $(VENV)
 	$(UV) pip sync -q --python $(PY) $(LOCK)
 	touch $@
 
-$(BIN_STAMP): devcluster/ddp_devcluster/versions.py | $(VENV)/.ok
+$(BIN_STAMP): | $(VENV)/.ok
 	$(PY) -m ddp_devcluster build
 	touch $@
 

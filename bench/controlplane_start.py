@@ -30,15 +30,19 @@ def main() -> None:
         print(f"run {i + 1}/{args.runs}: ready in {cp.startup_s:.1f}s", flush=True)
     record = cache_dir() / "bin" / "build-times.json"
     builds = json.loads(record.read_text()) if record.exists() else {}
-    print(json.dumps({
-        "warm_start_s_median": round(statistics.median(starts), 2),
-        "warm_start_s_max": round(max(starts), 2),
-        "stop_s_median": round(statistics.median(stops), 2),
-        "nodes": args.nodes,
-        "runs": args.runs,
-        "cold_build_s": builds,
-        "cold_build_s_total": round(sum(builds.values()), 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "warm_start_s_median": round(statistics.median(starts), 2),
+                "warm_start_s_max": round(max(starts), 2),
+                "stop_s_median": round(statistics.median(stops), 2),
+                "nodes": args.nodes,
+                "runs": args.runs,
+                "cold_build_s": builds,
+                "cold_build_s_total": round(sum(builds.values()), 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
