@@ -65,6 +65,10 @@ cluster-up: deps ## start the embedded control plane in the background; prints t
 cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
+.PHONY: demo
+demo: deps ## run a real training job on this machine (about a minute)
+	$(PY) -m ddp_devcluster demo
+
 .PHONY: clean
 clean: ## remove the checkout's build outputs (the cache under $(CACHE) stays)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

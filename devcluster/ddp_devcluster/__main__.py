@@ -146,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "serve":
             p.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
     sub.add_parser("down")
+    sub.add_parser("demo", help="run a real training job on this machine", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        from .demo import main as demo_main
+
+        return demo_main(argv[1:])
     args = ap.parse_args(argv)
     if args.cmd == "build":
         from .build import main as build_main
