@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  finished in {time.monotonic() - t0:.0f}s")
 
     print("== 3/3 results")
-    end = next((r for r in reversed(rows) if r.get("event") == "end"), {})
+    end: dict[str, Any] = next((r for r in reversed(rows) if r.get("event") == "end"), {})
     if "testAccuracy" in end:
         print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")
     print(f"  checkpoints in {ckpt}:")
