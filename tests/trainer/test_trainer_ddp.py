@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from trainer_harness import Launcher, events, free_port, metrics
 from ddp_trainer.checkpoint import CheckpointStore, load_for_inference
 from ddp_trainer.workloads import digits_data
+from trainer_harness import Launcher, events, free_port, metrics
 
 DIGITS = {
     "workload": "digits",

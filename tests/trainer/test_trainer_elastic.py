@@ -89,9 +89,7 @@ def test_node_loss_of_the_store_hosting_agent_ends_the_job(launcher: Launcher) -
 def test_scale_up_from_two_to_three_nodes(launcher: Launcher) -> None:
     ckpt = launcher.workdir / "ckpt"
     _, endpoint = launcher.store()
-    common = dict(
-        endpoint=endpoint, nnodes="2:3", nproc=1, settings=ELASTIC, checkpoint_dir=ckpt
-    )
+    common = dict(endpoint=endpoint, nnodes="2:3", nproc=1, settings=ELASTIC, checkpoint_dir=ckpt)
     nodes = [launcher.node(f"node-{i}", is_host=False, **common) for i in range(2)]
     wait_until(lambda: [s for s in steps_at_world(ckpt, 2) if s["step"] >= 40], 150, "2 nodes")
     nodes.append(launcher.node("node-2", is_host=False, **common))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,16 +75,16 @@ class Proc:
         torchrun starts workers in sessions of their own, so a process group is not enough.
         """
         for pid in [self.popen.pid, *descendants(self.popen.pid)]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def wait(self, timeout: float) -> int:
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout}s\n{self.tail()}")
+            raise AssertionError(
+                f"{self.name} still running after {timeout}s\n{self.tail()}"
+            ) from None
 
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -189,17 +190,13 @@ class Launcher:
     ) -> Proc:
         """`python -m ddp_trainer` in one process, without torchrun."""
         env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings), **(extra_env or {}))
-        return self.start(
-            name, ["-m", "ddp_trainer", "--checkpoint-dir", str(checkpoint_dir)], env
-        )
+        return self.start(name, ["-m", "ddp_trainer", "--checkpoint-dir", str(checkpoint_dir)], env)
 
     def kill_all(self) -> None:
         for proc in self.procs:
             proc.kill_tree()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def logs(self) -> str:
         return "\n".join(p.tail() for p in self.procs)
