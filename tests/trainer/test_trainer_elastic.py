@@ -53,6 +53,8 @@ def test_node_loss_with_dedicated_store_resumes_and_finishes(launcher: Launcher)
     (end,) = events(ckpt, "end")
     assert end["step"] == TOTAL and end["worldSize"] == 1
     assert steps_at_world(ckpt, 1)[-1]["step"] == TOTAL
+    assert {s["globalBatchSize"] for s in events(ckpt, "step")} == {64}
+    assert {s["perRankBatch"] for s in steps_at_world(ckpt, 1)} == {64}
     assert store.popen.poll() is None  # the store outlived the node
 
 

@@ -59,7 +59,7 @@ def test_lr_warms_up_then_follows_a_cosine_to_the_floor() -> None:
     lrs = [lr_at(s, peak=1.0, warmup_steps=4, total_steps=25, floor=0.1) for s in range(25)]
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert lrs[4] == 1.0 and math.isclose(lrs[-1], 0.1)
-    assert all(a >= b for a, b in itertools.pairwise(lrs))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
     assert math.isclose(lrs[14], 0.55)  # halfway through the decay
     assert peak_lr(0.1, 512, 256, scale=True) == 0.2 and peak_lr(0.1, 512, 256, False) == 0.1
 
