@@ -9,7 +9,9 @@ TrainerConfig and returns a :class:`Workload` or a tuple
 
 from __future__ import annotations
 
+import gzip
 import importlib
+import importlib.util
 import math
 import sysconfig
 from collections.abc import Callable, Sequence
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,21 +75,46 @@ class DigitsCNN(nn.Module):
         return self.head(self.features(x))
 
 
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """Pixels (N, 8, 8) and labels of scikit-learn's bundled digits.
+
+    The bundled CSV is read directly: importing scikit-learn costs seconds per process.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    locations = spec.submodule_search_locations if spec else None
+    path = Path(locations[0]) / "datasets" / "data" / "digits.csv.gz" if locations else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        return digits.images, digits.target
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[Any, Any]:
+    """(train, test) indices with each class split in the same proportion, fixed by seed."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        cut = round(len(members) * test_fraction)
+        test.append(members[:cut])
+        train.append(members[cut:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
 def digits_data() -> tuple[TensorDataset, TensorDataset]:
     """scikit-learn's 1797 digits, split 80/20 (stratified, fixed), pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    images, labels = _digits_arrays()
+    train, test = stratified_split(labels, 0.2, seed=0)
 
-    digits = load_digits()
-    x_train, x_test, y_train, y_test = train_test_split(
-        digits.images, digits.target, test_size=0.2, random_state=0, stratify=digits.target
-    )
+    def tensors(index: np.ndarray) -> TensorDataset:
+        pixels = torch.tensor(images[index], dtype=torch.float32).unsqueeze(1) / 16.0
+        return TensorDataset(pixels, torch.tensor(labels[index], dtype=torch.long))
 
-    def tensors(x: Any, y: Any) -> TensorDataset:
-        images = torch.tensor(x, dtype=torch.float32).unsqueeze(1) / 16.0
-        return TensorDataset(images, torch.tensor(y, dtype=torch.long))
-
-    return tensors(x_train, y_train), tensors(x_test, y_test)
+    return tensors(train), tensors(test)
 
 
 # charlm ---------------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""Checkpoint folder: manifest bookkeeping (pure) and the store on real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_trainer.checkpoint import (
+    FORMAT,
+    AsyncCheckpointWriter,
+    CheckpointStore,
+    Entry,
+    candidates,
+    checkpoint_name,
+    parse_manifest,
+    record,
+    render_manifest,
+    snapshot,
+    step_of,
+)
+
+
+def state(step: int) -> dict:
+    return {"format": FORMAT, "step": step, "weights": torch.full((64,), float(step))}
+
+
+def test_names_and_manifest_round_trip() -> None:
+    assert checkpoint_name(123) == "step-00000123.pt" and step_of("step-00000123.pt") == 123
+    assert step_of("metrics.jsonl") is None
+    entries = [Entry("step-00000010.pt", 10, "ab", 5), Entry("step-00000020.pt", 20)]
+    assert parse_manifest(render_manifest(reversed(entries))) == entries
+    with pytest.raises(ValueError):
+        parse_manifest('{"format": 1, "checkpoints": [{"name": "x.pt", "step": 1}]}')
+
+
+def test_record_keeps_the_newest_and_drops_a_discarded_future() -> None:
+    entries = [Entry(checkpoint_name(s), s) for s in (10, 20, 30)]
+    kept, removed = record(entries, Entry(checkpoint_name(40), 40), keep=3)
+    assert [e.step for e in kept] == [20, 30, 40] and [e.step for e in removed] == [10]
+    # Resumed from 20 after 30 was found corrupt: writing 25 forgets 30.
+    kept, removed = record(entries, Entry(checkpoint_name(25), 25), keep=3)
+    assert [e.step for e in kept] == [10, 20, 25] and [e.step for e in removed] == [30]
+
+
+def test_candidates_include_unlisted_files_newest_first() -> None:
+    listed = [Entry(checkpoint_name(10), 10)]
+    names = [checkpoint_name(10), checkpoint_name(20), "manifest.json", ".step-x.tmp"]
+    assert [e.step for e in candidates(listed, names)] == [20, 10]
+
+
+def test_store_writes_atomically_and_prunes(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        store.write(step, state(step))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "manifest.json",
+        "step-00000002.pt",
+        "step-00000003.pt",
+    ]
+    entry, loaded = store.latest() or (None, {})
+    assert entry is not None and entry.step == 3 and loaded["weights"][0] == 3.0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path, damage) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (1, 2):
+        store.write(step, state(step))
+    newest = tmp_path / checkpoint_name(2)
+    data = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        newest.write_bytes(data[:-20] + bytes(b ^ 0xFF for b in data[-20:]))
+    else:
+        newest.unlink()
+    entry, _ = store.latest() or (None, None)
+    assert entry is not None and entry.step == 1
+
+
+def test_without_manifest_files_are_verified_by_loading(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (1, 2):
+        store.write(step, state(step))
+    (tmp_path / "manifest.json").write_text("{torn")
+    newest = tmp_path / checkpoint_name(2)
+    newest.write_bytes(newest.read_bytes()[:100])
+    entry, _ = store.latest() or (None, None)
+    assert entry is not None and entry.step == 1
+    assert CheckpointStore(tmp_path / "absent").latest() is None
+
+
+def test_temporaries_of_a_killed_writer_are_removed(tmp_path: Path) -> None:
+    (tmp_path / ".step-00000005.pt.123.tmp").write_bytes(b"partial")
+    store = CheckpointStore(tmp_path)
+    store.remove_temporaries()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_async_writer_writes_a_snapshot_not_the_live_tensors(tmp_path: Path) -> None:
+    live = state(7)
+    writer = AsyncCheckpointWriter(CheckpointStore(tmp_path))
+    writer.submit(7, snapshot(live))
+    live["weights"].add_(100.0)  # training goes on while the write runs
+    writer.close()
+    _, loaded = CheckpointStore(tmp_path).latest() or (None, {})
+    assert loaded["weights"][0] == 7.0

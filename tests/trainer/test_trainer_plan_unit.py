@@ -1,0 +1,114 @@
+"""Pure arithmetic: shares of the global batch, micro-batches, positions, LR, AMP choice."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from ddp_trainer.amp import resolve_amp
+from ddp_trainer.plan import (
+    Position,
+    advance,
+    micro_sizes,
+    plan_batches,
+    rank_share,
+    settle,
+    steps_per_epoch,
+    total_steps,
+)
+from ddp_trainer.sampler import GlobalBatchSampler
+from ddp_trainer.schedule import lr_at, peak_lr
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7, 64])
+def test_shares_tile_the_global_batch(world: int) -> None:
+    shares = [rank_share(64, world, r) for r in range(world)]
+    assert shares[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(shares))
+    assert sum(count for _, count in shares) == 64
+    assert max(c for _, c in shares) - min(c for _, c in shares) <= 1
+
+
+def test_global_batch_smaller_than_world_is_refused() -> None:
+    with pytest.raises(ValueError, match="globalBatchSize"):
+        rank_share(2, 3, 0)
+
+
+def test_micro_batches_keep_the_last_one_full() -> None:
+    assert micro_sizes(10, 3) == (3, 3, 4)
+    assert micro_sizes(2, 3) == (0, 1, 1)
+    plan = plan_batches(64, 3, 2, micro_batch_size=8)
+    assert plan.count == 21 and plan.accumulation_steps == 3 and sum(plan.micro_sizes) == 21
+    assert plan_batches(64, 2, 0).micro_sizes == (32,)
+
+
+def test_positions_advance_through_epochs() -> None:
+    assert steps_per_epoch(1437, 64) == 22
+    assert total_steps(10, 22, None) == 220 and total_steps(10, 22, 50) == 50
+    position = Position(0, 0, 0)
+    for _ in range(22):
+        position = advance(position, 64, 1437)
+    assert position == Position(22, 1, 0)
+    # A resume with a larger global batch that no longer fits moves to the next epoch.
+    assert settle(Position(21, 0, 1344), 128, 1437) == Position(21, 1, 0)
+
+
+def test_lr_warms_up_then_follows_a_cosine_to_the_floor() -> None:
+    lrs = [lr_at(s, peak=1.0, warmup_steps=4, total_steps=25, floor=0.1) for s in range(25)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4] == 1.0 and math.isclose(lrs[-1], 0.1)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
+    assert math.isclose(lrs[14], 0.55)  # halfway through the decay
+    assert peak_lr(0.1, 512, 256, scale=True) == 0.2 and peak_lr(0.1, 512, 256, False) == 0.1
+
+
+def test_amp_resolution() -> None:
+    assert resolve_amp("auto", "cpu", False).dtype == "bfloat16"
+    assert resolve_amp("auto", "cuda", True).label == "bfloat16"
+    assert resolve_amp("auto", "cuda", False).label == "float16+GradScaler"
+    assert resolve_amp("fp16", "cpu", True).grad_scaler
+    assert resolve_amp("off", "cuda", True).dtype is None
+
+
+class Sized:
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def consumed(n: int, world: int, epoch: int, start: int, steps: int) -> list[int]:
+    """Indices the whole world consumes in `steps` steps from cursor `start`."""
+    taken: list[int] = []
+    for rank in range(world):
+        sampler = GlobalBatchSampler(Sized(n), plan_batches(48, world, rank, 10), seed=5)
+        sampler.set_epoch(epoch)
+        sampler.set_start(start)
+        for step, micro in enumerate(sampler.batches()):
+            if step == steps:
+                break
+            taken.extend(i for part in micro for i in part.tolist())
+    return taken
+
+
+def test_resume_at_another_world_size_neither_repeats_nor_skips() -> None:
+    n = 500  # 10 full batches of 48 per epoch, 20 samples dropped
+    before = consumed(n, world=4, epoch=3, start=0, steps=4)
+    after = consumed(n, world=3, epoch=3, start=4 * 48, steps=100)
+    order = GlobalBatchSampler(Sized(n), plan_batches(48, 1, 0), seed=5)
+    order.set_epoch(3)
+    assert sorted(before + after) == sorted(order.global_order()[: 10 * 48].tolist())
+    assert len(set(before + after)) == 480
+
+
+def test_sampler_behaves_like_a_distributed_sampler() -> None:
+    sampler = GlobalBatchSampler(Sized(100), plan_batches(20, 2, 1), seed=0)
+    sampler.set_epoch(1)
+    first = list(sampler)
+    sampler.set_epoch(2)
+    assert len(first) == len(sampler) == 50 and list(sampler) != first
+    assert isinstance(sampler, torch.utils.data.DistributedSampler)

@@ -1,0 +1,103 @@
+"""Resume: exact after a kill, past a corrupt newest checkpoint, and after SIGTERM."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+from trainer_harness import Launcher, events, last_step, wait_until
+
+from ddp_trainer.checkpoint import CheckpointStore
+
+EXACT = {
+    "workload": "digits",
+    "epochs": 6,
+    "globalBatchSize": 64,
+    "amp": "off",
+    "seed": 7,
+    "checkpointEverySteps": 10,
+    "checkpointKeep": 2,
+    "logEverySteps": 1,
+    "evaluate": False,
+    "pgTimeoutS": 30,
+}
+TOTAL = 6 * (1437 // 64)
+
+
+def losses(directory) -> dict[int, list[float]]:
+    by_step: dict[int, list[float]] = {}
+    for line in events(directory, "step"):
+        by_step.setdefault(line["step"], []).append(line["loss"])
+    return by_step
+
+
+@pytest.mark.timeout(240)
+def test_killed_run_resumes_exactly_like_an_uninterrupted_one(launcher: Launcher) -> None:
+    reference, interrupted = launcher.workdir / "reference", launcher.workdir / "interrupted"
+    run = launcher.standalone("reference", nproc=2, settings=EXACT, checkpoint_dir=reference)
+    assert run.wait(120) == 0, run.tail()
+
+    first = launcher.standalone("first", nproc=2, settings=EXACT, checkpoint_dir=interrupted)
+    wait_until(lambda: last_step(interrupted) >= 25, 90, "step 25")
+    first.kill_tree()
+    killed_at = last_step(interrupted)
+    assert killed_at < TOTAL, "the run ended before it could be killed"
+    second = launcher.standalone("second", nproc=2, settings=EXACT, checkpoint_dir=interrupted)
+    assert second.wait(120) == 0, second.tail()
+
+    _, restart = events(interrupted, "start")
+    assert restart["resumedFrom"] and 0 < restart["step"] <= killed_at
+    expected, got = losses(reference), losses(interrupted)
+    assert sorted(got) == sorted(expected) == list(range(1, TOTAL + 1))
+    for step, values in got.items():
+        for value in values:  # steps run twice (before the kill and after) match both times
+            assert math.isclose(value, expected[step][0], rel_tol=1e-6), (step, value)
+    # The first step after the resume continues the epoch at the saved sample cursor.
+    resumed_steps = [s for s in events(interrupted, "step") if s["time"] > restart["time"]]
+    assert resumed_steps[0]["step"] == restart["step"] + 1
+
+
+@pytest.mark.timeout(180)
+def test_corrupt_newest_checkpoint_is_skipped(launcher: Launcher) -> None:
+    ckpt = launcher.workdir / "ckpt"
+    settings = {**EXACT, "epochs": 2, "checkpointKeep": 3}
+    run = launcher.alone("first", settings=settings, checkpoint_dir=ckpt)
+    assert run.wait(120) == 0, run.tail()
+    store = CheckpointStore(ckpt)
+    assert [e.step for e in store.entries()] == [30, 40, 44]
+    newest = ckpt / "step-00000044.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\0" * 64  # bit rot in the middle
+    newest.write_bytes(bytes(data))
+    expected = losses(ckpt)
+
+    again = launcher.alone("again", settings=settings, checkpoint_dir=ckpt)
+    assert again.wait(120) == 0, again.tail()
+    assert "skipping checkpoint step-00000044.pt" in again.output()
+    restart = events(ckpt, "start")[-1]
+    assert restart["resumedFrom"] == "step-00000040.pt" and restart["step"] == 40
+    rerun = [s for s in events(ckpt, "step") if s["time"] >= restart["time"]]
+    assert [s["step"] for s in rerun] == [41, 42, 43, 44]
+    for line in rerun:
+        assert math.isclose(line["loss"], expected[line["step"]][0], rel_tol=1e-6)
+    entry, state = store.latest() or (None, None)
+    assert entry is not None and entry.step == 44 and state is not None
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_leaves_a_checkpoint_of_the_last_step(launcher: Launcher) -> None:
+    ckpt = launcher.workdir / "ckpt"
+    settings = {**EXACT, "epochs": 20, "checkpointEverySteps": 0}
+    run = launcher.standalone("run", nproc=2, settings=settings, checkpoint_dir=ckpt)
+    wait_until(lambda: last_step(ckpt) >= 20, 90, "step 20")
+    run.signal(signal.SIGTERM)  # to torchrun only, as the kubelet does; it tells the workers
+    assert run.wait(60) != 0
+    last = last_step(ckpt)
+    assert last < 20 * (1437 // 64)
+    found = CheckpointStore(ckpt).latest()
+    assert found is not None, run.tail()
+    entry, state = found
+    assert entry.step >= last and state["step"] == entry.step
+    (saved,) = events(ckpt, "checkpoint")
+    assert saved["synchronous"] and saved["step"] == entry.step

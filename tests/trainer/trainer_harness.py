@@ -1,0 +1,244 @@
+"""Starts real torchrun agents ("nodes"), a rendezvous store and lone trainers on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
+
+# torchrun's default of sharing the rendezvous TCPStore with the workers breaks
+# re-rendezvous when membership changes (pytorch/pytorch#135712): a joining node waits
+# for a MASTER_ADDR that the rank-0 agent only publishes in the first round. The
+# operator's pods must set this too.
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+# Fast failure detection and re-rendezvous on loopback (production uses longer ones).
+RDZV_CONF = (
+    "join_timeout=120,last_call_timeout=2,close_timeout=10,read_timeout=20,"
+    "keep_alive_interval=1,keep_alive_max_attempt=3"
+)
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of started processes: sources on the path, one thread, no leftovers."""
+    dropped = ("DDPJOB_", "DDP_TRAINER_", "PET_", "TORCHELASTIC_")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(dropped)
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        and k != "KUBECONFIG"
+    }
+    paths = [REPO / "operator", REPO / "trainer_image", REPO / "devcluster", HERE]
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """A started process group (an agent with its workers, a store, a lone trainer)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def signal(self, signum: int) -> None:
+        """Signal the process itself (torchrun forwards SIGTERM to its workers)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signum)
+
+    def kill_tree(self) -> None:
+        """SIGKILL the process and all its descendants at once, like a node that dies.
+
+        torchrun starts workers in sessions of their own, so a process group is not enough.
+        """
+        for pid in [self.popen.pid, *descendants(self.popen.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{self.name} still running after {timeout}s\n{self.tail()}"
+            ) from None
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"--- {self.name} ({self.log}) ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class Launcher:
+    """Starts processes under `workdir` and kills whatever is left at teardown."""
+
+    workdir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        log = self.workdir / f"{name}.log"
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, *args],
+                cwd=self.workdir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def store(self) -> tuple[Proc, str]:
+        """The dedicated rendezvous store; returns it and its HOST:PORT."""
+        port = free_port()
+        proc = self.start(
+            "rdzv-store",
+            ["-m", "ddp_trainer.rdzv_store", "--host", "127.0.0.1", "--port", str(port)],
+            subprocess_env(),
+        )
+        wait_until(lambda: "listening" in proc.output(), 60, "the rendezvous store to listen")
+        return proc, f"127.0.0.1:{port}"
+
+    def node(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        nnodes: str,
+        nproc: int,
+        settings: dict[str, Any],
+        checkpoint_dir: Path,
+        is_host: bool,
+        rdzv_id: str = "job",
+        max_restarts: int = 3,
+    ) -> Proc:
+        """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer."""
+        conf = f"{RDZV_CONF},is_host={'true' if is_host else 'false'}"
+        args = [
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf={conf}",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.5",
+            "--local-addr=127.0.0.1",
+            "-m",
+            "ddp_trainer",
+            "--checkpoint-dir",
+            str(checkpoint_dir),
+        ]
+        env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings), **AGENT_ENV)
+        return self.start(name, args, env)
+
+    def standalone(
+        self, name: str, *, nproc: int, settings: dict[str, Any], checkpoint_dir: Path
+    ) -> Proc:
+        """A single-node torchrun (`--standalone`) with `nproc` workers."""
+        args = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.5",
+            "-m",
+            "ddp_trainer",
+            "--checkpoint-dir",
+            str(checkpoint_dir),
+        ]
+        env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings))
+        return self.start(name, args, env)
+
+    def alone(
+        self,
+        name: str,
+        *,
+        settings: dict[str, Any],
+        checkpoint_dir: Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> Proc:
+        """`python -m ddp_trainer` in one process, without torchrun."""
+        env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings), **(extra_env or {}))
+        return self.start(name, ["-m", "ddp_trainer", "--checkpoint-dir", str(checkpoint_dir)], env)
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            proc.kill_tree()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(10)
+
+    def logs(self) -> str:
+        return "\n".join(p.tail() for p in self.procs)
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def metrics(directory: Path) -> list[dict[str, Any]]:
+    from ddp_trainer.progress import read_metrics
+
+    return read_metrics(directory)
+
+
+def events(directory: Path, kind: str) -> list[dict[str, Any]]:
+    return [line for line in metrics(directory) if line["event"] == kind]
+
+
+def last_step(directory: Path) -> int:
+    steps = events(directory, "step")
+    return steps[-1]["step"] if steps else 0
