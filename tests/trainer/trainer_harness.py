@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from ddp_devcluster.procs import free_port, kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -50,12 +50,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Proc:
     """A started process group (an agent with its workers, a store, a lone trainer)."""
@@ -70,13 +64,8 @@ class Proc:
             self.popen.send_signal(signum)
 
     def kill_tree(self) -> None:
-        """SIGKILL the process and all its descendants at once, like a node that dies.
-
-        torchrun starts workers in sessions of their own, so a process group is not enough.
-        """
-        for pid in [self.popen.pid, *descendants(self.popen.pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        """SIGKILL the process and all its descendants at once, like a node that dies."""
+        kill_tree(self.popen.pid)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -200,23 +189,6 @@ class Launcher:
 
     def logs(self) -> str:
         return "\n".join(p.tail() for p in self.procs)
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
