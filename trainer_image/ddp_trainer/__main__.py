@@ -1,0 +1,35 @@
+"""`python -m ddp_trainer`: read the settings, then train (one torchrun worker, or alone)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from .config import ConfigError, load_settings
+
+
+def _setup_logging() -> None:
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO if rank == "0" else logging.WARNING,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, checkpoint_dir = load_settings(argv)
+    except ConfigError as error:
+        print(f"ddp_trainer: invalid settings: {error}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    from .trainer import run  # torch is imported only once the settings are valid
+
+    return run(config, checkpoint_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

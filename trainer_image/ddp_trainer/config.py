@@ -1,0 +1,345 @@
+"""The trainer's settings: one pydantic model, and how defaults, YAML, env and CLI merge.
+
+Imports no torch: the operator reads this model (its field descriptions become
+``kubectl explain ddpjob.spec.trainer``) in an image without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+BUILTIN_WORKLOADS = ("digits", "charlm", "synthetic")
+PLUGIN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+CONFIG_ENV = "DDP_TRAINER_CONFIG"
+CHECKPOINT_DIR_ENV = "DDPJOB_CHECKPOINT_DIR"
+DEFAULT_CHECKPOINT_DIR = "./checkpoints"
+
+
+class ConfigError(ValueError):
+    """Settings a user gave that cannot be used; the message names the field and the fix."""
+
+
+class TrainerConfig(BaseModel):
+    """Settings of one training run (``spec.trainer`` of a DDPJob)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    workload: str = Field(
+        "digits",
+        description="What to train: `digits` (scikit-learn's handwritten digits, a small CNN), "
+        "`charlm` (a small GPT-style character model on local text), `synthetic` (random data, "
+        "for throughput), or a plugin `package.module:function` that returns the model, "
+        "datasets and loss.",
+    )
+    epochs: int = Field(10, ge=1, description="Passes over the training set.")
+    max_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Optional cap on optimizer steps; the LR schedule ends at "
+        "min(epochs * stepsPerEpoch, maxSteps).",
+    )
+    global_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Samples per optimizer step summed over all processes; constant whatever "
+        "the world size (the per-process batch and gradient accumulation adapt).",
+    )
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Largest batch one process runs forward at once; when its share of the "
+        "global batch is larger, gradients are accumulated over several micro-batches. "
+        "Unset: no limit.",
+    )
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW (before scaleLr).")
+    min_lr: float = Field(
+        0.0, ge=0, description="Floor of the cosine decay: the LR at the last step."
+    )
+    warmup_steps: int = Field(
+        10, ge=0, description="Optimizer steps of linear warmup from 0 to the peak LR."
+    )
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled weight decay.")
+    grad_clip_norm: float | None = Field(
+        None, gt=0, description="Clip the global gradient norm to this value. Unset: no clipping."
+    )
+    amp: Literal["auto", "bf16", "fp16", "off"] = Field(
+        "auto",
+        description="Mixed precision: `auto` (bf16 autocast on CPU and on CUDA devices that "
+        "support it, else fp16 with a GradScaler), `bf16`, `fp16` (with a GradScaler), `off`.",
+    )
+    seed: int = Field(0, ge=0, description="Seed of data order, initial weights and dropout.")
+    scale_lr: bool = Field(
+        False,
+        description="Scale the LR linearly with the global batch: lr * globalBatchSize / "
+        "baseBatchSize.",
+    )
+    base_batch_size: int = Field(
+        256, ge=1, description="Reference global batch of scaleLr (the batch `lr` was tuned for)."
+    )
+    bucket_cap_mb: float = Field(
+        25.0, gt=0, description="DDP gradient bucket size in MiB (DDP's bucket_cap_mb)."
+    )
+    gradient_as_bucket_view: bool = Field(
+        True, description="Let gradients alias DDP's communication buckets (saves memory)."
+    )
+    static_graph: bool = Field(
+        False,
+        description="Tell DDP the set of used parameters never changes between steps "
+        "(enables DDP optimizations).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="charlm only: recompute each transformer block's activations in the "
+        "backward pass (torch.utils.checkpoint), trading compute for memory.",
+    )
+    checkpoint_every_steps: int = Field(
+        100,
+        ge=0,
+        description="Write a checkpoint every N optimizer steps (0: only at the end and on "
+        "SIGTERM).",
+    )
+    checkpoint_keep: int = Field(3, ge=1, description="Newest checkpoints to keep.")
+    log_every_steps: int = Field(
+        10, ge=1, description="Log and append to metrics.jsonl every N optimizer steps."
+    )
+    evaluate: bool = Field(
+        True, description="Evaluate on the test split at the end (loss, and accuracy)."
+    )
+    eval_max_batches: int = Field(
+        50, ge=1, description="At most this many batches of globalBatchSize in the evaluation."
+    )
+    corpus: str | None = Field(
+        None,
+        description="charlm: a text file or a folder of `*.py`/`*.txt` files. Unset: the "
+        "Python standard library's own source files (nothing is downloaded).",
+    )
+    corpus_max_bytes: int = Field(
+        1_000_000, ge=10_000, description="charlm: read at most this many bytes of the corpus."
+    )
+    block_size: int = Field(128, ge=8, description="charlm: context length in bytes.")
+    n_layer: int = Field(4, ge=1, description="charlm: transformer blocks.")
+    n_head: int = Field(4, ge=1, description="charlm: attention heads.")
+    n_embd: int = Field(128, ge=8, description="charlm: embedding width.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="charlm: dropout probability.")
+    synthetic_samples: int = Field(
+        8192, ge=1, description="synthetic: samples in the training set."
+    )
+    synthetic_dim: int = Field(256, ge=1, description="synthetic: input features.")
+    synthetic_hidden: int = Field(1024, ge=1, description="synthetic: hidden width of the MLP.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="`auto`: CUDA (NCCL) when available, else CPU (gloo)."
+    )
+    pg_timeout_s: int = Field(
+        1800,
+        ge=1,
+        description="Timeout of collectives in seconds: how long a process waits for a dead "
+        "peer before failing (and being restarted by torchrun).",
+    )
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, value: str) -> str:
+        if value in BUILTIN_WORKLOADS or PLUGIN_PATTERN.match(value):
+            return value
+        raise ValueError(
+            f"unknown workload {value!r}: use one of {', '.join(BUILTIN_WORKLOADS)} "
+            "or a plugin 'package.module:function'"
+        )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"minLr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"nEmbd ({self.n_embd}) must be divisible by nHead ({self.n_head})")
+        return self
+
+    @property
+    def is_plugin(self) -> bool:
+        return self.workload not in BUILTIN_WORKLOADS
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The settings with camelCase keys, as JSON types (what checkpoints store)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _field_name_by_key() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for name, field in TrainerConfig.model_fields.items():
+        names[name] = name
+        names[field.alias or name] = name
+        names[name.replace("_", "-")] = name
+    return names
+
+
+def normalize_keys(layer: Mapping[str, Any]) -> dict[str, Any]:
+    """Map camelCase, snake_case or kebab-case keys to field names; unknown keys pass through."""
+    names = _field_name_by_key()
+    return {names.get(key, key): value for key, value in layer.items()}
+
+
+def merge_layers(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge settings layers; a later layer overrides an earlier one key by key."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(normalize_keys(layer))
+    return merged
+
+
+def _field_label(loc: Sequence[int | str]) -> str:
+    fields = TrainerConfig.model_fields
+    parts = [
+        (fields[str(p)].alias or str(p)) if str(p) in fields else str(p) for p in loc if p != ""
+    ]
+    return ".".join(parts) or "trainer settings"
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem, each starting with the camelCase field it is about."""
+    lines = []
+    for item in error.errors():
+        label = _field_label(item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown setting (see `python -m ddp_trainer --help`)"
+        got = "" if item["type"] in ("missing",) else f" (got {item.get('input')!r})"
+        if item["type"] == "extra_forbidden" or not item["loc"]:
+            got = ""
+        lines.append(f"{label}: {message}{got}")
+    return "; ".join(lines)
+
+
+def build_config(*layers: Mapping[str, Any]) -> TrainerConfig:
+    """Validate merged layers into a TrainerConfig, or raise ConfigError naming the fields."""
+    try:
+        return TrainerConfig.model_validate(merge_layers(*layers))
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error)) from None
+
+
+def parse_env_layer(text: str | None) -> dict[str, Any]:
+    """The JSON object of DDP_TRAINER_CONFIG (empty when unset)."""
+    if not text or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{CONFIG_ENV}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{CONFIG_ENV}: must be a JSON object of camelCase settings")
+    return value
+
+
+def parse_yaml_layer(text: str, source: str = "--config") -> dict[str, Any]:
+    """The mapping of a YAML settings file; a top-level `trainer:` key is unwrapped."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: not valid YAML ({error})") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: must be a mapping of settings")
+    if set(value) == {"trainer"} and isinstance(value["trainer"], dict):
+        value = value["trainer"]
+    return value
+
+
+def _cli_type(annotation: Any) -> tuple[Any, bool]:
+    """(argparse type, is_bool) of a field annotation."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _cli_type(inner[0])
+    if origin is Literal:
+        return str, False
+    if annotation is bool:
+        return bool, True
+    return annotation, False
+
+
+def _optional(parse: Any) -> Any:
+    def convert(text: str) -> Any:
+        return None if text.lower() in ("none", "null", "") else parse(text)
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """Argument parser with one flag per setting; unset flags leave lower layers alone."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ddp_trainer",
+        description="Train with PyTorch DDP (run by torchrun, or alone for one process). "
+        "Settings, later overriding earlier: defaults < YAML file of --config < env "
+        f"{CONFIG_ENV} (JSON object, camelCase keys) < the flags below.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", metavar="YAML", help="YAML file of settings (camelCase keys).")
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help=f"Folder of checkpoints and metrics.jsonl (env {CHECKPOINT_DIR_ENV}; "
+        f"default {DEFAULT_CHECKPOINT_DIR}). Only global rank 0 writes into it.",
+    )
+    settings = parser.add_argument_group("settings")
+    for name, field in TrainerConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kind, is_bool = _cli_type(field.annotation)
+        choices = None
+        literal = [a for a in typing.get_args(field.annotation) if a is not type(None)]
+        if typing.get_origin(field.annotation) is Literal:
+            choices = list(literal)
+        help_text = f"{field.description} [{field.alias}; default: {field.default}]"
+        help_text = help_text.replace("%", "%%")
+        if is_bool:
+            settings.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text
+            )
+            continue
+        parse = _optional(kind) if field.default is None else kind
+        settings.add_argument(
+            flag,
+            dest=name,
+            type=parse,
+            choices=choices,
+            metavar=field.alias.upper() if field.alias else name.upper(),
+            help=help_text,
+        )
+    return parser
+
+
+def load_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[TrainerConfig, Path]:
+    """Settings and checkpoint folder from defaults < --config YAML < env JSON < CLI flags."""
+    environ = os.environ if environ is None else environ
+    namespace = vars(build_arg_parser().parse_args(argv))
+    yaml_layer: dict[str, Any] = {}
+    config_path = namespace.pop("config", None)
+    if config_path:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"--config: no such file {config_path!r}")
+        yaml_layer = parse_yaml_layer(path.read_text(), source=config_path)
+    checkpoint_dir = namespace.pop("checkpoint_dir", None) or environ.get(
+        CHECKPOINT_DIR_ENV, DEFAULT_CHECKPOINT_DIR
+    )
+    env_layer = parse_env_layer(environ.get(CONFIG_ENV))
+    config = build_config(yaml_layer, env_layer, namespace)
+    return config, Path(checkpoint_dir)

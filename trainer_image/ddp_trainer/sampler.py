@@ -1,0 +1,70 @@
+"""A DistributedSampler that walks one global permutation per epoch from a resumable cursor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from .plan import BatchPlan
+
+
+class GlobalBatchSampler(DistributedSampler):
+    """DistributedSampler whose order survives a change of world size.
+
+    Like DistributedSampler, `set_epoch(e)` picks the permutation (seeded by seed + e).
+    Unlike it, ranks do not take every world_size-th index: each optimizer step takes the
+    next `global_batch_size` indices of the permutation from a cursor (`set_start`), and
+    rank r takes its contiguous share of them (see :mod:`ddp_trainer.plan`). Resuming at
+    the cursor with any world size therefore neither repeats nor skips a sample.
+    """
+
+    def __init__(self, dataset: Sized, plan: BatchPlan, seed: int, shuffle: bool = True):
+        super().__init__(
+            dataset,  # type: ignore[arg-type]
+            num_replicas=plan.world_size,
+            rank=plan.rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=True,
+        )
+        self.plan = plan
+        self.start = 0
+        self._size = len(dataset)
+
+    def set_start(self, samples_in_epoch: int) -> None:
+        """Skip the first `samples_in_epoch` samples of the current epoch's global order."""
+        if samples_in_epoch < 0 or samples_in_epoch > self._size:
+            raise ValueError(f"cursor {samples_in_epoch} outside dataset of {self._size}")
+        self.start = samples_in_epoch
+
+    def global_order(self) -> torch.Tensor:
+        """The epoch's permutation of all sample indices, identical on every rank."""
+        if not self.shuffle:
+            return torch.arange(self._size)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self._size, generator=generator)
+
+    def steps_left(self) -> int:
+        return max(0, (self._size - self.start) // self.plan.global_batch_size)
+
+    def batches(self) -> Iterator[list[torch.Tensor]]:
+        """Per optimizer step: this rank's micro-batches of indices (the last never empty)."""
+        order = self.global_order()
+        batch = self.plan.global_batch_size
+        cursor = self.start
+        while cursor + batch <= self._size:
+            first = cursor + self.plan.start
+            share = order[first : first + self.plan.count]
+            yield list(share.split(list(self.plan.micro_sizes)))
+            cursor += batch
+
+    def __iter__(self) -> Iterator[int]:
+        for micro_batches in self.batches():
+            for indices in micro_batches:
+                yield from indices.tolist()
+
+    def __len__(self) -> int:
+        return self.steps_left() * self.plan.count
