@@ -55,6 +55,10 @@ lint: venv ## ruff and mypy
 	$(PY) -m mypy operator/ddp_operator trainer_image/ddp_trainer devcluster/ddp_devcluster
 
 .PHONY: test
+.PHONY: crd
+crd: venv ## regenerate manifests/crd/ from the pydantic API (a test fails when it is stale)
+	$(PY) -m ddp_operator.crd > manifests/crd/ddp.dev_ddpjobs.yaml
+
 test: deps lint ## everything CI runs: lint, type check, and the test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 

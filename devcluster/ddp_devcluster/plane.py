@@ -38,6 +38,19 @@ MARKER_ENV = "DDP_DEVCLUSTER_ID"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
+# What ServiceAccounts did and were refused: tests compare it with the RBAC they were given.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
+
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 
@@ -271,8 +284,15 @@ class ControlPlane:
         )
         self._wait(lambda: _http_ok(f"{url}/health"), "etcd /health", 30)
 
+    @property
+    def audit_log(self) -> Path:
+        """Metadata-level audit records of ServiceAccount requests (one JSON object a line)."""
+        return self._dir / "logs" / "audit.log"
+
     def _start_apiserver(self) -> None:
         pki = self._dir / "pki"
+        policy = self._dir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         self._spawn(
             "kube-apiserver",
             [
@@ -293,6 +313,9 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--event-ttl=1h",
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
                 "--v=1",
             ],
         )

@@ -588,6 +588,18 @@ class DDPJobStatus(_Model):
     progress: Progress | None = Field(
         default=None, description="Training progress reported by global rank 0."
     )
+    last_failure_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the operator last counted a failed or disrupted pod (RFC 3339); the"
+        " restart backoff counts from it.",
+    )
+    handled_failures: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="uids of the newest pods already counted as failures or deleted by the"
+        " operator, so that none is counted twice (bookkeeping of the operator).",
+    )
 
 
 class DDPJob(_Model):

@@ -1,0 +1,128 @@
+"""The operator as a real process against the embedded control plane (development and tests).
+
+It is installed from ``manifests/`` (CRD, namespace, RBAC) and runs under the manifests'
+ServiceAccount with a TokenRequest token, so a permission missing from ``manifests/`` fails here
+as it would in a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .plane import MARKER_ENV, ControlPlane, Process
+from .procs import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+INSTALL = [
+    MANIFESTS / "crd" / "ddp.dev_ddpjobs.yaml",
+    MANIFESTS / "namespace.yaml",
+    MANIFESTS / "rbac" / "operator.yaml",
+]
+NAMESPACE = "ddp-system"
+SERVICE_ACCOUNT = "ddp-operator"
+
+
+def install(plane: ControlPlane) -> None:
+    """Applies the CRD, the operator's namespace and its RBAC, and waits for the CRD."""
+    for path in INSTALL:
+        plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    plane.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddp.dev", "--timeout=60s")
+
+
+@dataclass
+class OperatorProcess:
+    """``kopf run`` of ``ddp_operator.handlers`` in a child process, watching all namespaces."""
+
+    plane: ControlPlane
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: Process | None = None
+    health_port: int = 0
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "operator.log"
+
+    def start(self, timeout_s: float = 60.0) -> OperatorProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.plane.token_kubeconfig(
+            NAMESPACE, SERVICE_ACCOUNT, self.workdir / "operator.kubeconfig"
+        )
+        self.health_port = free_port()
+        pythonpath = os.pathsep.join(
+            str(REPO / p) for p in ("operator", "trainer_image", "devcluster")
+        )
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "PYTHONPATH": pythonpath,
+            "PYTHONUNBUFFERED": "1",
+            MARKER_ENV: self.plane.marker,
+            **self.env,
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "kopf",
+            "run",
+            "--standalone",
+            "--all-namespaces",
+            "--log-format=json",
+            f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
+            "-m",
+            "ddp_operator.handlers",
+        ]
+        self.process = Process("ddp-operator", argv, self.log, env)
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if not self.process.alive():
+                raise RuntimeError(f"the operator exited; its log:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the operator is not healthy after {timeout_s}s:\n{self.tail()}"
+                )
+            time.sleep(0.2)
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/healthz"
+            with urllib.request.urlopen(url, timeout=1) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an evicted pod would end it: no cleanup runs."""
+        if self.process is not None and self.process.popen is not None:
+            os.killpg(self.process.popen.pid, signal.SIGKILL)
+            self.process.popen.wait()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def pid(self) -> int:
+        assert self.process is not None and self.process.popen is not None
+        return self.process.popen.pid
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,402 @@
+"""Pure reconciliation: (DDPJob, its pods, previous status, now) -> what to do and the new status.
+
+No I/O: the kopf handlers observe, call :func:`plan`, and apply the result. Running it twice on
+the same observation gives the same answer, so an operator restart at any point converges.
+
+Failures are counted once per pod uid (``status.handledFailures``), so a status written before
+the failed pod's deletion is not counted again after a restart. A pod counts as a failure when
+it ends Failed, or when someone else deletes it while it runs (node drain, preemption,
+``kubectl delete pod``); the operator's own deletions are recorded as handled when it makes them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import render
+from .api import DDPJob, DDPJobPhase, RestartPolicy
+
+TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
+POD_DONE = ("Succeeded", "Failed")
+HANDLED_KEPT = 64
+BACKOFF_CAP_S = 300.0
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the planner needs to know of one observed pod."""
+
+    name: str
+    uid: str
+    role: str
+    index: int
+    phase: str
+    ready: bool
+    deleting: bool
+    exit_code: int | None = None
+    reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.phase in POD_DONE
+
+
+def view(pod: Mapping[str, Any]) -> PodView:
+    """Reads a pod body from the API into a :class:`PodView`."""
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    exit_code, reason = None, ""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and cs.get("name") in (render.CONTAINER, render.STORE_CONTAINER):
+            exit_code, reason = term.get("exitCode"), term.get("reason", "")
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    phase = status.get("phase", "Pending")
+    return PodView(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        role=labels.get(render.LABEL_ROLE, ""),
+        index=int(labels.get(render.LABEL_INDEX, "-1")),
+        phase=phase,
+        ready=ready and phase == "Running",
+        deleting=bool(meta.get("deletionTimestamp")),
+        exit_code=exit_code,
+        reason=reason,
+    )
+
+
+@dataclass
+class Plan:
+    """What to do: objects to create (unless present), pods to delete, the status to write."""
+
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)  # pod names
+    status: dict[str, Any] = field(default_factory=dict)  # merge patch of .status
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
+    delete_job: bool = False
+    requeue_after: float | None = None
+
+    def warn(self, reason: str, text: str) -> None:
+        self.events.append(("Warning", reason, text))
+
+    def info(self, reason: str, text: str) -> None:
+        self.events.append(("Normal", reason, text))
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.1)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+    def created_pods(self) -> list[str]:
+        return [o["metadata"]["name"] for o in self.create if o["kind"] == "Pod"]
+
+
+def backoff_s(restarts: int, base_s: float, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Delay before recreating after the ``restarts``-th failure: 0, base, 2x base, ... capped."""
+    return 0.0 if restarts <= 1 else min(cap_s, base_s * 2 ** (restarts - 2))
+
+
+def is_permanent(policy: str, exit_code: int | None) -> bool:
+    """Whether a failed pod fails the job instead of being recreated."""
+    if policy == RestartPolicy.NEVER:
+        return True
+    if policy == RestartPolicy.EXIT_CODE:
+        # 1-127: the program chose to fail; 128+: killed by a signal (preemption, OOM).
+        return exit_code is not None and 1 <= exit_code <= 127
+    return False
+
+
+def ts(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_ts(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+
+
+def conditions(
+    previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
+) -> list[dict[str, Any]]:
+    """One condition per phase the job has been in; only the current one is True.
+
+    ``lastTransitionTime`` moves only when a condition's status flips.
+    """
+    by_type = {c["type"]: dict(c) for c in previous}
+    by_type.setdefault(phase, {"type": phase, "status": "False"})
+    out = []
+    for ctype, c in by_type.items():
+        status = "True" if ctype == phase else "False"
+        if c.get("status") != status or "lastTransitionTime" not in c:
+            c["lastTransitionTime"] = now
+        c["status"] = status
+        if ctype == phase:
+            c["reason"], c["message"] = reason, message
+        out.append(c)
+    return out
+
+
+@dataclass
+class _State:
+    """The working state of one :func:`plan` call."""
+
+    job: DDPJob
+    status: Mapping[str, Any]
+    pods: list[PodView]
+    now: dt.datetime
+    plan: Plan = field(default_factory=Plan)
+    new: dict[str, Any] = field(default_factory=dict)
+    handled: list[str] = field(default_factory=list)
+    restarts: int = 0
+
+    @property
+    def name(self) -> str:
+        return render.job_key(self.job)[1]
+
+    @property
+    def workers(self) -> list[PodView]:
+        return sorted((x for x in self.pods if x.role == render.ROLE_WORKER), key=lambda x: x.index)
+
+    @property
+    def live(self) -> list[PodView]:
+        return [x for x in self.pods if not x.deleting]
+
+    def delete(self, pods: Iterable[PodView]) -> None:
+        """Our own deletions: recorded as handled so they never count as failures."""
+        for x in pods:
+            if x.name not in self.plan.delete:
+                self.plan.delete.append(x.name)
+            if x.uid not in self.handled:
+                self.handled.append(x.uid)
+
+    def finish(self, phase: DDPJobPhase, reason: str, message: str) -> Plan:
+        """Ends the job: stops what still runs (finished worker pods stay, for their logs)."""
+        self.delete(x for x in self.live if not x.done or x.role != render.ROLE_WORKER)
+        self.new["completionTime"] = ts(self.now)
+        (self.plan.info if phase == DDPJobPhase.SUCCEEDED else self.plan.warn)(reason, message)
+        return self.result(phase, reason, message)
+
+    def result(self, phase: str | None, reason: str = "", message: str = "") -> Plan:
+        """The plan with its status: ``phase`` None keeps the previous phase and conditions."""
+        new, desired = self.new, self.job.spec.nodes
+        if phase is not None:
+            new["phase"] = phase
+            new["conditions"] = conditions(
+                self.status.get("conditions") or [], phase, reason, message, ts(self.now)
+            )
+        alive = [x for x in self.workers if not x.deleting and not x.done]
+        ready = [x for x in alive if x.ready]
+        new["nodes"] = len(alive)
+        new["readyNodes"] = len(ready)
+        new["ready"] = f"{len(ready)}/{desired}"
+        new["restarts"] = self.restarts
+        new["handledFailures"] = self.handled[-HANDLED_KEPT:]
+        world = (self.status.get("progress") or {}).get("worldSize")
+        if world:
+            new["worldSize"] = world
+        self.plan.status = new
+        return self.plan
+
+
+def plan(
+    job: DDPJob,
+    status: Mapping[str, Any],
+    pods: Iterable[PodView],
+    now: dt.datetime,
+    cfg: render.OperatorConfig,
+    backoff_base_s: float = 10.0,
+) -> Plan:
+    """Decides what to do for one observation of a job; see the module docstring."""
+    st = _State(job, status, list(pods), now)
+    st.handled = list(status.get("handledFailures") or [])
+    st.restarts = int(status.get("restarts") or 0)
+    st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
+    st.new["selector"] = render.selector(st.name)
+    prev_phase = status.get("phase") or ""
+
+    if prev_phase in TERMINAL:
+        return _finished(st, prev_phase)
+    if job.spec.suspend:
+        return _suspended(st, prev_phase)
+    if prev_phase == DDPJobPhase.SUSPENDED:
+        st.plan.info("Resumed", "spec.suspend is false: recreating pods, resuming from checkpoint")
+
+    start = parse_ts(status.get("startTime"))
+    if start is None:
+        start = now
+        st.new["startTime"] = ts(now)
+    deadline = job.spec.active_deadline_seconds
+    if deadline is not None:
+        left = (start - now).total_seconds() + deadline
+        if left <= 0:
+            return st.finish(
+                DDPJobPhase.FAILED,
+                "DeadlineExceeded",
+                f"the job ran longer than activeDeadlineSeconds={deadline}",
+            )
+        st.plan.requeue(left)
+
+    done = _completion(st)
+    if done is not None:
+        return done
+    failed = _failures(st)
+    if failed is not None:
+        return failed
+    return _converge(st, prev_phase, cfg, backoff_base_s)
+
+
+def _finished(st: _State, prev_phase: str) -> Plan:
+    """A Succeeded or Failed job: free what still runs, delete the job when its TTL is due."""
+    st.delete(x for x in st.live if not x.done or x.role != render.ROLE_WORKER)
+    ttl = st.job.spec.ttl_seconds_after_finished
+    if ttl is not None:
+        done_at = parse_ts(st.status.get("completionTime")) or st.now
+        left = (done_at - st.now).total_seconds() + ttl
+        if left <= 0:
+            st.plan.delete_job = True
+            st.plan.info(
+                "TTLExpired",
+                f"deleting {st.name}: it finished {prev_phase} more than {ttl}s ago"
+                " (ttlSecondsAfterFinished)",
+            )
+        else:
+            st.plan.requeue(left)
+    return st.result(None)
+
+
+def _suspended(st: _State, prev_phase: str) -> Plan:
+    live = st.live
+    st.delete(live)
+    if prev_phase != DDPJobPhase.SUSPENDED:
+        st.plan.info(
+            "Suspended",
+            f"spec.suspend is true: deleting {len(live)} pods; the checkpoints are kept and"
+            " training resumes from them when spec.suspend is false again",
+        )
+    st.new["startTime"] = None  # activeDeadlineSeconds counts time since the last resume
+    return st.result(DDPJobPhase.SUSPENDED, "Suspended", "spec.suspend is true")
+
+
+def _completion(st: _State) -> Plan | None:
+    """Success when every node's torchrun exited 0; None while any node still runs."""
+    workers = st.workers
+    succeeded = [x for x in workers if x.phase == "Succeeded"]
+    if not succeeded:
+        return None
+    if any(not x.done and not x.deleting for x in workers):
+        return st.result(
+            DDPJobPhase.RUNNING, "NodesCompleting", "a node finished; waiting for the rest"
+        )
+    failed = [x for x in workers if x.phase == "Failed"]
+    if failed:
+        return st.finish(
+            DDPJobPhase.FAILED,
+            "NodeFailedAfterCompletion",
+            f"{', '.join(x.name for x in failed)} failed after {succeeded[0].name} completed",
+        )
+    return st.finish(DDPJobPhase.SUCCEEDED, "Completed", f"all {len(succeeded)} nodes exited 0")
+
+
+def _failures(st: _State) -> Plan | None:
+    """Counts each new failure once; returns the final plan when one fails the job."""
+    s = st.job.spec
+    new_failure = False
+    for x in st.pods:
+        in_job = x.role == render.ROLE_STORE or 0 <= x.index < s.nodes
+        failed = x.phase == "Failed" and not x.deleting
+        disrupted = x.deleting and not x.done and in_job
+        if x.uid in st.handled:
+            if failed:
+                st.delete([x])  # counted before; its deletion did not happen yet
+            continue
+        if not (failed or disrupted):
+            continue
+        st.handled.append(x.uid)
+        if disrupted:
+            what = "was deleted while running"
+        elif x.exit_code is not None:
+            what = f"failed with exit code {x.exit_code}"
+        else:
+            what = f"failed ({x.reason or 'no exit code'})"
+        if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
+            return st.finish(
+                DDPJobPhase.FAILED,
+                "PodFailed",
+                f"{x.name} {what}; restartPolicy {s.restart_policy.value} treats it as permanent",
+            )
+        st.restarts += 1
+        new_failure = True
+        if st.restarts > s.backoff_limit:
+            return st.finish(
+                DDPJobPhase.FAILED,
+                "BackoffLimitExceeded",
+                f"{x.name} {what}; the job already used its backoffLimit of"
+                f" {s.backoff_limit} restarts",
+            )
+        st.plan.warn(
+            "PodFailed" if failed else "PodDisrupted",
+            f"{x.name} {what}; recreating it (restart {st.restarts} of backoffLimit"
+            f" {s.backoff_limit})",
+        )
+        if failed:
+            st.delete([x])
+    if new_failure:
+        st.new["lastFailureTime"] = ts(st.now)
+    return None
+
+
+def _converge(
+    st: _State, prev_phase: str, cfg: render.OperatorConfig, backoff_base_s: float
+) -> Plan:
+    """Creates what is missing (after any backoff), removes what is beyond spec.nodes."""
+    s, p, workers = st.job.spec, st.plan, st.workers
+    p.create += render.render_services(st.job)
+    last_failure = parse_ts(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
+    wait = 0.0
+    if last_failure is not None:
+        wait = (last_failure - st.now).total_seconds() + backoff_s(st.restarts, backoff_base_s)
+    # A pod being deleted keeps its name until it is gone: its successor waits for that.
+    present = {x.index for x in workers}
+    has_store = any(x.role == render.ROLE_STORE for x in st.pods)
+    if wait > 0:
+        p.requeue(wait)
+    else:
+        if not has_store:
+            p.create.append(render.render_store(st.job, cfg))
+        for i in range(s.nodes):
+            if i not in present:
+                p.create.append(render.render_worker(st.job, i, st.restarts, cfg))
+    # Scaling down: the highest indices go.
+    extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
+    if extra:
+        st.delete(extra)
+        p.info("ScalingDown", f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}")
+    if p.created_pods():
+        p.info("CreatingPods", f"creating {', '.join(p.created_pods())}")
+
+    running = [x for x in workers if x.index < s.nodes and x.ready and not x.deleting]
+    counts = f"{len(running)} of {s.nodes} nodes running"
+    if "lastFailureTime" in st.new or (
+        prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
+    ):
+        phase, reason = DDPJobPhase.RESTARTING, "PodFailed"
+        message = f"{counts}; restart {st.restarts} of backoffLimit {s.backoff_limit}"
+        if wait > 0:
+            message += f"; recreating in {wait:.0f}s"
+    elif len(running) == s.nodes and not extra:
+        phase, reason, message = DDPJobPhase.RUNNING, "AllNodesRunning", counts
+    elif prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
+        phase, reason, message = DDPJobPhase.SCALING, "NodesChanging", counts
+    else:
+        phase, reason, message = DDPJobPhase.PENDING, "WaitingForNodes", counts
+    if phase != prev_phase and phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
+        p.info(phase.value, message)
+    return st.result(phase, reason, message)

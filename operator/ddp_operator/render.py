@@ -1,0 +1,351 @@
+"""Pure rendering: (DDPJob, index) -> the Services and Pods that run it. No I/O here.
+
+This is the only module that knows the contract between the operator and a trainer pod.
+torchrun reads ``PET_<FLAG>`` variables as its flags:
+
+=========================  ==============================================================
+variable                   value
+=========================  ==============================================================
+PET_NNODES                 ``minNodes:maxNodes`` (elastic bounds)
+PET_NPROC_PER_NODE         ``nprocPerNode`` (an integer or ``auto``)
+PET_RDZV_BACKEND           ``c10d``
+PET_RDZV_ENDPOINT          ``<job>-rdzv.<namespace>.svc:29400``: the job's own store pod,
+                           so no trainer pod hosts the rendezvous and any one may die
+PET_RDZV_ID                the DDPJob's uid (never ``none``: jobs must not share state)
+PET_RDZV_CONF              ``is_host=false`` plus join/last-call/close/read timeouts for
+                           pods that start minutes apart
+PET_LOCAL_ADDR             the pod IP (fieldRef): pod hostnames may not resolve for peers
+PET_MAX_RESTARTS           ``workerRestarts``: worker restarts inside one pod
+PET_MONITOR_INTERVAL       how often the agent checks its workers and the rendezvous
+DDPJOB_NAME/_NAMESPACE     where rank 0 reports ``status.progress``
+DDPJOB_NODE_INDEX          this pod's index (0-based)
+DDPJOB_CHECKPOINT_DIR      the checkpoint volume's mount path
+DDP_TRAINER_CONFIG         ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
+                           as JSON, for the bundled trainer
+=========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .api import API_VERSION, GROUP, KIND, PLURAL, DDPJob
+
+LABEL_JOB = "ddp.dev/job-name"
+LABEL_ROLE = "ddp.dev/role"
+LABEL_INDEX = "ddp.dev/node-index"
+ANNOTATION_ATTEMPT = "ddp.dev/attempt"
+ROLE_WORKER = "worker"
+ROLE_STORE = "rdzv-store"
+RDZV_PORT = 29400
+CONTAINER = "trainer"
+STORE_CONTAINER = "store"
+TRAINER_SERVICE_ACCOUNT = "ddp-trainer"
+SHM_SIZE = "2Gi"
+
+RDZV_CONF = "is_host=false,join_timeout=900,last_call_timeout=15,close_timeout=60,read_timeout=60"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings of the operator itself (from its environment), used when a spec is silent."""
+
+    default_image: str = "ghcr.io/ddp-operator/trainer:0.1.0"
+    monitor_interval_s: float = 5.0
+    termination_grace_s: int = 60
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}-node-{index}"
+
+
+def store_name(job: str) -> str:
+    return f"{job}-rdzv"
+
+
+def rdzv_endpoint(job: str, namespace: str) -> str:
+    return f"{store_name(job)}.{namespace}.svc:{RDZV_PORT}"
+
+
+def selector(job: str) -> str:
+    """The label selector of a job's worker pods (``status.selector`` for ``kubectl scale``)."""
+    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"
+
+
+def job_key(job: DDPJob) -> tuple[str, str, str]:
+    """(namespace, name, uid) of a job read from the API server."""
+    m = job.metadata
+    return str(m.get("namespace", "default")), str(m["name"]), str(m.get("uid", ""))
+
+
+def _owner(job: DDPJob) -> dict[str, Any]:
+    _, name, uid = job_key(job)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: DDPJob, name: str, role: str, extra: dict[str, str] | None = None) -> dict:
+    ns, job_name, _ = job_key(job)
+    tmpl = job.spec.template
+    pod_meta = tmpl.metadata if tmpl and tmpl.metadata else None
+    labels = dict(pod_meta.labels or {}) if pod_meta else {}
+    annotations = dict(pod_meta.annotations or {}) if pod_meta else {}
+    labels.update({LABEL_JOB: job_name, LABEL_ROLE: role, **(extra or {})})
+    return {
+        "name": name,
+        "namespace": ns,
+        "labels": labels,
+        "annotations": annotations,
+        "ownerReferences": [_owner(job)],
+    }
+
+
+def render_services(job: DDPJob) -> list[dict[str, Any]]:
+    """The rendezvous Service (published before any pod is ready) and the workers' Service."""
+    _, name, _ = job_key(job)
+    rdzv = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, store_name(name), ROLE_STORE),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_STORE},
+            "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+        },
+    }
+    workers = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, name, ROLE_WORKER),
+        "spec": {
+            # Gives every worker a DNS name <pod>.<job>.<namespace>.svc for debugging tools.
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER},
+            "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+        },
+    }
+    return [rdzv, workers]
+
+
+def trainer_config_json(job: DDPJob) -> str:
+    """What the bundled trainer reads from ``DDP_TRAINER_CONFIG``."""
+    s = job.spec
+    cfg: dict[str, Any] = (
+        s.trainer.model_dump(by_alias=True, exclude_none=True, mode="json") if s.trainer else {}
+    )
+    if s.checkpoint is not None:
+        cfg["checkpointEverySteps"] = s.checkpoint.every_steps
+        cfg["checkpointKeep"] = s.checkpoint.keep
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, Any]]:
+    s = job.spec
+    ns, name, uid = job_key(job)
+    lo, hi = s.node_range()
+    env: list[dict[str, Any]] = [
+        {"name": "PET_NNODES", "value": f"{lo}:{hi}"},
+        {"name": "PET_NPROC_PER_NODE", "value": str(s.nproc_per_node)},
+        {"name": "PET_RDZV_BACKEND", "value": "c10d"},
+        {
+            "name": "PET_RDZV_ENDPOINT",
+            "value": rdzv_endpoint(name, ns),
+        },
+        {"name": "PET_RDZV_ID", "value": uid},
+        {"name": "PET_RDZV_CONF", "value": RDZV_CONF},
+        _field_env("PET_LOCAL_ADDR", "status.podIP"),
+        {"name": "PET_MAX_RESTARTS", "value": str(s.worker_restarts)},
+        {"name": "PET_MONITOR_INTERVAL", "value": str(cfg.monitor_interval_s)},
+        # torchrun's shared rendezvous TCPStore breaks re-rendezvous on scale-up (a joiner
+        # waits for a MASTER_ADDR published only in round one): see trainer_image/README.md.
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+        {"name": "DDPJOB_NAME", "value": name},
+        {"name": "DDPJOB_NAMESPACE", "value": ns},
+        {"name": "DDPJOB_NODE_INDEX", "value": str(index)},
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_IP", "status.podIP"),
+    ]
+    if s.checkpoint is not None:
+        env.append({"name": "DDPJOB_CHECKPOINT_DIR", "value": s.checkpoint.path})
+    if s.command is None:
+        env.append({"name": "DDP_TRAINER_CONFIG", "value": trainer_config_json(job)})
+    # The user's variables come last so that they can override ours deliberately.
+    env += [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
+    return env
+
+
+_RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+}
+_RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,  # the checkpoint volume is writable by the trainer's user
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _pod_spec_overrides(job: DDPJob) -> dict[str, Any]:
+    """The scheduling and identity settings of ``spec.template`` as pod spec fields."""
+    t = job.spec.template
+    if t is None:
+        return {}
+    fields: dict[str, Any] = {
+        "nodeSelector": t.node_selector,
+        "tolerations": t.tolerations,
+        "affinity": t.affinity,
+        "imagePullSecrets": [r.model_dump() for r in t.image_pull_secrets or []],
+        "priorityClassName": t.priority_class_name,
+        "schedulerName": t.scheduler_name,
+    }
+    return {k: v for k, v in fields.items() if v}
+
+
+def _resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """core/v1 ResourceRequirements with every quantity as a string (2 -> "2")."""
+    out: dict[str, Any] = dict(resources)
+    for key in ("limits", "requests"):
+        if key in out:
+            out[key] = {name: str(q) for name, q in out[key].items()}
+    return out
+
+
+def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) -> dict[str, Any]:
+    """The pod of node ``index``; ``attempt`` counts its recreations after failures."""
+    s, (_, name, _) = job.spec, job_key(job)
+    t = s.template
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if s.checkpoint is not None:
+        volumes.append({"name": "checkpoints", **s.checkpoint.volume})
+        mounts.append({"name": "checkpoints", "mountPath": s.checkpoint.path})
+    if t is not None:
+        volumes += [dict(v) for v in t.volumes or []]
+        mounts += [dict(m) for m in t.volume_mounts or []]
+    if s.command is not None:
+        command, args = list(s.command), list(s.args or [])
+    else:
+        command, args = ["torchrun"], ["--module", "ddp_trainer", *(s.args or [])]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": s.image or cfg.default_image,
+        "command": command,
+        "args": args,
+        "env": worker_env(job, index, cfg),
+        "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
+        "volumeMounts": mounts,
+        "securityContext": dict(_RESTRICTED_CONTAINER),
+    }
+    if s.image_pull_policy:
+        container["imagePullPolicy"] = s.image_pull_policy
+    if s.resources:
+        container["resources"] = _resources(
+            s.resources.model_dump(by_alias=True, exclude_none=True)
+        )
+    meta = _meta(job, worker_name(name, index), ROLE_WORKER, {LABEL_INDEX: str(index)})
+    meta["annotations"][ANNOTATION_ATTEMPT] = str(attempt)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "hostname": worker_name(name, index),
+            "subdomain": name,
+            "restartPolicy": "Never",  # torchrun restarts workers; the operator, pods
+            "serviceAccountName": (
+                t.service_account_name if t and t.service_account_name else TRAINER_SERVICE_ACCOUNT
+            ),
+            "terminationGracePeriodSeconds": cfg.termination_grace_s,
+            "securityContext": dict(_RESTRICTED_POD),
+            "containers": [container],
+            "volumes": volumes,
+            **_pod_spec_overrides(job),
+        },
+    }
+
+
+def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
+    """The small pod that holds the c10d rendezvous store, outliving any trainer pod."""
+    s, (_, name, _) = job.spec, job_key(job)
+    container: dict[str, Any] = {
+        "name": STORE_CONTAINER,
+        "image": s.image or cfg.default_image,
+        "command": ["python", "-m", "ddp_trainer.rdzv_store"],
+        "args": ["--host", "0.0.0.0", "--port", str(RDZV_PORT)],
+        "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        "securityContext": dict(_RESTRICTED_CONTAINER),
+    }
+    if s.image_pull_policy:
+        container["imagePullPolicy"] = s.image_pull_policy
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, store_name(name), ROLE_STORE),
+        "spec": {
+            "restartPolicy": "Always",  # a restarted store is a new, empty rendezvous
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": dict(_RESTRICTED_POD),
+            "containers": [container],
+            **_pod_spec_overrides(job),
+        },
+    }
+
+
+# -- the trainer's narrow permission: rank 0 patches status.progress of its own job -------------
+TRAINER_ROLE_RULES = [
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
+]
+
+
+def trainer_service_account(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
+    }
+
+
+def trainer_role(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
+        "rules": TRAINER_ROLE_RULES,
+    }
+
+
+def trainer_role_binding(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": TRAINER_SERVICE_ACCOUNT,
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace}
+        ],
+    }

@@ -1,0 +1,217 @@
+"""The pure planner: what the operator decides for each observed state."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from ddp_operator import plan as planner
+from ddp_operator import render
+from ddp_operator.api import DDPJob
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+CFG = render.OperatorConfig(default_image="trainer:test")
+
+
+def job(**spec: Any) -> DDPJob:
+    return DDPJob.model_validate(
+        {
+            "apiVersion": "ddp.dev/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
+            "spec": {"nodes": 2, **spec},
+        }
+    )
+
+
+def pod(
+    index: int,
+    phase: str = "Running",
+    uid: str = "",
+    exit_code: int | None = None,
+    role: str = render.ROLE_WORKER,
+) -> planner.PodView:
+    name = render.worker_name("j", index) if role == render.ROLE_WORKER else "j-rdzv"
+    return planner.PodView(
+        name=name,
+        uid=uid or f"uid-{name}-{phase}",
+        role=role,
+        index=index,
+        phase=phase,
+        ready=phase == "Running",
+        deleting=False,
+        exit_code=exit_code,
+    )
+
+
+STORE = pod(-1, role=render.ROLE_STORE)
+
+
+def created_pods(p: planner.Plan) -> list[str]:
+    return [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"]
+
+
+def test_new_job_creates_services_store_and_one_pod_per_node() -> None:
+    p = planner.plan(job(), {}, [], NOW, CFG)
+    assert created_pods(p) == ["j-rdzv", "j-node-0", "j-node-1"]
+    assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Service"] == ["j-rdzv", "j"]
+    assert p.status["phase"] == "Pending"
+    assert p.status["ready"] == "0/2"
+    assert p.status["selector"] == "ddp.dev/job-name=j,ddp.dev/role=worker"
+
+
+def test_replanning_an_unchanged_state_creates_nothing_new() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    p = planner.plan(job(), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    assert created_pods(p) == []
+    assert p.delete == []
+    assert p.status["phase"] == "Running"
+
+
+def test_scale_up_adds_the_next_indices_and_scale_down_removes_the_highest() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    up = planner.plan(
+        job(nodes=4, minNodes=1, maxNodes=4), status, [STORE, pod(0), pod(1)], NOW, CFG
+    )
+    assert created_pods(up) == ["j-node-2", "j-node-3"]
+    assert up.status["phase"] == "Scaling"
+    down = planner.plan(
+        job(nodes=1, minNodes=1, maxNodes=4), status, [STORE, pod(0), pod(1), pod(2)], NOW, CFG
+    )
+    assert down.delete == ["j-node-1", "j-node-2"]
+    assert created_pods(down) == []
+
+
+def test_a_failed_pod_is_counted_once_deleted_and_recreated_with_growing_backoff() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    failed = pod(1, "Failed", uid="f1", exit_code=137)
+    p = planner.plan(job(), status, [STORE, pod(0), failed], NOW, CFG, backoff_base_s=10)
+    assert p.status["restarts"] == 1
+    assert p.status["phase"] == "Restarting"
+    assert p.delete == ["j-node-1"]
+    assert created_pods(p) == []  # not while the failed pod still exists
+    assert ("Warning", "PodFailed") in [(t, r) for t, r, _ in p.events]
+    # The same observation again (say after an operator restart): no second count.
+    again = planner.plan(job(), {**status, **p.status}, [STORE, pod(0), failed], NOW, CFG)
+    assert again.status["restarts"] == 1
+    assert again.delete == ["j-node-1"]
+    # The first restart is immediate once the failed pod is gone.
+    after = planner.plan(job(), {**status, **p.status}, [STORE, pod(0)], NOW, CFG)
+    assert created_pods(after) == ["j-node-1"]
+    # A second failure waits for the backoff.
+    second = pod(1, "Failed", uid="f2", exit_code=137)
+    p2 = planner.plan(job(), {**status, **after.status}, [STORE, pod(0), second], NOW, CFG, 10)
+    assert p2.status["restarts"] == 2
+    gone = {**status, **p2.status}
+    assert created_pods(planner.plan(job(), gone, [STORE, pod(0)], NOW, CFG, 10)) == []
+    later = NOW + dt.timedelta(seconds=11)
+    assert created_pods(planner.plan(job(), gone, [STORE, pod(0)], later, CFG, 10)) == ["j-node-1"]
+
+
+def test_backoff_doubles_from_the_second_restart_and_is_capped() -> None:
+    assert [planner.backoff_s(n, 10) for n in (1, 2, 3, 4)] == [0, 10, 20, 40]
+    assert planner.backoff_s(30, 10) == planner.BACKOFF_CAP_S
+
+
+def test_a_running_pod_deleted_by_someone_else_counts_as_a_restart() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    lost = planner.PodView("j-node-0", "u0", render.ROLE_WORKER, 0, "Running", True, True)
+    p = planner.plan(job(), status, [STORE, lost, pod(1)], NOW, CFG)
+    assert p.status["restarts"] == 1 and p.status["phase"] == "Restarting"
+    assert ("Warning", "PodDisrupted") in [(t, r) for t, r, _ in p.events]
+    assert created_pods(p) == []  # the old pod still terminates; same name
+    again = planner.plan(job(), {**status, **p.status}, [STORE, lost, pod(1)], NOW, CFG)
+    assert again.status["restarts"] == 1
+
+
+def test_pods_the_operator_deletes_itself_are_never_counted_as_failures() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    s = planner.plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    terminating = [
+        planner.PodView(x.name, x.uid, x.role, x.index, "Running", True, True)
+        for x in (STORE, pod(0), pod(1))
+    ]
+    resumed = planner.plan(job(), {**status, **s.status}, terminating, NOW, CFG)
+    assert resumed.status["restarts"] == 0
+    assert resumed.status["phase"] == "Pending"
+
+
+def test_the_restart_budget_fails_the_job_when_spent() -> None:
+    status = {"phase": "Restarting", "startTime": "2026-01-01T11:00:00Z", "restarts": 2}
+    p = planner.plan(
+        job(backoffLimit=2), status, [STORE, pod(0), pod(1, "Failed", uid="x")], NOW, CFG
+    )
+    assert p.status["phase"] == "Failed"
+    assert p.status["conditions"][-1]["reason"] == "BackoffLimitExceeded"
+    assert "j-node-0" in p.delete and "j-rdzv" in p.delete
+    assert any(r == "BackoffLimitExceeded" for _, r, _ in p.events)
+
+
+@pytest.mark.parametrize(
+    ("code", "permanent"), [(1, True), (127, True), (137, False), (143, False), (None, False)]
+)
+def test_exit_code_policy_fails_fast_only_for_program_errors(
+    code: int | None, permanent: bool
+) -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    p = planner.plan(
+        job(restartPolicy="ExitCode"),
+        status,
+        [STORE, pod(0), pod(1, "Failed", exit_code=code)],
+        NOW,
+        CFG,
+    )
+    assert (p.status["phase"] == "Failed") is permanent
+
+
+def test_success_when_every_node_exits_zero() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    one = planner.plan(job(), status, [STORE, pod(0, "Succeeded"), pod(1)], NOW, CFG)
+    assert one.status["phase"] == "Running" and created_pods(one) == []
+    both = planner.plan(job(), status, [STORE, pod(0, "Succeeded"), pod(1, "Succeeded")], NOW, CFG)
+    assert both.status["phase"] == "Succeeded"
+    assert both.status["completionTime"] == "2026-01-01T12:00:00Z"
+    assert both.delete == ["j-rdzv"]
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    s = planner.plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    assert sorted(s.delete) == ["j-node-0", "j-node-1", "j-rdzv"]
+    assert s.status["phase"] == "Suspended"
+    r = planner.plan(job(), {**status, **s.status}, [], NOW, CFG)
+    assert created_pods(r) == ["j-rdzv", "j-node-0", "j-node-1"]
+    assert any(reason == "Resumed" for _, reason, _ in r.events)
+
+
+def test_deadline_fails_the_job() -> None:
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    p = planner.plan(job(activeDeadlineSeconds=60), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    assert p.status["phase"] == "Failed"
+    assert p.status["conditions"][-1]["reason"] == "DeadlineExceeded"
+
+
+def test_ttl_deletes_a_finished_job_only_when_due() -> None:
+    done = {"phase": "Succeeded", "completionTime": "2026-01-01T11:59:00Z"}
+    assert not planner.plan(job(ttlSecondsAfterFinished=120), done, [], NOW, CFG).delete_job
+    assert planner.plan(job(ttlSecondsAfterFinished=30), done, [], NOW, CFG).delete_job
+
+
+def test_view_reads_exit_codes_and_readiness_from_a_pod_body() -> None:
+    body = {
+        "metadata": {
+            "name": "j-node-1",
+            "uid": "u",
+            "labels": {render.LABEL_ROLE: "worker", render.LABEL_INDEX: "1"},
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}
+            ],
+        },
+    }
+    v = planner.view(body)
+    assert (v.index, v.phase, v.exit_code, v.ready) == (1, "Failed", 3, False)

@@ -1,0 +1,88 @@
+"""The env contract and pod shape the operator renders (DESIGN.md, 'The contract')."""
+
+from __future__ import annotations
+
+import json
+
+from ddp_operator import render
+from ddp_operator.api import DDPJob
+
+CFG = render.OperatorConfig(default_image="trainer:test")
+
+
+def job(**spec: object) -> DDPJob:
+    return DDPJob.model_validate(
+        {
+            "apiVersion": "ddp.dev/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "digits", "namespace": "team", "uid": "abc-123", "generation": 1},
+            "spec": {"nodes": 2, "minNodes": 1, "maxNodes": 4, "nprocPerNode": 2, **spec},
+        }
+    )
+
+
+def env_of(pod: dict) -> dict[str, object]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+
+
+def test_worker_pod_carries_the_env_contract() -> None:
+    pod = render.render_worker(job(checkpoint={"volume": {"emptyDir": {}}}), 1, 0, CFG)
+    env = env_of(pod)
+    assert env["PET_NNODES"] == "1:4"
+    assert env["PET_NPROC_PER_NODE"] == "2"
+    assert env["PET_RDZV_BACKEND"] == "c10d"
+    assert env["PET_RDZV_ENDPOINT"] == "digits-rdzv.team.svc:29400"
+    assert env["PET_RDZV_ID"] == "abc-123"
+    assert "is_host=false" in str(env["PET_RDZV_CONF"])
+    assert env["PET_LOCAL_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["DDPJOB_NAME"] == "digits" and env["DDPJOB_NAMESPACE"] == "team"
+    assert env["DDPJOB_CHECKPOINT_DIR"] == "/checkpoints"
+    cfg = json.loads(str(env["DDP_TRAINER_CONFIG"]))
+    assert cfg["checkpointEverySteps"] == 100 and cfg["checkpointKeep"] == 3
+
+
+def test_worker_pod_is_restricted_and_has_shm_and_labels() -> None:
+    pod = render.render_worker(job(), 0, 0, CFG)
+    spec, c = pod["spec"], pod["spec"]["containers"][0]
+    assert pod["metadata"]["name"] == "digits-node-0"
+    assert pod["metadata"]["labels"][render.LABEL_INDEX] == "0"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "abc-123"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert c["command"] == ["torchrun"] and c["args"][:2] == ["--module", "ddp_trainer"]
+    assert c["image"] == "trainer:test"
+
+
+def test_user_command_and_overrides_are_merged() -> None:
+    pod = render.render_worker(
+        job(
+            command=["torchrun", "/scripts/train.py"],
+            template={
+                "nodeSelector": {"pool": "gpu"},
+                "env": [{"name": "EXTRA", "value": "1"}],
+                "serviceAccountName": "custom",
+            },
+        ),
+        0,
+        0,
+        CFG,
+    )
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == ["torchrun", "/scripts/train.py"]
+    assert "DDP_TRAINER_CONFIG" not in env_of(pod)
+    assert env_of(pod)["EXTRA"] == "1"
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
+    assert pod["spec"]["serviceAccountName"] == "custom"
+
+
+def test_rendezvous_service_is_published_before_pods_are_ready() -> None:
+    rdzv, workers = render.render_services(job())
+    assert rdzv["metadata"]["name"] == "digits-rdzv"
+    assert rdzv["spec"]["publishNotReadyAddresses"] is True
+    assert rdzv["spec"]["selector"][render.LABEL_ROLE] == render.ROLE_STORE
+    assert workers["spec"]["clusterIP"] == "None"
