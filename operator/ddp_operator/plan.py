@@ -12,7 +12,7 @@ it ends Failed, or when someone else deletes it while it runs (node drain, preem
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +152,7 @@ class _State:
     status: Mapping[str, Any]
     pods: list[PodView]
     now: dt.datetime
+    pending: set[str] = field(default_factory=set)
     plan: Plan = field(default_factory=Plan)
     new: dict[str, Any] = field(default_factory=dict)
     handled: list[str] = field(default_factory=list)
@@ -213,9 +214,13 @@ def plan(
     now: dt.datetime,
     cfg: render.OperatorConfig,
     backoff_base_s: float = 10.0,
+    pending: Collection[str] = (),
 ) -> Plan:
-    """Decides what to do for one observation of a job; see the module docstring."""
-    st = _State(job, status, list(pods), now)
+    """Decides what to do for one observation of a job; see the module docstring.
+
+    ``pending`` names pods created moments ago that the watch has not shown yet.
+    """
+    st = _State(job, status, list(pods), now, pending=set(pending))
     st.handled = list(status.get("handledFailures") or [])
     st.restarts = int(status.get("restarts") or 0)
     st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
@@ -365,7 +370,10 @@ def _converge(
         wait = (last_failure - st.now).total_seconds() + backoff_s(st.restarts, backoff_base_s)
     # A pod being deleted keeps its name until it is gone: its successor waits for that.
     present = {x.index for x in workers}
-    has_store = any(x.role == render.ROLE_STORE for x in st.pods)
+    present |= {i for i in range(s.nodes) if render.worker_name(st.name, i) in st.pending}
+    has_store = render.store_name(st.name) in st.pending or any(
+        x.role == render.ROLE_STORE for x in st.pods
+    )
     if wait > 0:
         p.requeue(wait)
     else:
@@ -383,20 +391,20 @@ def _converge(
         p.info("CreatingPods", f"creating {', '.join(p.created_pods())}")
 
     running = [x for x in workers if x.index < s.nodes and x.ready and not x.deleting]
-    counts = f"{len(running)} of {s.nodes} nodes running"
+    # Messages name the target, not the live count (status.ready has it), so that a pod coming
+    # up changes only counts, which the operator writes at a bounded rate.
+    target = f"{s.nodes} nodes"
     if "lastFailureTime" in st.new or (
         prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
     ):
         phase, reason = DDPJobPhase.RESTARTING, "PodFailed"
-        message = f"{counts}; restart {st.restarts} of backoffLimit {s.backoff_limit}"
+        message = f"restart {st.restarts} of backoffLimit {s.backoff_limit}"
         if wait > 0:
             message += f"; recreating in {wait:.0f}s"
     elif len(running) == s.nodes and not extra:
-        phase, reason, message = DDPJobPhase.RUNNING, "AllNodesRunning", counts
+        phase, reason, message = DDPJobPhase.RUNNING, "AllNodesRunning", f"{target} running"
     elif prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
-        phase, reason, message = DDPJobPhase.SCALING, "NodesChanging", counts
+        phase, reason, message = DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
     else:
-        phase, reason, message = DDPJobPhase.PENDING, "WaitingForNodes", counts
-    if phase != prev_phase and phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
-        p.info(phase.value, message)
+        phase, reason, message = DDPJobPhase.PENDING, "WaitingForNodes", f"starting {target}"
     return st.result(phase, reason, message)

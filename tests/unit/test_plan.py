@@ -62,6 +62,12 @@ def test_new_job_creates_services_store_and_one_pod_per_node() -> None:
     assert p.status["selector"] == "ddp.dev/job-name=j,ddp.dev/role=worker"
 
 
+def test_pods_created_but_not_yet_watched_are_not_created_again() -> None:
+    p = planner.plan(job(), {}, [], NOW, CFG, pending={"j-rdzv", "j-node-0"})
+    assert created_pods(p) == ["j-node-1"]
+    assert [m for _, r, m in p.events if r == "CreatingPods"] == ["creating j-node-1"]
+
+
 def test_replanning_an_unchanged_state_creates_nothing_new() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     p = planner.plan(job(), status, [STORE, pod(0), pod(1)], NOW, CFG)

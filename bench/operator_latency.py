@@ -1,0 +1,316 @@
+"""How fast the operator turns DDPJobs into pods, against the embedded plane with kwok nodes.
+
+Prints one JSON object and writes a latency histogram PNG::
+
+    python bench/operator_latency.py [--jobs 20] [--burst-jobs 100] [--nodes-per-job 8]
+                                     [--plot out/operator_latency.png]
+
+- ``single_job_p50_ms``: apply of one job until all its pods (workers and store) exist, one
+  job at a time.
+- ``burst_operator_s``: ``burst_jobs`` jobs created at once until every pod of them exists.
+- ``burst_direct_s``: the same pods and Services (rendered by the operator's own renderer)
+  created by a concurrent client with as many threads as the operator has connections, under
+  the operator's ServiceAccount (so the API server's priority and fairness treats both alike):
+  the limit of this API server on this machine. The operator is stopped meanwhile.
+- ``operator_peak_rss_mb``: the operator process's peak resident memory over the whole run.
+
+For one job, "exists" is when a watch on the namespace sees the pod. For the bursts it is
+when the API server answered the pod's create, read from its audit log, so that a watcher
+falling behind under load cannot skew either side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from ddp_devcluster.operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
+from ddp_devcluster.plane import ControlPlane
+from ddp_operator import render
+from ddp_operator.api import DDPJob
+from ddp_operator.kube import retry_delay_s
+
+WORKERS = 48  # the operator's DDP_WORKERS default, and the direct client's threads
+
+
+class PodWatch:
+    """Records when each pod name first appears in a namespace."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str):
+        self.seen: dict[str, float] = {}
+        self.cond = threading.Condition()
+        self._stop = False
+        self._core = kubernetes.client.CoreV1Api(api)
+        self._ns = namespace
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            w = kubernetes.watch.Watch()
+            for ev in w.stream(self._core.list_namespaced_pod, self._ns, timeout_seconds=5):
+                name = ev["object"].metadata.name
+                with self.cond:
+                    self.seen.setdefault(name, time.perf_counter())
+                    self.cond.notify_all()
+                if self._stop:
+                    w.stop()
+
+    def wait_for(self, names: set[str], timeout_s: float = 300) -> float:
+        """The time the last of ``names`` appeared."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while not names <= self.seen.keys():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(names - self.seen.keys())[:5]
+                    raise TimeoutError(f"{len(names - self.seen.keys())} pods missing: {missing}")
+                self.cond.wait(left)
+            return max(self.seen[n] for n in names)
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def created_at(audit_log: Path, namespace: str, names: set[str]) -> dict[str, float]:
+    """When the API server answered each successful create of these pods (its audit log,
+    wall clock): free of any watcher's delays."""
+    out: dict[str, float] = {}
+    for line in audit_log.read_text().splitlines():
+        r = json.loads(line)
+        ref = r.get("objectRef") or {}
+        if (
+            r.get("verb") == "create"
+            and ref.get("resource") == "pods"
+            and ref.get("namespace") == namespace
+            and ref.get("name") in names
+            and r.get("responseStatus", {}).get("code") == 201
+        ):
+            stamp = r["stageTimestamp"].replace("Z", "+00:00")
+            out[ref["name"]] = dt.datetime.fromisoformat(stamp).timestamp()
+    return out
+
+
+def job_body(name: str, nodes: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "ddp.dev/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {
+            "nodes": nodes,
+            "trainer": {"workload": "digits"},
+            "checkpoint": {"volume": {"emptyDir": {}}},
+        },
+    }
+
+
+def pod_names(job: str, nodes: int) -> set[str]:
+    return {render.store_name(job)} | {render.worker_name(job, i) for i in range(nodes)}
+
+
+def create_job(api: kubernetes.client.ApiClient, ns: str, name: str, nodes: int) -> None:
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "ddp.dev", "v1alpha1", ns, "ddpjobs", job_body(name, nodes)
+    )
+
+
+def direct_objects(ns: str, jobs: list[str], nodes: int) -> list[dict[str, Any]]:
+    """What the operator would create for these jobs, without owners (none exist)."""
+    cfg = render.OperatorConfig(default_image="trainer:bench")
+    out = []
+    for i, name in enumerate(jobs):
+        body = job_body(name, nodes)
+        body["metadata"].update({"namespace": ns, "uid": f"bench-{i}", "generation": 1})
+        job = DDPJob.model_validate(body)
+        objs = [
+            *render.render_services(job),
+            render.render_store(job, cfg),
+            *(render.render_worker(job, n, 0, cfg) for n in range(nodes)),
+        ]
+        for o in objs:
+            del o["metadata"]["ownerReferences"]
+        out += objs
+    return out
+
+
+def create_direct(api: kubernetes.client.ApiClient, ns: str, obj: dict[str, Any]) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    body: Any = obj
+    for attempt in range(1, 7):
+        try:
+            if obj["kind"] == "Service":
+                core.create_namespaced_service(ns, body)
+            else:
+                core.create_namespaced_pod(ns, body)
+            return
+        except ApiException as e:
+            if e.status == 409:
+                return
+            if e.status != 429 or attempt == 6:  # retried as the operator retries
+                raise
+            time.sleep(retry_delay_s(attempt, (e.headers or {}).get("Retry-After")))
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RssSampler:
+    def __init__(self, pid: Callable[[], int | None]):
+        self.peak_kb = 0
+        self._pid = pid
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            pid = self._pid()
+            if pid:
+                try:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmRSS:"):
+                            self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def stop(self) -> float:
+        self._stop = True
+        return self.peak_kb / 1024
+
+
+def plot(latencies_ms: list[float], burst: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.hist(latencies_ms, bins=20, color="#3b75af")
+    a.axvline(statistics.median(latencies_ms), color="k", ls="--", label="p50")
+    a.set_xlabel("apply -> all pods exist (ms)")
+    a.set_ylabel("jobs")
+    a.set_title(f"one job at a time ({len(latencies_ms)} jobs)")
+    a.legend()
+    for label, times in burst.items():
+        b.plot(sorted(times), range(1, len(times) + 1), label=label)
+    b.set_xlabel("seconds since the burst started")
+    b.set_ylabel("pods existing")
+    b.set_title("burst")
+    b.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20, help="jobs of the one-at-a-time phase")
+    ap.add_argument("--burst-jobs", type=int, default=100)
+    ap.add_argument("--nodes-per-job", type=int, default=8)
+    ap.add_argument("--plot", type=Path, default=Path("out/operator_latency.png"))
+    args = ap.parse_args()
+    n = args.nodes_per_job
+    kwok_nodes = max(2, (args.burst_jobs * (n + 1)) // 100 + 1)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    with ControlPlane(nodes=kwok_nodes, log=log) as cp, tempfile.TemporaryDirectory() as tmp:
+        install(cp)
+        api = kubernetes.config.new_client_from_config(str(cp.kubeconfig))
+        api.configuration.connection_pool_maxsize = WORKERS
+        for ns in ("single", "burst-operator", "burst-direct"):
+            cp.kubectl("create", "namespace", ns)
+        op = OperatorProcess(cp, Path(tmp), env={"DDP_WORKERS": str(WORKERS)})
+        op.start()
+        rss = RssSampler(lambda: op.pid() if op.process and op.process.alive() else None)
+
+        # One job at a time.
+        watch = PodWatch(api, "single")
+        latencies: list[float] = []
+        for i in range(args.jobs):
+            name = f"single-{i}"
+            t0 = time.perf_counter()
+            create_job(api, "single", name, n)
+            latencies.append((watch.wait_for(pod_names(name, n)) - t0) * 1000)
+            log(f"single job {i + 1}/{args.jobs}: {latencies[-1]:.0f} ms")
+        watch.stop()
+
+        # The burst through the operator.
+        jobs = [f"burst-{i}" for i in range(args.burst_jobs)]
+        want = set().union(*(pod_names(j, n) for j in jobs))
+        watch = PodWatch(api, "burst-operator")
+        cpu0 = cpu_s(op.pid())
+        t0 = time.time()
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(lambda j: create_job(api, "burst-operator", j, n), jobs))
+        applied_s = time.time() - t0
+        watch.wait_for(want)
+        burst_operator_cpu_s = cpu_s(op.pid()) - cpu0
+        watch.stop()
+        op_times = [t - t0 for t in created_at(cp.audit_log, "burst-operator", want).values()]
+        burst_operator_s = max(op_times)
+        log(f"burst through the operator: {len(want)} pods in {burst_operator_s:.2f} s")
+        peak = rss.stop()
+        op.stop()
+
+        # The same objects straight from a concurrent client, as the operator's ServiceAccount
+        # (the same API priority and fairness class), the trainer's ServiceAccount first.
+        token = cp.token_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, Path(tmp) / "direct.kubeconfig")
+        as_operator = kubernetes.config.new_client_from_config(str(token))
+        as_operator.configuration.connection_pool_maxsize = WORKERS
+        cp.kubectl("create", "serviceaccount", render.TRAINER_SERVICE_ACCOUNT, "-n", "burst-direct")
+        objs = direct_objects("burst-direct", jobs, n)
+        watch = PodWatch(api, "burst-direct")
+        t0 = time.time()
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(lambda o: create_direct(as_operator, "burst-direct", o), objs))
+        watch.wait_for(want)
+        watch.stop()
+        direct_times = [t - t0 for t in created_at(cp.audit_log, "burst-direct", want).values()]
+        burst_direct_s = max(direct_times)
+        log(f"burst direct: {len(want)} pods in {burst_direct_s:.2f} s")
+
+    latencies.sort()
+    result = {
+        "single_job_p50_ms": round(statistics.median(latencies), 1),
+        "single_job_p90_ms": round(latencies[int(0.9 * (len(latencies) - 1))], 1),
+        "single_job_max_ms": round(max(latencies), 1),
+        "single_jobs": args.jobs,
+        "burst_jobs": args.burst_jobs,
+        "burst_nodes_per_job": n,
+        "burst_pods": len(want),
+        "burst_apply_s": round(applied_s, 2),
+        "burst_operator_s": round(burst_operator_s, 2),
+        "burst_direct_s": round(burst_direct_s, 2),
+        "operator_over_direct_ratio": round(burst_operator_s / burst_direct_s, 3),
+        "burst_operator_cpu_s": round(burst_operator_cpu_s, 2),
+        "operator_peak_rss_mb": round(peak, 1),
+        "operator_workers": WORKERS,
+        "kwok_nodes": kwok_nodes,
+        "plot": str(args.plot),
+    }
+    plot(latencies, {"operator": op_times, "direct client": direct_times}, args.plot)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The few Kubernetes API calls the operator makes, as plain asyncio HTTP on kopf's credentials.
+
+kopf watches; this module writes (create, delete, patch status, post Events). It shares kopf's
+login (a ServiceAccount token in a pod, a kubeconfig elsewhere) and its aiohttp, so the operator
+needs no thread pool and no generated client, and bodies go out as the plain dicts the pure
+renderer made. A 401 (a rotated ServiceAccount token) logs in again once and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+MERGE_PATCH = "application/merge-patch+json"
+RETRIES = 6
+RETRIED = (429, 500, 502, 503, 504)
+log = logging.getLogger("ddp_operator")
+
+
+def retry_delay_s(attempt: int, retry_after: str | None) -> float:
+    """The server's Retry-After when it gives one (capped), else 0.1 s doubling to 3.2 s."""
+    if retry_after is not None:
+        with contextlib.suppress(ValueError):
+            return min(float(retry_after), 10.0)
+    return min(0.1 * 2 ** (attempt - 1), 3.2)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def message(self) -> str:
+        return str(self.body.get("message") or self.body or self.status)
+
+
+class KubeError(RuntimeError):
+    def __init__(self, method: str, path: str, response: Response):
+        super().__init__(f"{method} {path}: {response.status} {response.message}")
+        self.response = response
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod, its ServiceAccount; elsewhere, $KUBECONFIG or ~/.kube/config."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+class Kube:
+    """An aiohttp session to the API server with at most ``concurrency`` requests in flight."""
+
+    def __init__(self, credentials: Callable[[], kopf.ConnectionInfo | None], concurrency: int):
+        self._credentials = credentials
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self._server = ""
+        self._lock = asyncio.Lock()
+
+    async def _connect(self) -> aiohttp.ClientSession:
+        async with self._lock:
+            if self._session is None:
+                info = self._credentials()
+                if info is None:
+                    raise RuntimeError("no Kubernetes credentials: not in a pod, no kubeconfig")
+                headers = {"Accept": "application/json"}
+                if info.token:
+                    headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+                connector = aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=self._concurrency)
+                self._server = info.server.rstrip("/")
+                self._session = aiohttp.ClientSession(
+                    connector=connector,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=60),
+                )
+            return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
+        data = None if body is None else json.dumps(body)
+        relogged = False
+        for attempt in range(1, RETRIES + 1):
+            session = await self._connect()
+            try:
+                async with session.request(
+                    method,
+                    self._server + path,
+                    data=data,
+                    headers={"Content-Type": content_type} if data is not None else None,
+                ) as r:
+                    text = await r.text()
+                    status, retry_after = r.status, r.headers.get("Retry-After")
+            except (aiohttp.ClientError, TimeoutError) as e:
+                if attempt == RETRIES:
+                    raise
+                log.warning("%s %s: %s; retrying", method, path, e)
+                await asyncio.sleep(retry_delay_s(attempt, None))
+                continue
+            if status == 401 and not relogged:
+                relogged = True
+                await self.close()  # a rotated token: log in again
+                continue
+            if status in RETRIED and attempt < RETRIES:
+                # Overload (429 from API priority and fairness) or a server hiccup.
+                await asyncio.sleep(retry_delay_s(attempt, retry_after))
+                continue
+            try:
+                parsed = json.loads(text) if text else {}
+            except ValueError:
+                parsed = {"message": text[:500]}
+            return Response(status, parsed if isinstance(parsed, dict) else {})
+        raise AssertionError("unreachable")
+
+    async def must(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+        ok: tuple[int, ...] = (),
+    ) -> Response:
+        """Like :meth:`call`, but raises :class:`KubeError` unless 2xx or one of ``ok``."""
+        r = await self.call(method, path, body, content_type)
+        if not r.ok and r.status not in ok:
+            raise KubeError(method, path, r)
+        return r
+
+
+def core_path(namespace: str, plural: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+
+def group_path(group_version: str, namespace: str, plural: str, name: str = "") -> str:
+    return f"/apis/{group_version}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+
+def path_of(obj: dict[str, Any]) -> str:
+    """The collection a namespaced object of one of the kinds the operator creates goes to."""
+    kind, ns = obj["kind"], obj["metadata"]["namespace"]
+    plural = {
+        "Pod": "pods",
+        "Service": "services",
+        "ServiceAccount": "serviceaccounts",
+        "Event": "events",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+    }[kind]
+    version = obj["apiVersion"]
+    return core_path(ns, plural) if version == "v1" else group_path(version, ns, plural)
