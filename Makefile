@@ -43,10 +43,16 @@ venv: $(VENV)/.ok ## the pinned Python environment (cached)
 binaries: $(BIN_STAMP) ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm (cached)
 deps: venv binaries ## everything the tests and the demo need
 
+# One lock per image and one for development, all from pyproject.toml's extras. The images
+# install exactly these pins (then the project itself with --no-deps).
+COMPILE = $(UV) pip compile -q pyproject.toml --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-emit-package ddp-operator
+
 .PHONY: lock
-lock: | $(UV) ## re-resolve requirements/dev.lock from pyproject.toml
-	$(UV) pip compile -q pyproject.toml --extra dev --python-version 3.11 \
-	  --python-platform x86_64-manylinux_2_28 --no-emit-package ddp-operator -o $(LOCK)
+lock: | $(UV) ## re-resolve requirements/*.lock (dev, operator image, trainer image) from pyproject.toml
+	$(COMPILE) --extra dev -o $(LOCK)
+	$(COMPILE) --extra operator -o requirements/operator.lock
+	$(COMPILE) --extra trainer -o requirements/trainer.lock
 
 .PHONY: lint
 lint: venv ## ruff and mypy
