@@ -62,8 +62,13 @@ lint: venv ## ruff and mypy
 
 .PHONY: test
 .PHONY: crd
-crd: venv ## regenerate manifests/crd/ from the pydantic API (a test fails when it is stale)
+crd: venv ## regenerate the CRD (manifests/crd/ and the chart's crds/) from the pydantic API
 	$(PY) -m ddp_operator.crd > manifests/crd/ddp.dev_ddpjobs.yaml
+	cp manifests/crd/ddp.dev_ddpjobs.yaml helm/ddp-operator/crds/
+
+.PHONY: manifests
+manifests: deps ## regenerate manifests/ (RBAC, Deployment) from the Helm chart (a test fails on drift)
+	$(PY) helm/render_manifests.py
 
 test: deps lint ## everything CI runs: lint, type check, and the test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
