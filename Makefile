@@ -73,6 +73,10 @@ manifests: deps ## regenerate manifests/ (RBAC, Deployment) from the Helm chart 
 test: deps lint ## everything CI runs: lint, type check, and the test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+.PHONY: e2e-kind
+e2e-kind: deps ## kind cluster: build both images, helm install, run the examples (needs docker and kind)
+	$(PY) -m pytest tests/kind -v -rs $(PYTEST_ARGS)
+
 .PHONY: cluster-up cluster-down
 cluster-up: deps ## start the embedded control plane in the background; prints the KUBECONFIG to export
 	$(PY) -m ddp_devcluster up --nodes $(or $(NODES),2)
