@@ -55,7 +55,8 @@ lock: | $(UV) ## re-resolve requirements/*.lock (dev, operator image, trainer im
 	$(COMPILE) --extra trainer -o requirements/trainer.lock
 
 .PHONY: lint
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy and hadolint
+	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy operator/ddp_operator trainer_image/ddp_trainer devcluster/ddp_devcluster
