@@ -43,24 +43,40 @@ venv: $(VENV)/.ok ## the pinned Python environment (cached)
 binaries: $(BIN_STAMP) ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm (cached)
 deps: venv binaries ## everything the tests and the demo need
 
+# One lock per image and one for development, all from pyproject.toml's extras. The images
+# install exactly these pins (then the project itself with --no-deps).
+COMPILE = $(UV) pip compile -q pyproject.toml --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-emit-package ddp-operator
+
 .PHONY: lock
-lock: | $(UV) ## re-resolve requirements/dev.lock from pyproject.toml
-	$(UV) pip compile -q pyproject.toml --extra dev --python-version 3.11 \
-	  --python-platform x86_64-manylinux_2_28 --no-emit-package ddp-operator -o $(LOCK)
+lock: | $(UV) ## re-resolve requirements/*.lock (dev, operator image, trainer image) from pyproject.toml
+	$(COMPILE) --extra dev -o $(LOCK)
+	$(COMPILE) --extra operator -o requirements/operator.lock
+	$(COMPILE) --extra trainer -o requirements/trainer.lock
 
 .PHONY: lint
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy and hadolint
+	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy operator/ddp_operator trainer_image/ddp_trainer devcluster/ddp_devcluster
 
 .PHONY: test
 .PHONY: crd
-crd: venv ## regenerate manifests/crd/ from the pydantic API (a test fails when it is stale)
+crd: venv ## regenerate the CRD (manifests/crd/ and the chart's crds/) from the pydantic API
 	$(PY) -m ddp_operator.crd > manifests/crd/ddp.dev_ddpjobs.yaml
+	cp manifests/crd/ddp.dev_ddpjobs.yaml helm/ddp-operator/crds/
+
+.PHONY: manifests
+manifests: deps ## regenerate manifests/ (RBAC, Deployment) from the Helm chart (a test fails on drift)
+	$(PY) helm/render_manifests.py
 
 test: deps lint ## everything CI runs: lint, type check, and the test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: e2e-kind
+e2e-kind: deps ## kind cluster: build both images, helm install, run the examples (needs docker and kind)
+	$(PY) -m pytest tests/kind -v -rs $(PYTEST_ARGS)
 
 .PHONY: cluster-up cluster-down
 cluster-up: deps ## start the embedded control plane in the background; prints the KUBECONFIG to export

@@ -1,0 +1,20 @@
+{{/* The name of every object: the release name unless overridden. */}}
+{{- define "ddp-operator.fullname" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ddp-operator.serviceAccountName" -}}
+{{- default (include "ddp-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "ddp-operator.selectorLabels" -}}
+app.kubernetes.io/name: ddp-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "ddp-operator.labels" -}}
+{{ include "ddp-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}

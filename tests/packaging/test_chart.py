@@ -1,0 +1,126 @@
+"""The Helm chart and the manifests generated from it (no cluster: see
+tests/controlplane/test_shipping.py for the API server's verdict)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddp_devcluster.plane import binary
+from ddp_operator.crd import crd_yaml
+from ddp_operator.render import OperatorConfig
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "ddp-operator"
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(binary("helm")), *args], capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def render(*values: str) -> list[dict[str, Any]]:
+    out = helm("template", "ddp-operator", str(CHART), "-n", "ddp-system", *values).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind]
+    return found
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], ["--set", "watchNamespaces={team-a,team-b}", "--set", "logLevel=debug"]],
+    ids=["defaults", "watched-namespaces"],
+)
+def test_helm_lint_strict(values: list[str]) -> None:
+    helm("lint", "--strict", str(CHART), *values)
+
+
+def test_manifests_are_what_the_chart_renders() -> None:
+    """manifests/rbac and manifests/operator, and the chart's crds/, are generated: no drift."""
+    proc = subprocess.run(
+        [sys.executable, str(CHART.parent / "render_manifests.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, f"run `make manifests`:\n{proc.stdout}{proc.stderr}"
+
+
+def test_the_chart_carries_the_generated_crd() -> None:
+    assert (CHART / "crds" / "ddp.dev_ddpjobs.yaml").read_text() == crd_yaml()
+
+
+def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
+    docs = render()
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "ServiceAccount",
+    ]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ddp-operator", "namespace": "ddp-system"}
+    ]
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "ddp-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/ddp-operator/operator:0.1.0"
+    assert c["args"] == ["--all-namespaces"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    env = {e["name"]: e["value"] for e in c["env"]}
+    # The chart's default trainer image is the operator's own default.
+    assert env["DDP_DEFAULT_IMAGE"] == OperatorConfig.default_image
+    assert env["DDP_RESYNC_S"] == "30" and env["DDP_BACKOFF_BASE_S"] == "10"
+    # The probes ask kopf's liveness endpoint, on the port the image's ENTRYPOINT serves.
+    assert c["ports"] == [{"name": "health", "containerPort": 8080}]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in (REPO / "Dockerfile").read_text()
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert set(c["resources"]) == {"requests", "limits"}
+
+
+def test_watched_namespaces_bind_the_role_in_those_namespaces_only() -> None:
+    docs = render(
+        "--set", "watchNamespaces={team-a,team-b}", "--set", "logLevel=verbose",
+        "--set", "trainerImage=registry.local/trainer:1",
+    )  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert {b["roleRef"]["kind"] for b in bindings} == {"ClusterRole"}
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["--namespace=team-a", "--namespace=team-b", "--verbose"]
+    assert {e["name"]: e["value"] for e in c["env"]}["DDP_DEFAULT_IMAGE"] == (
+        "registry.local/trainer:1"
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["logLevel=loud", "watchNamespaces={Not_A_Namespace}", "settings.workers=0", "replicas=2"],
+)
+def test_the_values_schema_refuses(bad: str) -> None:
+    proc = helm("template", "x", str(CHART), "--set", bad, check=False)
+    assert proc.returncode != 0 and "values don't meet the specifications" in proc.stderr, (
+        proc.stderr
+    )
