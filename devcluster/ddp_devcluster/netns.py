@@ -158,7 +158,7 @@ def _live(record: dict[str, object]) -> bool:
     return pid > 0 and _start_time(pid) == record.get("start")
 
 
-def cleanup_instance(instance: str, record: dict[str, object], log: object = print) -> list[str]:
+def cleanup_instance(instance: str, record: dict[str, object]) -> list[str]:
     """Remove every trace of ``instance``: processes, namespaces, links, mounts, mount
     points it created, and its registration. Returns what it removed, for the log."""
     done = []
@@ -209,7 +209,7 @@ def _links() -> list[str]:
     return out
 
 
-def cleanup_stale(log: object = print) -> list[str]:
+def cleanup_stale() -> list[str]:
     """Remove what instances whose owner process is gone left behind."""
     with _locked() as d:
         return _cleanup_stale_locked(d)

@@ -102,7 +102,7 @@ def quantity(value: str) -> float:
     m = _CPU.match(value)
     if m:
         return float(m.group(1)) / (1000 if m.group(2) else 1)
-    m = re.match(r"^(\d+(?:\.\d+)?)([kMGT]i?)$", value)
+    m = re.match(r"^(\d+(?:\.\d+)?)([kMGT]|[KMGT]i)$", value)
     if m and m.group(2) in _MEM_UNITS:
         return float(m.group(1)) * _MEM_UNITS[m.group(2)]
     raise PodConfigError(f"unsupported quantity {value!r}")
@@ -528,17 +528,14 @@ def backoff_s(restart_count: int, initial_s: float = 0.5, cap_s: float = 10.0) -
 def pod_phase(policy: str, records: list[ContainerRecord], sandbox_ready: bool) -> str:
     """Pending until a container has started; Succeeded/Failed once every container ended
     for good; Running otherwise (also while a container waits to restart)."""
-    if any(r.config_error for r in records) and not any(r.running or r.last for r in records):
-        return "Pending"
     if not sandbox_ready or not any(r.running or r.last for r in records):
         return "Pending"
     if any(r.running or r.last is None for r in records):
         return "Running"
-    assert all(r.last is not None for r in records)
-    ended = all(not restarts(policy, r.last.exit_code) for r in records if r.last)
-    if not ended:
+    codes = [r.last.exit_code for r in records if r.last is not None]
+    if any(restarts(policy, code) for code in codes):
         return "Running"
-    return "Succeeded" if all(r.last and r.last.exit_code == 0 for r in records) else "Failed"
+    return "Succeeded" if all(code == 0 for code in codes) else "Failed"
 
 
 def container_status(
