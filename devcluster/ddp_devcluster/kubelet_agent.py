@@ -61,6 +61,7 @@ class PodRuntime:
     start_time: str
     net: netns.PodNet | None = None
     records: dict[str, podspec.ContainerRecord] = field(default_factory=dict)
+    init_records: dict[str, podspec.ContainerRecord] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     prepared: bool = False
     config_error: str | None = None
@@ -438,19 +439,35 @@ class Agent:
             self._prepare(rt, pod)
         policy = spec.get("restartPolicy", "Always")
         self._reap(rt, policy)
-        if rt.prepared:
+        inits = spec.get("initContainers") or []
+        irecs = [
+            rt.init_records.setdefault(c["name"], podspec.ContainerRecord(c["name"])) for c in inits
+        ]
+        init_state = podspec.init_state(policy, irecs)
+        if rt.prepared and init_state == "pending":
+            rec = podspec.next_init(irecs)
+            if rec is not None and self._due(rec):
+                self._start(rt, pod, next(c for c in inits if c["name"] == rec.name), rec)
+        elif rt.prepared and init_state == "done":
             for c in spec.get("containers") or []:
                 rec = rt.records[c["name"]]
-                if rec.running or (rec.last is not None and rec.restart_at is None):
-                    continue
-                if rec.restart_at is not None and time.monotonic() < rec.restart_at:
-                    continue
-                if rec.last is not None:
-                    rec.restart_count += 1
-                self._start(rt, pod, c)
+                if self._due(rec):
+                    self._start(rt, pod, c, rec)
         status = self._status(rt, pod)
         if status["phase"] in ("Succeeded", "Failed") and not rt.sandbox_gone:
             self._teardown(rt, remove_dirs=False)
+
+    @staticmethod
+    def _due(rec: podspec.ContainerRecord) -> bool:
+        """Whether a container should be started now (first start or a due restart); counts
+        the restart."""
+        if rec.running or (rec.last is not None and rec.restart_at is None):
+            return False
+        if rec.restart_at is not None and time.monotonic() < rec.restart_at:
+            return False
+        if rec.last is not None:
+            rec.restart_count += 1
+        return True
 
     def _new_runtime(self, pod: dict[str, Any]) -> PodRuntime:
         meta, spec = pod["metadata"], pod["spec"]
@@ -466,6 +483,7 @@ class Agent:
             hostname=podspec.pod_hostname(pod),
         )
         rt.records = podspec.records_from_status(pod, now())
+        rt.init_records = podspec.records_from_status(pod, now(), init=True)
         self.runtimes[uid] = rt
         rt.net = self.net.add_pod(rt.node)
         log.info("pod %s/%s on %s: sandbox %s", rt.ns, rt.name, rt.node, rt.net.ip)
@@ -511,13 +529,13 @@ class Agent:
             if msg != rt.config_error:
                 log.warning("pod %s/%s cannot start yet: %s", rt.ns, rt.name, msg)
             rt.config_error = msg
-            for rec in rt.records.values():
+            for rec in [*rt.records.values(), *rt.init_records.values()]:
                 rec.config_error = msg
             rt.next_prepare = time.monotonic() + 2
             return
         rt.prepared = True
         rt.config_error = None
-        for rec in rt.records.values():
+        for rec in [*rt.records.values(), *rt.init_records.values()]:
             rec.config_error = None
 
     def _context(self, rt: PodRuntime, pod: dict[str, Any]) -> podspec.PodContext:
@@ -585,9 +603,10 @@ class Agent:
         }
         return env
 
-    def _start(self, rt: PodRuntime, pod: dict[str, Any], c: dict[str, Any]) -> None:
+    def _start(
+        self, rt: PodRuntime, pod: dict[str, Any], c: dict[str, Any], rec: podspec.ContainerRecord
+    ) -> None:
         assert rt.net is not None
-        rec = rt.records[c["name"]]
         try:
             ctx = self._context(rt, pod)
             env = podspec.container_env(c, ctx, self._base_env(rt))
@@ -662,12 +681,14 @@ class Agent:
             if code is None:
                 continue
             del rt.procs[name]
-            rec = rt.records[name]
+            is_init = name in rt.init_records
+            rec = rt.init_records[name] if is_init else rt.records[name]
             exit_code = 128 - code if code < 0 else code
             rec.previous = rec.last
             rec.last = podspec.Termination(exit_code, rec.running_since or now(), now())
             rec.running_since = None
-            again = podspec.restarts(policy, exit_code) and not rt.kill_deadline
+            rule = podspec.init_policy(policy) if is_init else policy
+            again = podspec.restarts(rule, exit_code) and not rt.kill_deadline
             rec.restart_at = (
                 time.monotonic() + podspec.backoff_s(rec.restart_count) if again else None
             )
@@ -692,6 +713,10 @@ class Agent:
             host_ip=self.net.host_ip(rt.node),
             start_time=rt.start_time,
             now=now(),
+            inits=[
+                rt.init_records.setdefault(c["name"], podspec.ContainerRecord(c["name"]))
+                for c in pod["spec"].get("initContainers") or []
+            ],
         )
         comparable = {k: v for k, v in status.items() if k != "conditions"} | {
             "conditions": [(c["type"], c["status"]) for c in status["conditions"]]
@@ -718,7 +743,7 @@ class Agent:
             if grace is None:
                 grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
             rt.kill_deadline = time.monotonic() + float(grace)
-            for rec in rt.records.values():
+            for rec in [*rt.records.values(), *rt.init_records.values()]:
                 rec.restart_at = None
             log.info("pod %s/%s: deleting, SIGTERM, grace %ss", rt.ns, rt.name, grace)
             self._signal_all(rt, signal.SIGTERM)

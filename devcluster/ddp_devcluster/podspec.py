@@ -525,10 +525,48 @@ def backoff_s(restart_count: int, initial_s: float = 0.5, cap_s: float = 10.0) -
     return float(min(cap_s, initial_s * 2 ** min(restart_count, 16)))
 
 
-def pod_phase(policy: str, records: list[ContainerRecord], sandbox_ready: bool) -> str:
-    """Pending until a container has started; Succeeded/Failed once every container ended
-    for good; Running otherwise (also while a container waits to restart)."""
-    if not sandbox_ready or not any(r.running or r.last for r in records):
+def init_policy(policy: str) -> str:
+    """Init containers restart on failure unless the pod's policy is Never."""
+    return "Never" if policy == "Never" else "OnFailure"
+
+
+def init_state(policy: str, inits: list[ContainerRecord]) -> str:
+    """``done`` once every init container exited 0 (in order), ``failed`` when one failed
+    for good (restartPolicy Never), ``pending`` otherwise."""
+    for r in inits:
+        if r.last is not None and r.last.exit_code == 0 and not r.running:
+            continue
+        if (
+            r.last is not None
+            and not r.running
+            and not restarts(init_policy(policy), r.last.exit_code)
+        ):
+            return "failed"
+        return "pending"
+    return "done"
+
+
+def next_init(inits: list[ContainerRecord]) -> ContainerRecord | None:
+    """The init container to run or wait for: the first that has not exited 0."""
+    for r in inits:
+        if r.running or r.last is None or r.last.exit_code != 0:
+            return r
+    return None
+
+
+def pod_phase(
+    policy: str,
+    records: list[ContainerRecord],
+    sandbox_ready: bool,
+    inits: list[ContainerRecord] | None = None,
+) -> str:
+    """Pending until init containers are done and a container has started;
+    Succeeded/Failed once every container ended for good; Running otherwise (also while a
+    container waits to restart). A failed init container fails the pod under Never."""
+    state = init_state(policy, inits or [])
+    if state == "failed":
+        return "Failed"
+    if state == "pending" or not sandbox_ready or not any(r.running or r.last for r in records):
         return "Pending"
     if any(r.running or r.last is None for r in records):
         return "Running"
@@ -602,54 +640,69 @@ def pod_status(
     host_ip: str,
     start_time: str,
     now: str,
+    inits: list[ContainerRecord] | None = None,
     uid_prefix: str = "tk",
 ) -> dict[str, Any]:
     """The ``status`` a kubelet reports for ``pod`` given its container records."""
     spec = pod.get("spec", {})
     policy = spec.get("restartPolicy", "Always")
-    phase = pod_phase(policy, records, sandbox_ready)
+    inits = inits or []
+    phase = pod_phase(policy, records, sandbox_ready, inits)
+    initialized = init_state(policy, inits) == "done"
     terminal = phase in ("Succeeded", "Failed")
-    images = {c["name"]: c.get("image", "") for c in spec.get("containers") or []}
+    images = {
+        c["name"]: c.get("image", "")
+        for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    }
     old = {c["type"]: c for c in (pod.get("status", {}).get("conditions") or [])}
     all_running = bool(records) and all(r.running for r in records) and not terminal
     not_ready = "PodCompleted" if terminal else "ContainersNotReady"
     ours = [
         _condition("PodReadyToStartContainers", sandbox_ready and not terminal, now, old),
-        _condition("Initialized", True, now, old),
+        _condition("Initialized", initialized, now, old, "ContainersNotInitialized"),
         _condition("Ready", all_running, now, old, not_ready),
         _condition("ContainersReady", all_running, now, old, not_ready),
         _condition("PodScheduled", True, now, old),
     ]
     keep = [c for t, c in old.items() if t not in {c["type"] for c in ours}]
     uid = pod["metadata"]["uid"]
-    statuses = [
-        container_status(
-            r, images.get(r.name, ""), f"{uid_prefix}://{uid}/{r.name}/{r.restart_count}", phase
-        )
-        for r in records
-    ]
+
+    def statuses(recs: list[ContainerRecord]) -> list[dict[str, Any]]:
+        return [
+            container_status(
+                r, images.get(r.name, ""), f"{uid_prefix}://{uid}/{r.name}/{r.restart_count}", phase
+            )
+            for r in recs
+        ]
+
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": ours + keep,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
         "startTime": start_time,
-        "containerStatuses": statuses,
+        "containerStatuses": statuses(records),
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
     }
+    if inits:
+        status["initContainerStatuses"] = statuses(inits)
     if sandbox_ready and pod_ip:
         status["podIP"] = pod_ip
         status["podIPs"] = [{"ip": pod_ip}]
     return status
 
 
-def records_from_status(pod: Obj, now: str) -> dict[str, ContainerRecord]:
-    """Container records seeded from the status an earlier kubelet wrote: restart counts
-    and terminations carry over; a container that was running when that kubelet died is
-    lost (exit code 137, reason ContainerStatusUnknown) and restarts per the policy."""
+def records_from_status(pod: Obj, now: str, init: bool = False) -> dict[str, ContainerRecord]:
+    """Container records (``init``: of init containers) seeded from the status an earlier
+    kubelet wrote: restart counts and terminations carry over; a container that was running
+    when that kubelet died is lost (exit code 137, reason ContainerStatusUnknown) and
+    restarts per the policy."""
     policy = pod.get("spec", {}).get("restartPolicy", "Always")
+    if init:
+        policy = init_policy(policy)
     out: dict[str, ContainerRecord] = {}
-    for cs in pod.get("status", {}).get("containerStatuses") or []:
+    key = "initContainerStatuses" if init else "containerStatuses"
+    for cs in pod.get("status", {}).get(key) or []:
         rec = ContainerRecord(cs["name"], restart_count=int(cs.get("restartCount", 0)))
         state = cs.get("state") or {}
         if "running" in state:

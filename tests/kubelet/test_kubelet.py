@@ -295,6 +295,10 @@ metadata: {name: client}
 spec:
   nodeSelector: {kubernetes.io/hostname: tk-1}
   restartPolicy: OnFailure
+  initContainers:
+  - name: wait-for-server
+    image: x
+    command: [sh, -c, "until getent hosts server.echo.@NS@.svc; do sleep 0.2; done"]
   containers:
   - name: main
     image: x
@@ -333,6 +337,10 @@ def test_pods_on_two_nodes_reach_each_other_by_service_names(
         assert addr == peer == server_ip, line
         assert reply == "ping from server"
     assert lines[5] == "nosuch NXDOMAIN"
+    [init] = client["status"]["initContainerStatuses"]
+    assert init["name"] == "wait-for-server"
+    assert init["state"]["terminated"]["reason"] == "Completed"
+    assert server_ip in tk.logs(ns, "client", "wait-for-server")
 
 
 VOLUME_PODS = """

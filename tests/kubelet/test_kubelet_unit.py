@@ -288,6 +288,31 @@ def test_phase_before_and_while_running() -> None:
     assert podspec.pod_phase("Never", one_done, sandbox_ready=True) == "Running"
 
 
+def test_init_containers_run_in_order_and_gate_the_pod() -> None:
+    ok, bad = Termination(0, T0, T1), Termination(2, T0, T1)
+    first, second = rec("i1"), rec("i2")
+    assert podspec.init_state("Never", [first, second]) == "pending"
+    assert podspec.next_init([first, second]) is first
+    first.last = ok
+    assert podspec.next_init([first, second]) is second
+    assert podspec.pod_phase("Never", [rec()], True, [first, second]) == "Pending"
+    second.last = bad
+    assert podspec.init_state("Always", [first, second]) == "pending"  # it restarts
+    assert podspec.init_state("Never", [first, second]) == "failed"
+    assert podspec.pod_phase("Never", [rec()], True, [first, second]) == "Failed"
+    second.last = ok
+    assert podspec.init_state("Never", [first, second]) == "done"
+    assert podspec.next_init([first, second]) is None
+    assert podspec.pod_phase("Never", [rec(running_since=T0)], True, [first, second]) == "Running"
+    p = pod(initContainers=[{"name": "i1"}], containers=[{"name": "main"}])
+    kw = dict(sandbox_ready=True, pod_ip="10.1.1.2", host_ip="10.1.1.1", start_time=T0, now=T1)
+    st = podspec.pod_status(p, [rec()], inits=[rec("i1", running_since=T0)], **kw)  # type: ignore[arg-type]
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Initialized"]["status"] == "False"
+    assert conds["Initialized"]["reason"] == "ContainersNotInitialized"
+    assert st["initContainerStatuses"][0]["state"] == {"running": {"startedAt": T0}}
+
+
 def test_restart_policy_and_backoff() -> None:
     assert podspec.restarts("Always", 0) and podspec.restarts("OnFailure", 2)
     assert not podspec.restarts("OnFailure", 0) and not podspec.restarts("Never", 1)
