@@ -426,8 +426,8 @@ class Agent:
         rt = self.runtimes.get(uid)
         phase = pod.get("status", {}).get("phase")
         if rt is None:
-            if meta.get("deletionTimestamp") and phase in ("Succeeded", "Failed", None, "Pending"):
-                self._delete_from_api(pod)
+            if meta.get("deletionTimestamp"):
+                self._delete_from_api(pod)  # nothing of it runs here (any more)
                 return
             if phase in ("Succeeded", "Failed"):
                 return  # ended before this kubelet started: nothing runs, nothing to do

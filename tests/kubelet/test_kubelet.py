@@ -61,8 +61,11 @@ def apply(cp: ControlPlane, ns: str, manifest: str) -> None:
 def ns(control_plane: ControlPlane) -> Iterator[str]:
     name = f"tk-{uuid.uuid4().hex[:6]}"
     control_plane.kubectl("create", "namespace", name)
-    control_plane.kubectl(
-        "wait", "--for=jsonpath={.metadata.name}", "serviceaccount/default", "-n", name
+    wait_for(
+        lambda: (
+            control_plane.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0
+        ),
+        "the namespace's default ServiceAccount",
     )
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false")
@@ -573,16 +576,27 @@ def test_nothing_remains_after_stop_or_kill(
     assert cp.kubectl("get", "node", "tk-solo", check=False).returncode != 0
 
     # A killed agent takes its pods' processes with it (PR_SET_PDEATHSIG down to PID 1 of
-    # the pod's PID namespace); the next start of any test kubelet removes the rest.
+    # the pod's PID namespace); the next start of any test kubelet removes the rest, and a
+    # kubelet for the same node restarts the lost container as a kubelet after a reboot.
     tk = TestKubelet(cp, nodes=["tk-crash"], state_dir=tmp_path / "b").start()
     _sleeper_running(cp, tk, ns, "tk-crash")
     tk.kill()
     wait_for(lambda: not netns.processes_with_env(netns.ID_ENV, tk.instance), "pods to die")
     assert any(x.startswith("netns") for x in tk.leftovers())
-    with TestKubelet(cp, nodes=["tk-after"], state_dir=tmp_path / "c"):
+    with TestKubelet(cp, nodes=["tk-crash"], state_dir=tmp_path / "c") as again:
         assert tk.leftovers() == []
         assert not Path(f"/tk-made-{ns}").exists()
-    cp.kubectl("delete", "node", "tk-crash")
+
+        def restarted() -> dict | None:
+            pod = get_pod(cp, ns, "sleeper")
+            statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
+            return pod if statuses[0].get("restartCount") == 1 else None
+
+        cs = wait_for(restarted, "the lost container to restart")["status"]["containerStatuses"]
+        assert "running" in cs[0]["state"]
+        assert cs[0]["lastState"]["terminated"]["reason"] == "ContainerStatusUnknown"
+        assert cs[0]["lastState"]["terminated"]["exitCode"] == 137
+    assert again.leftovers() == []
 
 
 LOOPBACK_POD = """
