@@ -177,10 +177,10 @@ class Agent:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
         signal.signal(signal.SIGINT, lambda *_: self._request_stop())
-        (self.state_dir / "pods").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
             self.net.setup()
+            self._forget_old_pods()
             log.info(
                 "instance %s, %s network, gateway %s",
                 self.net.instance,
@@ -210,6 +210,17 @@ class Agent:
             return 0
         finally:
             self._shutdown()
+
+    def _forget_old_pods(self) -> None:
+        """Per-pod directories of an earlier agent on this state directory belong to no
+        running pod now: unmount what is mounted there and remove them (claims and hostPath
+        directories stay, as on a node)."""
+        pods = self.state_dir / "pods"
+        if self.net.isolated:
+            for point in netns.mounts_under(str(pods)):
+                subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        shutil.rmtree(pods, ignore_errors=True)
+        pods.mkdir(parents=True)
 
     def info(self) -> dict[str, Any]:
         return {

@@ -517,6 +517,7 @@ spec:
     - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
     - {name: TORCH_DISABLE_SHARE_RDZV_TCP_STORE, value: "1"}
     - {name: OMP_NUM_THREADS, value: "1"}
+    - {name: LOGLEVEL, value: INFO}
     command: [torchrun]
     args: [--nnodes=2, --nproc-per-node=1, --rdzv-backend=c10d, --rdzv-endpoint=rdzv:29400,
            --rdzv-id=@NS@, "--rdzv-conf=is_host=false,join_timeout=120", --local-addr=$(POD_IP),
