@@ -258,7 +258,10 @@ def plan_volumes(pod: Obj, state_dir: str) -> list[VolumePlan]:
                     "emptyDir",
                     f"{pod_dir}/{_safe(name)}",
                     memory=ed.get("medium") == "Memory",
-                    size_limit=ed.get("sizeLimit"),
+                    # tmpfs takes bytes, not Kubernetes quantities such as 2Gi
+                    size_limit=(
+                        str(int(quantity(str(ed["sizeLimit"])))) if ed.get("sizeLimit") else None
+                    ),
                 )
             )
         elif "persistentVolumeClaim" in vol:

@@ -218,12 +218,11 @@ class Controller:
     async def _make_trainer_rbac(self, ns: str) -> None:
         api = self.api
         assert api is not None
-        objs = (
-            render.trainer_service_account(ns),
-            render.trainer_role(ns),
-            render.trainer_role_binding(ns),  # may name its Role before the Role exists
-        )
-        await asyncio.gather(*(api.must("POST", kube.path_of(o), o, ok=(409,)) for o in objs))
+        first = (render.trainer_service_account(ns), render.trainer_role(ns))
+        await asyncio.gather(*(api.must("POST", kube.path_of(o), o, ok=(409,)) for o in first))
+        # RBAC checks a new binding against its Role, so the Role must exist first.
+        binding = render.trainer_role_binding(ns)
+        await api.must("POST", kube.path_of(binding), binding, ok=(409,))
 
     async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
         assert self.api is not None

@@ -151,7 +151,9 @@ def test_volume_plans_map_kinds_to_state_directories() -> None:
     )
     plans = {v.name: v for v in podspec.plan_volumes(p, "/st")}
     assert plans["scratch"].host_path == "/st/pods/u-1/volumes/scratch"
-    assert plans["shm"].memory and plans["shm"].size_limit == "1Gi"
+    assert plans["shm"].memory and plans["shm"].size_limit == str(
+        2**30
+    )  # bytes, as tmpfs takes them
     assert plans["ckpt"].host_path == "/st/pvc/ns/ckpt"
     assert plans["host"].host_path == "/st/nodes/tk-0/hostpath/var/lib/x"
     assert plans["hostfile"].is_file

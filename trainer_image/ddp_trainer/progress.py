@@ -74,7 +74,7 @@ def progress_patch(
                 "epoch": int(epoch),
                 "step": int(step),
                 "totalSteps": int(total_steps),
-                "loss": float(loss),
+                "loss": round(float(loss), 4),  # as `kubectl get` prints it
                 "samplesPerSecond": round(float(samples_per_second), 3),
                 "lastCheckpoint": last_checkpoint or "",
                 "updatedAt": rfc3339(now),
