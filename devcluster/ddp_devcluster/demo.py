@@ -16,6 +16,7 @@ not mounted, and the job cannot run.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -126,6 +127,22 @@ def example_documents(interval_s: str = PROGRESS_INTERVAL_S) -> list[dict[str, A
 def end_event(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The trainer's ``end`` event (test loss and accuracy), or {}."""
     return next((r for r in reversed(rows) if r.get("event") == "end"), {})
+
+
+def checkpoint_problem(rows: list[dict[str, Any]], manifest: dict[str, Any] | None) -> str:
+    """Why the copied volume does not hold the last checkpoint the trainer logged ("" if it
+    does)."""
+    logged = [r["name"] for r in rows if r.get("event") == "checkpoint" and "name" in r]
+    if not logged:
+        return "the trainer logged no checkpoint"
+    if manifest is None:
+        return "the volume has no manifest.json"
+    if manifest.get("latest") != logged[-1]:
+        return (
+            f"the volume's manifest.json says {manifest.get('latest')}, but the trainer last "
+            f"wrote {logged[-1]}"
+        )
+    return ""
 
 
 def plot(rows: list[dict[str, Any]], png: Path) -> None:
@@ -241,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         for f in sorted(ckpt.iterdir()):
             print(f"    {f.name}")
         print(f"  pod logs: {len(logs)} files in {out / 'logs'}")
+        manifest_file = ckpt / "manifest.json"
+        manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else None
+        problem = checkpoint_problem(rows, manifest)
+        if problem:
+            print(f"\nFAILED: {problem}\n{stack.diagnostics()}", file=sys.stderr)
+            return 1
         png = out / "loss.png"
         plot(rows, png)
         print(f"  loss curve: {png}", flush=True)
