@@ -241,6 +241,18 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         view.close()
         print(f"  {status['phase']} in {time.monotonic() - t_job:.0f}s", flush=True)
+        if view.lines == 0:
+            said = [
+                line.strip()
+                for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
+                for line in stack.kubelet.logs(NAMESPACE, pod, "trainer").splitlines()
+                if "progress" in line and "WARNING" in line
+            ]
+            print(
+                "  WARNING: status.progress never arrived, so there was nothing to show"
+                + "".join(f"\n    {x}" for x in said),
+                flush=True,
+            )
         if status["phase"] != "Succeeded":
             print(f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics()}", file=sys.stderr)
             return 1
