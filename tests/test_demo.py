@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_devcluster import netns
+from ddp_devcluster import demo, netns
 from ddp_devcluster.demo import LiveView, checkpoint_problem, progress_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +51,25 @@ def test_progress_line_and_live_view_come_from_status_progress() -> None:
         "  phase Succeeded: all 2 nodes exited 0\n",
     ]
     assert view.lines == 2
+
+    tty: list[str] = []
+    view = LiveView(tty.append, tty=True)
+    view({"phase": "Running", "progress": progress})
+    view({"phase": "Running", "progress": {**progress, "step": 34, "lastCheckpoint": "x"}})
+    view({"phase": "Succeeded", "progress": {**progress, "step": 34, "lastCheckpoint": "y"}})
+    view.close()
+    assert [x[:7] for x in tty] == ["  phase", "\r\x1b[K  [", "\r\x1b[K  [", "\n", "  phase"]
+
+
+def test_demo_says_why_it_cannot_run_without_network_namespaces(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(netns, "netns_supported", lambda: (False, "not running as root"))
+    assert demo.main(["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "needs network namespaces" in err and "not running as root" in err
+    assert "digits-rdzv.default.svc" in err and "sudo make demo" in err
+    assert not (tmp_path / "out").exists()  # nothing was started or written
 
 
 def test_checkpoint_problem() -> None:

@@ -62,19 +62,15 @@ def progress_line(progress: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def progress_key(progress: dict[str, Any]) -> tuple[Any, ...]:
-    """What counts as a change of progress (``updatedAt`` alone is not)."""
-    return tuple(sorted((k, v) for k, v in progress.items() if k != "updatedAt"))
-
-
 class LiveView:
     """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
-    progress line when ``status.progress`` changes. On a TTY, progress redraws one line."""
+    progress line when what it shows of ``status.progress`` changes (a report that changes
+    only ``updatedAt`` or ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
 
     def __init__(self, write: Callable[[str], None], tty: bool = False) -> None:
         self.write, self.tty = write, tty
         self.phase: str | None = None
-        self.key: tuple[Any, ...] | None = None
+        self.shown: str | None = None  # the last progress line
         self.lines = 0  # progress lines shown
         self._open = False  # a TTY line waiting for its newline
 
@@ -98,14 +94,15 @@ class LiveView:
             self.write(f"  phase {phase}" + (f": {reason}" if reason else "") + "\n")
             self.phase = phase
         progress = status.get("progress") or {}
-        if progress and progress_key(progress) != self.key:
-            self.key = progress_key(progress)
+        line = progress_line(progress) if progress else None
+        if line and line != self.shown:  # a new report that shows nothing new is no new line
+            self.shown = line
             self.lines += 1
             if self.tty:
-                self.write("\r\033[K  " + progress_line(progress))
+                self.write("\r\033[K  " + line)
                 self._open = True
             else:
-                self.write("  " + progress_line(progress) + "\n")
+                self.write("  " + line + "\n")
 
     def close(self) -> None:
         self._end_line()
