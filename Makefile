@@ -86,7 +86,7 @@ cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
 .PHONY: demo
-demo: deps ## run a real training job on this machine (about a minute)
+demo: deps ## the operator runs the digits example on a local cluster (as root; about a minute)
 	$(PY) -m ddp_devcluster demo
 
 .PHONY: clean

@@ -1,42 +1,145 @@
-"""``make demo``: a real training job on this machine, with live progress.
+"""``make demo``: the operator runs a real training job on this machine, with live progress.
 
-Until the operator runs jobs end to end here, the demo brings up the embedded control plane
-(to show it works) and runs the bundled trainer under torchrun locally: 2 processes, gloo,
-the `digits` workload, checkpoints and metrics written to ``out/demo/``. It ends by printing
-the checkpoint files, the final accuracy line and the path of a loss-curve PNG.
+1/4 starts a whole cluster here (:class:`~ddp_devcluster.stack.LocalStack`): the embedded
+control plane, the operator and the test kubelet, which runs pods as real processes in
+network namespaces. 2/4 applies ``manifests/examples/checkpoint-pvc.yaml`` and
+``digits.yaml``. 3/4 follows the DDPJob: one line per change of its ``status.progress`` (as
+rank 0 reports it) and of its phase. 4/4 prints ``kubectl get ddpj digits``, copies the
+checkpoint volume and the pods' logs to ``--out`` (so they outlive the cluster), prints the
+test accuracy and draws the loss curve; then everything is torn down.
+
+Needs root (network namespaces): without them the test kubelet's pods share the host
+network, so the job's rendezvous Service name does not resolve and its checkpoint volume is
+not mounted, and the job cannot run.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import shutil
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ddp_trainer.progress import read_metrics
 
-from .plane import ControlPlane
+from . import netns
+from .operator_process import REPO
+
+JOB, CLAIM, NAMESPACE = "digits", "digits-checkpoints", "default"
+EXAMPLES = REPO / "manifests" / "examples"
+EXAMPLE_FILES = ("checkpoint-pvc.yaml", "digits.yaml")
+# The trainer reports status.progress at most every 10 s by default: a live view of a
+# half-minute job wants it more often. Added to the applied object only (the file is as is).
+PROGRESS_INTERVAL_S = "2"
+TERMINAL = ("Succeeded", "Failed")
 
 
+# -- pure helpers (no I/O) --------------------------------------------------------------------
 def bar(done: int, total: int, width: int = 30) -> str:
-    filled = int(width * done / total) if total else 0
+    filled = min(width, int(width * done / total)) if total > 0 else 0
     return "#" * filled + "-" * (width - filled)
 
 
-def progress_line(row: dict[str, Any], total: int) -> str:
-    """One line of the live view, from a trainer ``step`` event."""
-    step = int(row.get("step", 0))
-    head = f"[{bar(step, total)}] " if total else ""
-    return (
-        f"{head}epoch {row.get('epoch', '?')} step {step}/{total or '?'} "
-        f"loss {float(row.get('loss', float('nan'))):.4f} "
-        f"{float(row.get('samplesPerSecond', 0.0)):6.0f} samples/s "
-        f"(world size {row.get('worldSize', '?')})"
-    )
+def progress_line(progress: dict[str, Any]) -> str:
+    """One line of the live view, from a DDPJob's ``status.progress``."""
+    step = int(progress.get("step") or 0)
+    total = int(progress.get("totalSteps") or 0)
+    loss = progress.get("loss")
+    sps = progress.get("samplesPerSecond")
+    parts = [f"[{bar(step, total)}]", f"epoch {progress.get('epoch', '?')}"]
+    parts.append(f"step {step}/{total or '?'}")
+    if loss is not None:
+        parts.append(f"loss {float(loss):.4f}")
+    if sps is not None:
+        parts.append(f"{float(sps):6.0f} samples/s")
+    parts.append(f"(world size {progress.get('worldSize', '?')})")
+    return " ".join(parts)
+
+
+class LiveView:
+    """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
+    progress line when what it shows of ``status.progress`` changes (a report that changes
+    only ``updatedAt`` or ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
+
+    def __init__(self, write: Callable[[str], None], tty: bool = False) -> None:
+        self.write, self.tty = write, tty
+        self.phase: str | None = None
+        self.shown: str | None = None  # the last progress line
+        self.lines = 0  # progress lines shown
+        self._open = False  # a TTY line waiting for its newline
+
+    def _end_line(self) -> None:
+        if self._open:
+            self.write("\n")
+            self._open = False
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        phase = status.get("phase")
+        if phase and phase != self.phase:
+            self._end_line()
+            reason = next(
+                (
+                    c.get("message") or c.get("reason")
+                    for c in status.get("conditions") or []
+                    if c.get("type") == phase and c.get("status") == "True"
+                ),
+                None,
+            )
+            self.write(f"  phase {phase}" + (f": {reason}" if reason else "") + "\n")
+            self.phase = phase
+        progress = status.get("progress") or {}
+        line = progress_line(progress) if progress else None
+        if line and line != self.shown:  # a new report that shows nothing new is no new line
+            self.shown = line
+            self.lines += 1
+            if self.tty:
+                self.write("\r\033[K  " + line)
+                self._open = True
+            else:
+                self.write("  " + line + "\n")
+
+    def close(self) -> None:
+        self._end_line()
+
+
+def example_documents(interval_s: str = PROGRESS_INTERVAL_S) -> list[dict[str, Any]]:
+    """The objects of the example files, the digits DDPJob with one env var added."""
+    docs: list[dict[str, Any]] = []
+    for name in EXAMPLE_FILES:
+        docs += [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+    for d in docs:
+        if d.get("kind") == "DDPJob" and d["metadata"]["name"] == JOB:
+            template = d["spec"].setdefault("template", {})
+            env = template.setdefault("env", [])
+            env.append({"name": "DDPJOB_PROGRESS_INTERVAL_S", "value": interval_s})
+    return docs
+
+
+def end_event(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trainer's ``end`` event (test loss and accuracy), or {}."""
+    return next((r for r in reversed(rows) if r.get("event") == "end"), {})
+
+
+def checkpoint_problem(rows: list[dict[str, Any]], manifest: dict[str, Any] | None) -> str:
+    """Why the copied volume does not hold the last checkpoint the trainer logged ("" if it
+    does)."""
+    logged = [r["name"] for r in rows if r.get("event") == "checkpoint" and "name" in r]
+    if not logged:
+        return "the trainer logged no checkpoint"
+    if manifest is None:
+        return "the volume has no manifest.json"
+    if manifest.get("latest") != logged[-1]:
+        return (
+            f"the volume's manifest.json says {manifest.get('latest')}, but the trainer last "
+            f"wrote {logged[-1]}"
+        )
+    return ""
 
 
 def plot(rows: list[dict[str, Any]], png: Path) -> None:
@@ -51,76 +154,132 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
     ax.plot(steps, loss)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
-    ax.set_title("digits, 2 processes (gloo, bf16 autocast)")
+    ax.set_title("DDPJob digits: 2 pods, 1 process each (gloo), from its metrics.jsonl")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+# -- the demo -----------------------------------------------------------------------------
+def header(text: str) -> None:
+    print(f"== {text}", flush=True)
+
+
+def indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.rstrip().splitlines())
+
+
+def copy_logs(logs_dir: Path, out: Path) -> list[Path]:
+    """The job's container logs, ``<ns>_<pod>_<uid>/<container>/<n>.log`` in the test
+    kubelet's state, to ``out/<pod>.<container>.<n>.log``."""
+    copied = []
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(logs_dir.glob(f"{NAMESPACE}_{JOB}-*/*/*.log")):
+        pod = f.parent.parent.name.split("_")[1]
+        dest = out / f"{pod}.{f.parent.name}.{f.stem}.log"
+        shutil.copyfile(f, dest)
+        copied.append(dest)
+    return copied
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddp-devcluster demo", description=__doc__)
-    ap.add_argument("--out", type=Path, default=Path("out/demo"))
-    ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("out/demo"), help="where results stay")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds the job may take")
     args = ap.parse_args(argv)
+
+    ok, why = netns.netns_supported()
+    if not ok:
+        print(
+            f"make demo needs network namespaces, and they are unavailable here: {why}.\n"
+            "Without them the test kubelet runs pods on the host network: the job's "
+            f"rendezvous Service ({JOB}-rdzv.{NAMESPACE}.svc) does not resolve and its "
+            "checkpoint volume is not mounted, so the DDPJob cannot run. Run it as root "
+            "(e.g. `sudo make demo`) on Linux with iproute2 and unshare.",
+            file=sys.stderr,
+        )
+        return 2
+
+    from .stack import LocalStack
+
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
-    ckpt = out / "checkpoints"
-    ckpt.mkdir(parents=True)
+    out.mkdir(parents=True)
+    t_start = time.monotonic()
 
-    print("== 1/3 the embedded control plane")
-    with ControlPlane(nodes=2) as cp:
-        print(cp.kubectl("get", "nodes").stdout)
+    header("1/4 cluster up: embedded control plane + operator + test kubelet")
+    stack = LocalStack(nodes=3, log=lambda m: print("  " + m, flush=True))
+    try:
+        stack.start()
+        assert stack.kubelet is not None
+        print(f"  up in {time.monotonic() - t_start:.0f}s ({stack.kubelet.mode} pod network)")
+        print(indent(stack.kubectl("get", "nodes").stdout), flush=True)
 
-    print(f"== 2/3 training `digits` with torchrun: {args.nproc} processes, gloo, AMP auto")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={args.nproc}",
-        "--module",
-        "ddp_trainer",
-        "--workload",
-        "digits",
-        "--epochs",
-        str(args.epochs),
-        "--checkpoint-dir",
-        str(ckpt),
-    ]
-    log = (out / "train.log").open("w")
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    shown, total = -1, 0
-    while proc.poll() is None:
+        header(f"2/4 kubectl apply -f manifests/examples/{{{','.join(EXAMPLE_FILES)}}}")
+        print(
+            f"  (the applied DDPJob gets spec.template.env DDPJOB_PROGRESS_INTERVAL_S="
+            f"{PROGRESS_INTERVAL_S}: rank 0 reports progress every {PROGRESS_INTERVAL_S}s, "
+            "not 10s)"
+        )
+        applied = stack.kubectl(
+            "apply", "-f", "-", input=yaml.safe_dump_all(example_documents(), sort_keys=False)
+        )
+        print(indent(applied.stdout), flush=True)
+
+        header(f"3/4 training: status.progress of ddpjob/{JOB}, as rank 0 reports it")
+        view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
+        t_job = time.monotonic()
+        try:
+            status = stack.wait_for_phase(JOB, TERMINAL, args.timeout, on_status=view)
+        except TimeoutError as e:
+            view.close()
+            print(f"\nFAILED: {e}\n{stack.diagnostics()}", file=sys.stderr)
+            return 1
+        view.close()
+        print(f"  {status['phase']} in {time.monotonic() - t_job:.0f}s", flush=True)
+        if view.lines == 0:
+            said = [
+                line.strip()
+                for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
+                for line in stack.kubelet.logs(NAMESPACE, pod, "trainer").splitlines()
+                if "progress" in line and "WARNING" in line
+            ]
+            print(
+                "  WARNING: status.progress never arrived, so there was nothing to show"
+                + "".join(f"\n    {x}" for x in said),
+                flush=True,
+            )
+        if status["phase"] != "Succeeded":
+            print(f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics()}", file=sys.stderr)
+            return 1
+
+        header("4/4 results")
+        print(indent(stack.kubectl("get", "ddpj", JOB).stdout))
+        ckpt = out / "checkpoints"
+        shutil.copytree(stack.claim_dir(CLAIM), ckpt)
+        logs = copy_logs(stack.kubelet.state_dir / "logs", out / "logs")
         rows = read_metrics(ckpt)
-        total = next((int(r["totalSteps"]) for r in rows if r.get("event") == "start"), 0)
-        steps = [r for r in rows if r.get("event") == "step"]
-        if steps and steps[-1]["step"] != shown:
-            shown = steps[-1]["step"]
-            print("  " + progress_line(steps[-1], total), flush=True)
-        time.sleep(1.0)
-    if proc.returncode != 0:
-        print((out / "train.log").read_text()[-4000:], file=sys.stderr)
-        print(f"training failed with exit code {proc.returncode}", file=sys.stderr)
-        return proc.returncode
-    rows = read_metrics(ckpt)
-    steps = [r for r in rows if r.get("event") == "step"]
-    if steps and steps[-1]["step"] != shown:
-        print("  " + progress_line(steps[-1], total))
-    print(f"  finished in {time.monotonic() - t0:.0f}s")
-
-    print("== 3/3 results")
-    end: dict[str, Any] = next((r for r in reversed(rows) if r.get("event") == "end"), {})
-    if "testAccuracy" in end:
-        print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")
-    print(f"  checkpoints in {ckpt}:")
-    for f in sorted(ckpt.iterdir()):
-        print(f"    {f.name}")
-    png = out / "loss.png"
-    plot(rows, png)
-    print(f"  loss curve: {png}")
+        end = end_event(rows)
+        if "testAccuracy" in end:
+            print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")
+        print(f"  checkpoints (the claim {CLAIM}) copied to {ckpt}:")
+        for f in sorted(ckpt.iterdir()):
+            print(f"    {f.name}")
+        print(f"  pod logs: {len(logs)} files in {out / 'logs'}")
+        manifest_file = ckpt / "manifest.json"
+        manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else None
+        problem = checkpoint_problem(rows, manifest)
+        if problem:
+            print(f"\nFAILED: {problem}\n{stack.diagnostics()}", file=sys.stderr)
+            return 1
+        png = out / "loss.png"
+        plot(rows, png)
+        print(f"  loss curve: {png}", flush=True)
+    finally:
+        print("  tearing down the cluster ...", flush=True)
+        stack.stop()
+    print(f"  done in {time.monotonic() - t_start:.0f}s")
     return 0
 
 

@@ -186,6 +186,15 @@ def cleanup_instance(instance: str, record: dict[str, object]) -> list[str]:
             done.append(f"mount {point}")
     d = run_dir()
     made = d / f"{instance}.mountpoints"
+    heir = _live_instance(d, besides=instance)
+    if made.exists() and heir is not None:
+        # Every instance's pods mount on the same host paths (/checkpoints, /var/run/secrets/
+        # ...), and removing a mount point detaches what is mounted on it in EVERY mount
+        # namespace, so a live instance's pods would lose their volumes: hand them over.
+        with (d / f"{heir}.mountpoints").open("a") as f:
+            f.write(made.read_text())
+        made.unlink()
+        done.append(f"mount points handed over to the live instance {heir}")
     if made.exists():
         lines = made.read_text().splitlines()
         for line in reversed(lines):  # children before parents
@@ -198,6 +207,17 @@ def cleanup_instance(instance: str, record: dict[str, object]) -> list[str]:
         made.unlink(missing_ok=True)
     (d / f"{instance}.json").unlink(missing_ok=True)
     return done
+
+
+def _live_instance(d: Path, besides: str) -> str | None:
+    """A live instance other than ``besides`` (the caller holds the lock)."""
+    for reg in sorted(d.glob("*.json")):
+        if reg.stem == besides:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if _live(json.loads(reg.read_text())):
+                return reg.stem
+    return None
 
 
 def _links() -> list[str]:

@@ -506,3 +506,32 @@ def test_stale_names_belong_to_no_live_instance() -> None:
     assert netns.stale_names(links, {"abc123"}, "link") == ["ddkdef456b"]
     spaces = ["ddk-abc123-1", "ddk-def456-2", "other"]
     assert netns.stale_names(spaces, {"abc123"}, "netns") == ["ddk-def456-2"]
+
+
+def test_mount_points_outlive_an_instance_while_another_is_live(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pods of every instance mount on the same host paths, and removing a mount point
+    detaches the mounts on it in every namespace: the instance that created one hands it
+    over to a live instance instead of removing it under that instance's pods."""
+    import json
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setattr(netns, "run_dir", lambda: run)
+    point = tmp_path / "checkpoints"
+    point.mkdir()
+    st = os.lstat(point)
+    me = {"pid": os.getpid(), "start": netns._start_time(os.getpid())}
+    for inst in ("zz0001", "zz0002"):
+        (run / f"{inst}.json").write_text(json.dumps(me))
+    (run / "zz0001.mountpoints").write_text(f"{st.st_dev} {st.st_ino} {point}\n")
+
+    netns.cleanup_instance("zz0001", {})
+    assert point.is_dir()
+    assert str(point) in (run / "zz0002.mountpoints").read_text()
+
+    netns.cleanup_instance("zz0002", {})  # the last one removes it
+    assert not point.exists()
+    assert list(run.iterdir()) == []
