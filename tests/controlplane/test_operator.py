@@ -8,7 +8,6 @@ it needed no more than that role, and used every verb of it.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
+from ddp_devcluster.polling import until
 
 pytestmark = pytest.mark.controlplane
 T = TypeVar("T")
@@ -86,17 +86,7 @@ class Cluster:
         return [(e["type"], e["reason"], e["message"]) for e in out["items"]]
 
     def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 30) -> T:
-        deadline = time.monotonic() + timeout_s
-        last: T | None = None
-        while time.monotonic() < deadline:
-            last = probe()
-            if last:
-                return last
-            time.sleep(0.2)
-        raise AssertionError(
-            f"timed out after {timeout_s}s waiting for {what} (last: {last!r});"
-            f" operator log:\n{self.op.tail(15)}"
-        )
+        return until(what, probe, timeout_s, detail=lambda: "operator log:\n" + self.op.tail(15))
 
     def phase(self, job: str, phase: str, timeout_s: float = 30) -> dict[str, Any]:
         return self.until(

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from ddp_devcluster.polling import until
 from ddp_devcluster.stack import EXAMPLES, LocalStack
 from ddp_trainer.progress import read_metrics
 
@@ -65,13 +66,7 @@ class Scenario:
         return dict(self.status(job).get("progress") or {})
 
     def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 180) -> T:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = probe()
-            if value:
-                return value
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}\n{self.s.diagnostics(self.ns)}")
+        return until(what, probe, timeout_s, 0.5, lambda: self.s.diagnostics(self.ns))
 
     def succeeded(self, job: str, timeout_s: float = 300) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:

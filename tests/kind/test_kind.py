@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+
+from ddp_devcluster.polling import until
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "manifests" / "examples"
@@ -80,13 +81,7 @@ class Kind:
         return dict(self.job(ns, name).get("status") or {})
 
     def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 600) -> T:
-        deadline, last = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline:
-            last = probe()
-            if last:
-                return last
-            time.sleep(2)
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+        return until(what, probe, timeout_s, interval_s=2)
 
     def phase(self, ns: str, name: str, phase: str, timeout_s: float = 600) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ import pytest
 from ddp_devcluster import netns
 from ddp_devcluster.kubelet import TestKubelet
 from ddp_devcluster.plane import ControlPlane
+from ddp_devcluster.polling import until
 
 pytestmark = pytest.mark.controlplane
 
@@ -23,13 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return until(what, check, timeout_s)
 
 
 def get_pod(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
