@@ -72,6 +72,13 @@ class Controller:
     api: kube.Kube | None = None
     indices: dict[str, kopf.Index[Any, Any]] = field(default_factory=dict)
 
+    def forget(self, key: Key, uid: str) -> None:
+        """Drops what this process remembers of a deleted job."""
+        self.written.pop(uid, None)
+        self.status_written_at.pop(uid, None)
+        self.expected.pop(key, None)
+        self.due.pop(key, None)
+
     # -- the work queue --------------------------------------------------------------------------
     async def enqueue(self, key: Key) -> None:
         """Reconciles ``key`` now, or once more after the reconcile that is running."""
@@ -399,9 +406,7 @@ def jobs_by_name(**kw: Any) -> Any:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_job_event(**kw: Any) -> None:
     if kw["event"]["type"] == "DELETED":
-        uid = kw["body"].metadata.get("uid") or ""
-        CONTROLLER.written.pop(uid, None)
-        CONTROLLER.status_written_at.pop(uid, None)
+        CONTROLLER.forget((kw["namespace"], kw["name"]), kw["body"].metadata.get("uid") or "")
         return
     await CONTROLLER.enqueue((kw["namespace"], kw["name"]))
 
