@@ -68,6 +68,9 @@ def run_nested(tmp_path: Path, mode: str) -> tuple[str, int]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A shell starts background jobs with SIGINT ignored, and children inherit that: the
+        # nested session must take SIGINT as a terminal's Ctrl-C, however CI was started.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -80,7 +83,12 @@ def run_nested(tmp_path: Path, mode: str) -> tuple[str, int]:
         proc.send_signal(signal.SIGINT)
     elif mode == "kill":
         proc.send_signal(signal.SIGKILL)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the nested session did not end ({mode}):\n{out[-4000:]}") from None
     return marker, proc.returncode if out is not None else -1
 
 

@@ -103,6 +103,12 @@ def sc(stack: LocalStack) -> Scenario:
     return Scenario(stack)
 
 
+def longer_digits(job: dict[str, Any]) -> None:
+    """10 epochs (220 steps) instead of the example's 3 (66): a scenario that acts mid-run must
+    act well before the end, however fast the run goes on this machine."""
+    job["spec"]["trainer"]["epochs"] = 10
+
+
 def resumes(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """(last step logged before a restart, first step logged after it) for every restart."""
     out: list[tuple[int, int]] = []
@@ -174,12 +180,13 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
 
 
 def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml")
+    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=longer_digits)
     sc.at_step("digits", 25)
     rank0 = sc.until(
         "the pod of rank 0",
         lambda: next((p for p in sc.workers("digits") if "rank0 " in sc.logs(p)), None),
     )
+    assert int(sc.progress("digits")["step"]) < 180, "too close to the end to test recovery"
     sc.k("delete", "pod", rank0, "--wait=false")
     status = sc.succeeded("digits")
     assert status["restarts"] == 1
@@ -194,7 +201,7 @@ def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenari
 
 
 def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml")
+    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=longer_digits)
     sc.at_step("digits", 25)
     sc.k("patch", "ddpjob", "digits", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     sc.until("Suspended", lambda: sc.status("digits").get("phase") == "Suspended")
@@ -216,7 +223,7 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario)
 def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) -> None:
     op = sc.s.operator
     assert op is not None
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml")
+    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=longer_digits)
     sc.at_step("digits", 10)
     before = sc.workers("digits")
     op.kill()
