@@ -14,6 +14,7 @@ import pytest
 
 from ddp_devcluster import demo, netns
 from ddp_devcluster.demo import LiveView, checkpoint_problem, progress_line
+from ddp_devcluster.pytest_plugin import unavailable
 
 REPO = Path(__file__).resolve().parents[1]
 # What manifests/examples/digits.yaml (3 epochs, 66 steps, 2 ranks) reaches: 0.928 measured.
@@ -80,8 +81,9 @@ def test_checkpoint_problem() -> None:
     assert checkpoint_problem(rows, None) == "the volume has no manifest.json"
 
 
-@pytest.mark.skipif(not netns.netns_supported()[0], reason="the demo needs network namespaces")
 def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
+    if not netns.netns_supported()[0]:
+        unavailable("the demo needs network namespaces")
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from ddp_devcluster.polling import until
+from ddp_devcluster.pytest_plugin import unavailable
 from ddp_devcluster.stack import EXAMPLES, LocalStack
 from ddp_trainer.progress import read_metrics
 
@@ -36,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         log=lambda m: print(f"\n[stack] {m}"),
     ) as s:
         if s.kubelet is not None and s.kubelet.mode != "netns":
-            pytest.skip("the test kubelet has no network namespaces here (needs root)")
+            unavailable("the test kubelet has no network namespaces here (needs root)")
         yield s
 
 
