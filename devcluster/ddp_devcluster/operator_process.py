@@ -39,11 +39,14 @@ def install(plane: ControlPlane) -> None:
 
 @dataclass
 class OperatorProcess:
-    """``kopf run`` of ``ddp_operator.handlers`` in a child process, watching all namespaces."""
+    """``kopf run`` of ``ddp_operator.handlers`` in a child process, watching ``namespaces``
+    (all when empty) as ServiceAccount ``service_account`` of the operator's namespace."""
 
     plane: ControlPlane
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
+    namespaces: list[str] = field(default_factory=list)
+    service_account: str = SERVICE_ACCOUNT
     process: Process | None = None
     health_port: int = 0
 
@@ -54,7 +57,7 @@ class OperatorProcess:
     def start(self, timeout_s: float = 60.0) -> OperatorProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         kubeconfig = self.plane.token_kubeconfig(
-            NAMESPACE, SERVICE_ACCOUNT, self.workdir / "operator.kubeconfig"
+            NAMESPACE, self.service_account, self.workdir / "operator.kubeconfig"
         )
         self.health_port = free_port()
         pythonpath = os.pathsep.join(
@@ -74,7 +77,7 @@ class OperatorProcess:
             "kopf",
             "run",
             "--standalone",
-            "--all-namespaces",
+            *([f"--namespace={ns}" for ns in self.namespaces] or ["--all-namespaces"]),
             "--log-format=json",
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
             "-m",

@@ -2,10 +2,12 @@
 
 Run it with ``kopf run --standalone -m ddp_operator.handlers --all-namespaces`` (or ``-n NS``).
 
-Only indices and watching handlers (``on.event``) are used: no timers or daemons, so kopf puts
-no finalizer and no annotation on DDPJobs, and a job whose operator is down is still deleted
-by the garbage collector. Time-driven work (backoff, deadline, TTL) runs from a clock task that
-re-reconciles a job when its plan asks to, and resyncs every job every ``DDP_RESYNC_S`` seconds.
+kopf watches DDPJobs, with an index and a watching handler (``on.event``) only: no timers or
+daemons, so kopf puts no finalizer and no annotation on DDPJobs, and a job whose operator is
+down is still deleted by the garbage collector. The job's pods and Services are watched by
+:mod:`ddp_operator.informer`, which keeps only what the planner reads of them. Time-driven
+work (backoff, deadline, TTL) runs from a clock task that re-reconciles a job when its plan asks
+to, and resyncs every job every ``DDP_RESYNC_S`` seconds.
 
 Events about a job are coalesced as in Kubernetes' own controllers' work queues: at most one
 reconcile of a job runs at a time, and events that arrive meanwhile cause one more, on the
@@ -32,7 +34,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import kube, render
+from . import informer, kube, render
 from . import plan as planner
 from .api import API_VERSION, GROUP, KIND, PLURAL, VERSION, DDPJob
 
@@ -71,6 +73,31 @@ class Controller:
     trainer_rbac: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # by namespace
     api: kube.Kube | None = None
     indices: dict[str, kopf.Index[Any, Any]] = field(default_factory=dict)
+    pods: informer.Cache[planner.PodView] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, planner.view)
+    )
+    services: informer.Cache[str] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
+    )
+    watches: informer.Watches | None = None
+    waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
+
+    def start_watches(self, api: kube.Kube) -> None:
+        """Fills the pod and Service caches, then keeps them current; reconciles start after."""
+        self.api = api
+        caches: dict[str, informer.Cache[Any]] = {"pods": self.pods, "services": self.services}
+        self.watches = informer.Watches(api, caches, self.changed, self._release)
+        self.watches.start()
+
+    def changed(self, key: Key) -> None:
+        _spawn(self.enqueue(key))
+
+    def _release(self, namespace: str | None) -> None:
+        """The caches of ``namespace`` (None: all) are filled: reconcile the jobs that waited."""
+        for key in sorted(self.waiting):
+            if namespace is None or key[0] == namespace:
+                self.waiting.discard(key)
+                _spawn(self.enqueue(key))
 
     def forget(self, key: Key, uid: str) -> None:
         """Drops what this process remembers of a deleted job."""
@@ -82,6 +109,9 @@ class Controller:
     # -- the work queue --------------------------------------------------------------------------
     async def enqueue(self, key: Key) -> None:
         """Reconciles ``key`` now, or once more after the reconcile that is running."""
+        if self.watches is None or not self.watches.ready(key[0]):
+            self.waiting.add(key)  # planning from empty caches would recreate what exists
+            return
         if key in self.active:
             self.again.add(key)
             return
@@ -105,9 +135,9 @@ class Controller:
     async def reconcile(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         key: Key = (meta["namespace"], meta["name"])
-        observed = list(self.indices["pods_by_job"].get(key, []))
+        observed = self.pods.get(key)
         pods = {v.name for v in observed}  # a Service may have a pod's name (<job>-rdzv)
-        services = set(self.indices["services_by_job"].get(key, []))
+        services = self.services.names(key)
         now_m = time.monotonic()
         expected = self.expected.setdefault(key, {})
         for name in list(expected):
@@ -280,6 +310,10 @@ class Controller:
                 _spawn(self.enqueue(key))
 
 
+def _name(obj: Any) -> str:
+    return str(obj["metadata"]["name"])
+
+
 def _merged(observed: dict[str, Any], ours: dict[str, Any] | None) -> dict[str, Any]:
     """The watched status with our own last write on top (a merge patch: None removes)."""
     out = dict(observed)
@@ -357,18 +391,17 @@ async def configure(**kw: Any) -> None:
     # No watch of CRDs or namespaces: the ClusterRole grants neither, and none is needed.
     settings.scanning.disabled = True
     settings.persistence.diffbase_storage = NoDiffBase()
-    # Watch only our pods and Services (server-side), not every pod of the cluster.
-    settings.watching.label_selectors["pods"] = render.LABEL_JOB
-    settings.watching.label_selectors["services"] = render.LABEL_JOB
     settings.posting.level = logging.WARNING  # our own Events say what was decided
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.batching.batch_window = 0.02  # react within 20 ms of the last event of an object
-    # kopf's "handler succeeded" line for every pod event is noise at scale; errors stay.
+    # kopf's "handler succeeded" line for every job event is noise at scale; errors stay.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _limit_malloc_arenas()
-    CONTROLLER.indices = {n: kw[n] for n in ("jobs_by_name", "pods_by_job", "services_by_job")}
-    CONTROLLER.api = kube.Kube(lambda: kube.login(settings=settings), CONTROLLER.concurrency)
+    CONTROLLER.indices = {"jobs_by_name": kw["jobs_by_name"]}
+    CONTROLLER.start_watches(
+        kube.Kube(lambda: kube.login(settings=settings), CONTROLLER.concurrency)
+    )
     _spawn(CONTROLLER.clock())
 
 
@@ -376,18 +409,10 @@ async def configure(**kw: Any) -> None:
 async def shutdown(**_: Any) -> None:
     for task in list(_tasks):
         task.cancel()
+    if CONTROLLER.watches is not None:
+        await CONTROLLER.watches.stop()
     if CONTROLLER.api is not None:
         await CONTROLLER.api.close()
-
-
-@kopf.index("pods", labels={render.LABEL_JOB: kopf.PRESENT})
-def pods_by_job(**kw: Any) -> Any:
-    return {(kw["namespace"], kw["labels"][render.LABEL_JOB]): planner.view(kw["body"])}
-
-
-@kopf.index("services", labels={render.LABEL_JOB: kopf.PRESENT})
-def services_by_job(**kw: Any) -> Any:
-    return {(kw["namespace"], kw["labels"][render.LABEL_JOB]): kw["name"]}
 
 
 def _not_deleted(**kw: Any) -> bool:
@@ -395,8 +420,9 @@ def _not_deleted(**kw: Any) -> bool:
 
 
 # A job being deleted leaves the index: the garbage collector removes its pods and Services.
+# async: kopf runs plain functions in a thread pool, a hop per event.
 @kopf.index(GROUP, VERSION, PLURAL, when=_not_deleted)
-def jobs_by_name(**kw: Any) -> Any:
+async def jobs_by_name(**kw: Any) -> Any:
     body = kw["body"]
     meta = {k: body.metadata.get(k) for k in ("name", "namespace", "uid", "generation")}
     snapshot = {"spec": body.get("spec") or {}, "status": body.get("status") or {}}
@@ -409,24 +435,3 @@ async def on_job_event(**kw: Any) -> None:
         CONTROLLER.forget((kw["namespace"], kw["name"]), kw["body"].metadata.get("uid") or "")
         return
     await CONTROLLER.enqueue((kw["namespace"], kw["name"]))
-
-
-_seen: dict[tuple[str, str], planner.PodView] = {}
-
-
-@kopf.on.event("pods", labels={render.LABEL_JOB: kopf.PRESENT})
-async def on_pod_event(**kw: Any) -> None:
-    """Reconciles the pod's job when what the planner sees of the pod changed.
-
-    A pod changes several times on its way to Running (scheduled, IPs, conditions); the
-    planner reads only phase, readiness, deletion and exit code, so the rest is skipped.
-    """
-    pod = (kw["namespace"], kw["name"])
-    if kw["event"]["type"] == "DELETED":
-        _seen.pop(pod, None)
-    else:
-        now = planner.view(kw["body"])
-        if _seen.get(pod) == now:
-            return
-        _seen[pod] = now
-    await CONTROLLER.enqueue((kw["namespace"], kw["labels"][render.LABEL_JOB]))

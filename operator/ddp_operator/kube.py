@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ import kopf
 MERGE_PATCH = "application/merge-patch+json"
 RETRIES = 6
 RETRIED = (429, 500, 502, 503, 504)
+WATCH_CONNECTIONS = 4  # long-lived watches, on top of the requests in flight
 log = logging.getLogger("ddp_operator")
 
 
@@ -36,7 +38,12 @@ def retry_delay_s(attempt: int, retry_after: str | None) -> float:
 @dataclass(frozen=True)
 class Response:
     status: int
-    body: dict[str, Any]
+    text: str
+
+    @functools.cached_property
+    def body(self) -> dict[str, Any]:
+        """The answer as JSON, parsed when first read: most callers only need the status."""
+        return _parsed(self.text)
 
     @property
     def ok(self) -> bool:
@@ -77,7 +84,9 @@ class Kube:
                 headers = {"Accept": "application/json"}
                 if info.token:
                     headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-                connector = aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=self._concurrency)
+                connector = aiohttp.TCPConnector(
+                    ssl=info.as_ssl_context(), limit=self._concurrency + WATCH_CONNECTIONS
+                )
                 self._server = info.server.rstrip("/")
                 self._session = aiohttp.ClientSession(
                     connector=connector,
@@ -125,12 +134,29 @@ class Kube:
                 # Overload (429 from API priority and fairness) or a server hiccup.
                 await asyncio.sleep(retry_delay_s(attempt, retry_after))
                 continue
-            try:
-                parsed = json.loads(text) if text else {}
-            except ValueError:
-                parsed = {"message": text[:500]}
-            return Response(status, parsed if isinstance(parsed, dict) else {})
+            return Response(status, text)
         raise AssertionError("unreachable")
+
+    async def stream(self, path: str, read_timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+        """GETs ``path`` as a stream of JSON objects, one a line (a watch), as they arrive.
+
+        Raises :class:`KubeError` for an answer other than 2xx (after a 401 the next call logs
+        in again), and the transport's errors as they come: a watch is resumed by its caller.
+        """
+        session = await self._connect()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout_s)
+        async with session.get(self._server + path, timeout=timeout) as r:
+            if not 200 <= r.status < 300:
+                if r.status == 401:
+                    await self.close()
+                raise KubeError("GET", path, Response(r.status, await r.text()))
+            rest = b""
+            # Not readline(): aiohttp limits a line's length, and one object can be large.
+            async for chunk in r.content.iter_any():
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
 
     async def must(
         self,
@@ -145,6 +171,14 @@ class Kube:
         if not r.ok and r.status not in ok:
             raise KubeError(method, path, r)
         return r
+
+
+def _parsed(text: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text) if text else {}
+    except ValueError:
+        return {"message": text[:500]}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def core_path(namespace: str, plural: str, name: str = "") -> str:

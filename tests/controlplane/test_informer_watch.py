@@ -1,0 +1,98 @@
+"""The pod cache against a real API server: list, watch, resume, and list again after a 410."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+
+import kopf
+import pytest
+import yaml
+
+from ddp_devcluster.plane import ControlPlane
+from ddp_operator import informer, kube, plan, render
+
+pytestmark = pytest.mark.controlplane
+
+
+def pod(name: str, job: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {render.LABEL_JOB: job, render.LABEL_ROLE: "worker"},
+            },
+            # No node has this label: the pod stays Pending, and only the API matters here.
+            "spec": {
+                "nodeSelector": {"ddp.dev/nowhere": "true"},
+                "containers": [{"name": "c", "image": "none"}],
+            },
+        }
+    )
+
+
+async def until(what: str, ok: Callable[[], bool], timeout_s: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not ok():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watches(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = control_plane
+    ns = f"inf-{uuid.uuid4().hex[:8]}"
+    cp.kubectl("create", "namespace", ns)
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=pod("early", "a"))  # there before the LIST
+    monkeypatch.setenv("KUBECONFIG", str(cp.kubeconfig))
+    log = logging.getLogger("test")
+
+    async def scenario() -> None:
+        api = kube.Kube(
+            lambda: kube.login(logger=log, settings=kopf.OperatorSettings()), concurrency=4
+        )
+        cache = informer.Cache(render.LABEL_JOB, plan.view)
+        changed: list[informer.Key] = []
+        w = informer.Informer(api, "pods", ns, cache, changed.append, watch_s=2)
+        task = asyncio.create_task(w.run())
+        try:
+            await asyncio.wait_for(w.synced.wait(), 20)
+            assert cache.names((ns, "a")) == {"early"} and changed == [(ns, "a")]
+
+            await asyncio.to_thread(cp.kubectl, "apply", "-n", ns, "-f", "-", input=pod("x", "b"))
+            await until("the created pod", lambda: cache.names((ns, "b")) == {"x"})
+            assert changed[-1] == (ns, "b")
+
+            # The server ends each watch after 2 s; it is resumed from where it was, not listed.
+            await until("a resumed watch", lambda: w.watches >= 3, timeout_s=15)
+            assert w.lists == 1
+            await asyncio.to_thread(cp.kubectl, "delete", "pod", "early", "-n", ns, "--wait=false")
+            await until("the deletion", lambda: (ns, "a") not in cache.by_job)
+
+            # A version the server no longer serves (410 Gone) is answered by a new LIST, and
+            # what changed meanwhile is found by comparing it with the cache. A young API server
+            # replays every past version from its watch cache, so the 410 itself is injected.
+            real_watch = w.watch
+
+            async def expired_once() -> None:
+                w.watch = real_watch  # type: ignore[method-assign]
+                raise informer.Expired("too old resource version")
+
+            cache.apply("ADDED", {"metadata": {"namespace": ns, "name": "ghost",
+                                               "labels": {render.LABEL_JOB: "g"}}})  # fmt: skip
+            w.watch = expired_once  # type: ignore[method-assign]
+            await until("a second LIST", lambda: w.lists == 2, timeout_s=15)
+            assert (ns, "g") not in cache.by_job and changed[-1] == (ns, "g")
+            assert cache.names((ns, "b")) == {"x"}
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await api.close()
+
+    asyncio.run(scenario())

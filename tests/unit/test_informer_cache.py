@@ -1,0 +1,53 @@
+"""The pure half of the pod and Service caches: which jobs a watch event or a LIST changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_operator import informer, plan, render
+
+
+def pod(name: str, job: str | None = "a", phase: str = "Pending", ip: str = "") -> dict[str, Any]:
+    labels = {render.LABEL_ROLE: "worker", render.LABEL_INDEX: "0"}
+    if job is not None:
+        labels[render.LABEL_JOB] = job
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": f"u-{name}", "labels": labels},
+        "status": {"phase": phase, "podIP": ip},
+    }
+
+
+def cache() -> informer.Cache[plan.PodView]:
+    return informer.Cache(render.LABEL_JOB, plan.view)
+
+
+def test_an_event_reports_its_job_only_when_what_the_planner_reads_changed() -> None:
+    c = cache()
+    assert c.apply("ADDED", pod("a-node-0")) == {("ns", "a")}
+    # Scheduling and an IP change nothing the planner reads: no reconcile.
+    assert c.apply("MODIFIED", pod("a-node-0", ip="10.0.0.2")) == set()
+    assert c.apply("MODIFIED", pod("a-node-0", phase="Running")) == {("ns", "a")}
+    assert [v.phase for v in c.get(("ns", "a"))] == ["Running"]
+    assert c.apply("DELETED", pod("a-node-0", phase="Running")) == {("ns", "a")}
+    assert c.get(("ns", "a")) == [] and len(c) == 0 and c.by_job == {}
+    assert c.apply("DELETED", pod("a-node-0")) == set()  # already gone
+
+
+def test_a_pod_relabelled_to_another_job_or_to_none_leaves_its_old_job() -> None:
+    c = cache()
+    c.apply("ADDED", pod("p"))
+    assert c.apply("MODIFIED", pod("p", job="b")) == {("ns", "a"), ("ns", "b")}
+    assert c.names(("ns", "a")) == set() and c.names(("ns", "b")) == {"p"}
+    assert c.apply("MODIFIED", pod("p", job=None)) == {("ns", "b")}
+    assert len(c) == 0
+
+
+def test_a_relist_reports_exactly_the_jobs_that_differ() -> None:
+    c = cache()
+    for p in (pod("a-0"), pod("b-0", job="b"), pod("c-0", job="c")):
+        c.apply("ADDED", p)
+    # During a gap in the watch: a-0 went Running, b-0 was deleted, d-0 appeared, c-0 unchanged.
+    listed = [pod("a-0", phase="Running"), pod("c-0", job="c"), pod("d-0", job="d")]
+    assert c.replace(listed) == {("ns", "a"), ("ns", "b"), ("ns", "d")}
+    assert sorted(c.job_of) == [("ns", "a-0"), ("ns", "c-0"), ("ns", "d-0")]
+    assert c.replace(listed) == set()
