@@ -105,7 +105,17 @@ class PodWatch:
 
 def created_at(audit_log: Path, namespace: str, names: set[str]) -> dict[str, float]:
     """When the API server answered each successful create of these pods (its audit log,
-    wall clock): free of any watcher's delays."""
+    wall clock): free of any watcher's delays. Waits for the log to have them all: the API
+    server writes its records a moment after it answers."""
+    deadline = time.monotonic() + 30
+    while len(out := _created_at(audit_log, namespace, names)) < len(names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(names) - len(out)} pod creates missing from the audit log")
+        time.sleep(0.5)
+    return out
+
+
+def _created_at(audit_log: Path, namespace: str, names: set[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in audit_log.read_text().splitlines():
         r = json.loads(line)
