@@ -70,7 +70,8 @@ class Controller:
     # Pods created but not yet seen by the watch: name -> when created.
     expected: dict[Key, dict[str, float]] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next check
-    trainer_rbac: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # by namespace
+    # ("account" or "role", namespace) -> the create of the trainer's ServiceAccount, Role+binding
+    trainer_rbac: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
     api: kube.Kube | None = None
     indices: dict[str, kopf.Index[Any, Any]] = field(default_factory=dict)
     pods: informer.Cache[planner.PodView] = field(
@@ -241,25 +242,34 @@ class Controller:
     async def _ensure_trainer_rbac(self, job: DDPJob) -> None:
         """The ServiceAccount that lets rank 0 patch ``status.progress``, and nothing more.
 
-        Made once per namespace and operator process; concurrent reconciles share one attempt.
+        Made once per namespace and operator process; concurrent reconciles share one attempt,
+        and a failed one is tried again by the next reconcile. Only the ServiceAccount is
+        awaited (admission refuses a pod whose ServiceAccount does not exist); its Role and
+        RoleBinding are needed only once rank 0 reports progress, so they follow meanwhile.
         """
         t = job.spec.template
         ns = render.job_key(job)[0]
         if t is not None and t.service_account_name:
             return
-        task = self.trainer_rbac.get(ns)
-        if task is None or (task.done() and task.exception() is not None):
-            task = self.trainer_rbac[ns] = asyncio.ensure_future(self._make_trainer_rbac(ns))
-        await asyncio.shield(task)
+        self._once(("role", ns), lambda: self._make_trainer_role(ns))
+        account = render.trainer_service_account(ns)
+        await asyncio.shield(self._once(("account", ns), lambda: self._post(account)))
 
-    async def _make_trainer_rbac(self, ns: str) -> None:
-        api = self.api
-        assert api is not None
-        first = (render.trainer_service_account(ns), render.trainer_role(ns))
-        await asyncio.gather(*(api.must("POST", kube.path_of(o), o, ok=(409,)) for o in first))
+    def _once(self, key: tuple[str, str], make: Any) -> asyncio.Future[None]:
+        task = self.trainer_rbac.get(key)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self.trainer_rbac[key] = asyncio.ensure_future(make())
+            task.add_done_callback(_log_failure)
+        return task
+
+    async def _post(self, obj: dict[str, Any]) -> None:
+        assert self.api is not None
+        await self.api.must("POST", kube.path_of(obj), obj, ok=(409,))  # 409: already there
+
+    async def _make_trainer_role(self, ns: str) -> None:
         # RBAC checks a new binding against its Role, so the Role must exist first.
-        binding = render.trainer_role_binding(ns)
-        await api.must("POST", kube.path_of(binding), binding, ok=(409,))
+        await self._post(render.trainer_role(ns))
+        await self._post(render.trainer_role_binding(ns))
 
     async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
         assert self.api is not None
@@ -308,6 +318,11 @@ class Controller:
             for key in keys:
                 self.due.pop(key, None)
                 _spawn(self.enqueue(key))
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("creating the trainer's RBAC failed (tried again): %s", task.exception())
 
 
 def _name(obj: Any) -> str:
@@ -394,7 +409,6 @@ async def configure(**kw: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events say what was decided
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.batching.batch_window = 0.02  # react within 20 ms of the last event of an object
     # kopf's "handler succeeded" line for every job event is noise at scale; errors stay.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _limit_malloc_arenas()
