@@ -3,7 +3,7 @@
 Prints one JSON object and writes a latency histogram PNG::
 
     python bench/operator_latency.py [--jobs 20] [--burst-jobs 100] [--nodes-per-job 8]
-                                     [--plot out/operator_latency.png]
+                                     [--rounds 3] [--plot out/operator_latency.png]
 
 - ``single_job_p50_ms``: apply of one job until all its pods (workers and store) exist, one
   job at a time; ``single_job_watch_p50_ms``: until a watch on the namespace has seen them.
@@ -12,6 +12,11 @@ Prints one JSON object and writes a latency histogram PNG::
   created by a concurrent client with as many threads as the operator has connections, under
   the operator's ServiceAccount (so the API server's priority and fairness treats both alike):
   the limit of this API server on this machine. The operator is stopped meanwhile.
+- ``operator_over_direct_ratio``: the median over ``rounds`` rounds of the two bursts' ratio.
+  A round runs both bursts in fresh namespaces (in alternating order, so neither always goes
+  first) and deletes them after; ``burst_operator_s`` and ``burst_direct_s`` are medians too,
+  ``burst_ratios`` each round's ratio. One burst on two shared cores varies by a third from
+  run to run, which one round per run cannot tell from a change in the operator.
 - ``operator_peak_rss_mb``: the operator process's peak resident memory over the whole run.
 
 "Exists" is when the API server answered the pod's create, read from its audit log, so that a
@@ -64,7 +69,7 @@ class PodWatch:
             # Raw JSON, not the client's model objects: deserializing every event into a V1Pod
             # took longer than the operator took to create the pods.
             try:
-                r = self._core.list_namespaced_pod(
+                r: Any = self._core.list_namespaced_pod(
                     self._ns, watch=True, timeout_seconds=5, _preload_content=False
                 )
                 rest = b""
@@ -268,6 +273,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20, help="jobs of the one-at-a-time phase")
     ap.add_argument("--burst-jobs", type=int, default=100)
     ap.add_argument("--nodes-per-job", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="burst rounds (operator and direct)")
     ap.add_argument("--plot", type=Path, default=Path("out/operator_latency.png"))
     args = ap.parse_args()
     n = args.nodes_per_job
@@ -280,8 +286,7 @@ def main() -> None:
         install(cp)
         api = kubernetes.config.new_client_from_config(str(cp.kubeconfig))
         api.configuration.connection_pool_maxsize = WORKERS
-        for ns in ("single", "burst-operator", "burst-direct"):
-            cp.kubectl("create", "namespace", ns)
+        cp.kubectl("create", "namespace", "single")
         op = OperatorProcess(cp, Path(tmp), env={"DDP_WORKERS": str(WORKERS)})
         op.start()
         rss = RssSampler(lambda: op.pid() if op.process and op.process.alive() else None)
@@ -304,50 +309,43 @@ def main() -> None:
             (max(single[p] for p in pod_names(name, n)) - t0) * 1000 for name, t0 in started.items()
         ]
 
-        # The burst through the operator.
+        # The bursts: rounds of one through the operator and one straight from a client, in
+        # alternating order, each round in fresh namespaces that are deleted afterwards.
         jobs = [f"burst-{i}" for i in range(args.burst_jobs)]
         want = set().union(*(pod_names(j, n) for j in jobs))
-        watch = PodWatch(api, "burst-operator")
-        cpu0 = cpu_s(op.pid())
-        t0 = time.time()
-        with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(lambda j: create_job(api, "burst-operator", j, n), jobs))
-        applied_s = time.time() - t0
-        try:
-            watch.wait_for(want)
-        except TimeoutError:
-            log(f"the operator's log ends:\n{op.tail(40)}")
-            raise
-        burst_operator_cpu_s = cpu_s(op.pid()) - cpu0
-        watch.stop()
-        op_times = [t - t0 for t in created_at(cp.audit_log, "burst-operator", want).values()]
-        burst_operator_s = max(op_times)
-        calls = requests_by(cp.audit_log, f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}",
-                            t0, t0 + burst_operator_s)  # fmt: skip
-        log(f"burst through the operator: {len(want)} pods in {burst_operator_s:.2f} s")
-        peak = rss.stop()
-        op.stop()
-
-        # The same objects straight from a concurrent client, as the operator's ServiceAccount
-        # (the same API priority and fairness class), the trainer's ServiceAccount first.
         token = cp.token_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, Path(tmp) / "direct.kubeconfig")
         as_operator = kubernetes.config.new_client_from_config(str(token))
         as_operator.configuration.connection_pool_maxsize = WORKERS
-        cp.kubectl("create", "serviceaccount", render.TRAINER_SERVICE_ACCOUNT, "-n", "burst-direct")
-        objs = direct_objects("burst-direct", jobs, n)
-        watch = PodWatch(api, "burst-direct")
-        t0 = time.time()
-        with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(lambda o: create_direct(as_operator, "burst-direct", o), objs))
-        watch.wait_for(want)
-        watch.stop()
-        direct_times = [t - t0 for t in created_at(cp.audit_log, "burst-direct", want).values()]
-        burst_direct_s = max(direct_times)
-        log(f"burst direct: {len(want)} pods in {burst_direct_s:.2f} s")
+        rounds: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            ns_op, ns_direct = f"burst-operator-{r}", f"burst-direct-{r}"
+            for ns in (ns_op, ns_direct):
+                cp.kubectl("create", "namespace", ns)
+            result: dict[str, Any] = {}
+            for side in ("operator", "direct") if r % 2 == 0 else ("direct", "operator"):
+                if side == "operator":
+                    if not op.process or not op.process.alive():
+                        op.start()
+                    result.update(operator_burst(cp, api, op, ns_op, jobs, n, want, log))
+                    op.stop()  # the direct client runs alone
+                else:
+                    result.update(direct_burst(cp, api, as_operator, ns_direct, jobs, n, want))
+            result["ratio"] = result["operator_s"] / result["direct_s"]
+            rounds.append(result)
+            log(
+                f"round {r + 1}/{args.rounds}: {len(want)} pods through the operator in "
+                f"{result['operator_s']:.2f} s, directly in {result['direct_s']:.2f} s"
+            )
+            cp.kubectl("delete", "namespace", ns_op, ns_direct, "--timeout=300s")
+        peak = rss.stop()
+
+    def median(key: str) -> float:
+        return statistics.median(x[key] for x in rounds)
 
     latencies.sort()
     watched.sort()
-    result = {
+    middle = sorted(rounds, key=lambda x: x["ratio"])[(len(rounds) - 1) // 2]
+    summary = {
         "single_job_p50_ms": round(statistics.median(latencies), 1),
         "single_job_p90_ms": round(latencies[int(0.9 * (len(latencies) - 1))], 1),
         "single_job_max_ms": round(max(latencies), 1),
@@ -356,19 +354,83 @@ def main() -> None:
         "burst_jobs": args.burst_jobs,
         "burst_nodes_per_job": n,
         "burst_pods": len(want),
-        "burst_apply_s": round(applied_s, 2),
-        "burst_operator_s": round(burst_operator_s, 2),
-        "burst_direct_s": round(burst_direct_s, 2),
-        "operator_over_direct_ratio": round(burst_operator_s / burst_direct_s, 3),
-        "burst_operator_cpu_s": round(burst_operator_cpu_s, 2),
-        "burst_operator_requests": calls,
+        "burst_rounds": args.rounds,
+        "burst_operator_s": round(median("operator_s"), 2),
+        "burst_direct_s": round(median("direct_s"), 2),
+        "operator_over_direct_ratio": round(median("ratio"), 3),
+        "burst_ratios": [round(x["ratio"], 3) for x in rounds],
+        "burst_apply_s": round(median("apply_s"), 2),
+        "burst_operator_cpu_s": round(median("cpu_s"), 2),
+        "burst_operator_requests": middle["requests"],
         "operator_peak_rss_mb": round(peak, 1),
         "operator_workers": WORKERS,
         "kwok_nodes": kwok_nodes,
         "plot": str(args.plot),
     }
-    plot(latencies, {"operator": op_times, "direct client": direct_times}, args.plot)
-    print(json.dumps(result))
+    plot(
+        latencies,
+        {"operator": middle["op_times"], "direct client": middle["direct_times"]},
+        args.plot,
+    )
+    print(json.dumps(summary))
+
+
+def operator_burst(
+    cp: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    op: OperatorProcess,
+    ns: str,
+    jobs: list[str],
+    n: int,
+    want: set[str],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """``jobs`` created at once; the operator creates their Services and pods."""
+    watch = PodWatch(api, ns)
+    cpu0 = cpu_s(op.pid())
+    t0 = time.time()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(lambda j: create_job(api, ns, j, n), jobs))
+    applied_s = time.time() - t0
+    try:
+        watch.wait_for(want)
+    except TimeoutError:
+        log(f"the operator's log ends:\n{op.tail(40)}")
+        raise
+    cpu = cpu_s(op.pid()) - cpu0
+    watch.stop()
+    times = [t - t0 for t in created_at(cp.audit_log, ns, want).values()]
+    user = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+    return {
+        "operator_s": max(times),
+        "op_times": times,
+        "apply_s": applied_s,
+        "cpu_s": cpu,
+        "requests": requests_by(cp.audit_log, user, t0, t0 + max(times)),
+    }
+
+
+def direct_burst(
+    cp: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    as_operator: kubernetes.client.ApiClient,
+    ns: str,
+    jobs: list[str],
+    n: int,
+    want: set[str],
+) -> dict[str, Any]:
+    """The same objects straight from a concurrent client, as the operator's ServiceAccount
+    (the same API priority and fairness class), the trainer's ServiceAccount made first."""
+    cp.kubectl("create", "serviceaccount", render.TRAINER_SERVICE_ACCOUNT, "-n", ns)
+    objs = direct_objects(ns, jobs, n)
+    watch = PodWatch(api, ns)
+    t0 = time.time()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(lambda o: create_direct(as_operator, ns, o), objs))
+    watch.wait_for(want)
+    watch.stop()
+    times = [t - t0 for t in created_at(cp.audit_log, ns, want).values()]
+    return {"direct_s": max(times), "direct_times": times}
 
 
 if __name__ == "__main__":
