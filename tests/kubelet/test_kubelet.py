@@ -554,7 +554,11 @@ spec:
 def _sleeper_running(cp: ControlPlane, tk: TestKubelet, ns: str, node: str) -> None:
     apply(cp, ns, SLEEPER.replace("@NODE@", node))
     wait_phase(cp, ns, "sleeper", "Running")
-    wait_for(lambda: netns.processes_with_env(netns.ID_ENV, tk.instance), "pod processes")
+    # Running means the container started; its shell forks the two sleeps a moment later.
+    wait_for(
+        lambda: len(netns.processes_with_env(netns.ID_ENV, tk.instance)) >= 3,
+        "the pod's shell and its two sleeps",
+    )
 
 
 def _removed_or_handed_over(made: Path) -> bool:
@@ -571,7 +575,6 @@ def test_nothing_remains_after_stop_or_kill(
     cp = control_plane
     with TestKubelet(cp, nodes=["tk-solo"], state_dir=tmp_path / "a") as tk:
         _sleeper_running(cp, tk, ns, "tk-solo")
-        assert len(netns.processes_with_env(netns.ID_ENV, tk.instance)) >= 3
         assert tk.leftovers()  # there is something to clean up
         assert Path(f"/tk-made-{ns}/deep").is_dir()  # a mount point it had to create
     assert tk.leftovers() == []
