@@ -1,9 +1,10 @@
 """The few Kubernetes API calls the operator makes, as plain asyncio HTTP on kopf's credentials.
 
-kopf watches; this module writes (create, delete, patch status, post Events). It shares kopf's
-login (a ServiceAccount token in a pod, a kubeconfig elsewhere) and its aiohttp, so the operator
-needs no thread pool and no generated client, and bodies go out as the plain dicts the pure
-renderer made. A 401 (a rotated ServiceAccount token) logs in again once and retries.
+kopf watches DDPJobs; this module writes (create, delete, patch status, post Events) and
+streams the watches of :mod:`ddp_operator.informer`. It shares kopf's login (a ServiceAccount
+token in a pod, a kubeconfig elsewhere) and its aiohttp, so the operator needs no thread pool
+and no generated client, and bodies go out as the plain dicts the pure renderer made. A 401 (a
+rotated ServiceAccount token) logs in again once and retries.
 """
 
 from __future__ import annotations
