@@ -73,7 +73,7 @@ class Controller:
     # ("account" or "role", namespace) -> the create of the trainer's ServiceAccount, Role+binding
     trainer_rbac: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
     api: kube.Kube | None = None
-    indices: dict[str, kopf.Index[Any, Any]] = field(default_factory=dict)
+    jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
     pods: informer.Cache[planner.PodView] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, planner.view)
     )
@@ -120,7 +120,7 @@ class Controller:
         try:
             while True:
                 self.again.discard(key)
-                bodies = list(self.indices["jobs_by_name"].get(key, []))
+                bodies = list(self.jobs.get(key, [])) if self.jobs is not None else []
                 if not bodies:
                     break
                 try:
@@ -312,7 +312,7 @@ class Controller:
             now = time.monotonic()
             if now - last_resync >= self.resync_s:
                 last_resync = now
-                keys = list(self.indices["jobs_by_name"])
+                keys = list(self.jobs or [])
             else:
                 keys = [k for k, t in self.due.items() if t <= now]
             for key in keys:
@@ -412,7 +412,7 @@ async def configure(**kw: Any) -> None:
     # kopf's "handler succeeded" line for every job event is noise at scale; errors stay.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _limit_malloc_arenas()
-    CONTROLLER.indices = {"jobs_by_name": kw["jobs_by_name"]}
+    CONTROLLER.jobs = kw["jobs_by_name"]
     CONTROLLER.start_watches(
         kube.Kube(lambda: kube.login(settings=settings), CONTROLLER.concurrency)
     )
