@@ -241,7 +241,7 @@ class Watches:
     def ready(self, namespace: str) -> bool:
         """Whether jobs of ``namespace`` can be planned; starts watching it if need be."""
         if self.namespaced is None:
-            return all(w.synced.is_set() for w in self.cluster)
+            return _filled(self.cluster)
         if namespace not in self.namespaced:
             watches = self.namespaced[namespace] = [
                 self._informer(p, namespace) for p in self.PLURALS
@@ -249,7 +249,7 @@ class Watches:
             log.info("watching pods and Services of namespace %s", namespace)
             for w in watches:
                 self._spawn(w.run())
-        return all(w.synced.is_set() for w in self.namespaced[namespace])
+        return _filled(self.namespaced[namespace])
 
     async def stop(self) -> None:
         for task in list(self.tasks):
@@ -258,7 +258,7 @@ class Watches:
 
     def _synced(self, w: Informer[Any]) -> None:
         group = self.cluster if w.namespace is None else (self.namespaced or {}).get(w.namespace)
-        if group and all(x.synced.is_set() for x in group):
+        if group and _filled(group):
             where = f"namespace {w.namespace}" if w.namespace else "all namespaces"
             log.info(
                 "pods and Services of %s listed; %d pods cached", where, len(self.caches["pods"])
@@ -281,3 +281,7 @@ class Watches:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+
+def _filled(group: list[Informer[Any]]) -> bool:
+    return all(w.synced.is_set() for w in group)
