@@ -4,6 +4,9 @@ and CEL rule sits next to it, and the CRD in ``manifests/crd/`` is generated fro
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
@@ -19,12 +22,9 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
 from ddp_trainer.config import BUILTIN_WORKLOADS, PLUGIN_PATTERN, TrainerConfig
+from ddp_trainer.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
-GROUP = "ddp.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "DDPJob"
-PLURAL = "ddpjobs"
+__all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION"]  # re-exported for the operator
 SINGULAR = "ddpjob"
 SHORT_NAMES = ["ddpj"]
 # `kubectl get ddp` lists every kind of this project; DDPJobs stay out of `all` (see docs/api.md).
@@ -66,6 +66,42 @@ def _immutable(field: str) -> JsonDict:
         " create a new DDPJob instead",
         field_path=f".{field}",
     )
+
+
+# Marks a spec field immutable: the only place that says so. The CRD gets its CEL rule and the
+# sentence "Immutable." at the end of its description from this marker.
+IMMUTABLE_KEY = "x-ddp-immutable"
+IMMUTABLE: JsonDict = {IMMUTABLE_KEY: True}
+IMMUTABLE_NOTE = " Immutable."
+
+
+@dataclass(frozen=True)
+class SpecRule:
+    """A rule on ``spec``, declared once: the API server checks ``cel`` on every write; the
+    operator checks ``holds`` (None: the rule compares with the previous version, which only
+    the API server has). ``message`` is a template over the spec's camelCase fields, e.g.
+    ``{nodes:d}``; it becomes the rule's messageExpression."""
+
+    cel: str
+    holds: Callable[[Any], bool] | None
+    message: str
+    field: str
+
+    def entry(self) -> JsonDict:
+        names = re.findall(r"\{(\w+)(?::d)?\}", self.message)
+        if not names:
+            return cel(self.cel, self.message, field_path=f".{self.field}")
+        text = re.sub(r"\{\w+:d\}", "%d", re.sub(r"\{\w+\}", "%s", self.message))
+        args = ", ".join(f"self.{n}" for n in names)
+        return cel(
+            self.cel, message_expression=f"'{text}'.format([{args}])", field_path=f".{self.field}"
+        )
+
+    def violated_by(self, values: dict[str, Any]) -> str | None:
+        """The message when ``values`` (the spec's camelCase dump) break the rule."""
+        if self.holds is None or self.holds(values):
+            return None
+        return self.message.format(**values)
 
 
 # Core Kubernetes types (volume sources, tolerations, env vars...) are kept as objects the API
@@ -210,15 +246,40 @@ class CheckpointSpec(_Model):
     )
     every_steps: int = Field(
         default=100,
-        ge=1,
-        description="Optimizer steps between checkpoints; one is also written on SIGTERM when"
-        " the grace period allows. At least 1; default: 100.",
+        ge=0,
+        description="Optimizer steps between checkpoints (the trainer's checkpointEverySteps);"
+        " one is also written at the end and on SIGTERM when the grace period allows. 0: only"
+        " those. At least 0; default: 100.",
     )
     keep: int = Field(
         default=3,
         ge=1,
-        description="Newest complete checkpoints kept; older ones are deleted. At least 1;"
-        " default: 3.",
+        description="Newest complete checkpoints kept (the trainer's checkpointKeep); older ones"
+        " are deleted. At least 1; default: 3.",
+    )
+
+
+MOVED_TO_CHECKPOINT = {"checkpointEverySteps": "everySteps", "checkpointKeep": "keep"}
+
+
+class TrainerSettings(TrainerConfig):
+    """Settings of the bundled trainer (`python -m ddp_trainer --help`), except where the
+    checkpoints go and how often: in a DDPJob that is spec.checkpoint, the one knob for it.
+    The two moved fields are widened to accept None (their only allowed value) on purpose."""
+
+    checkpoint_every_steps: int | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="Moved: set spec.checkpoint.everySteps. A value here is refused.",
+    )
+    checkpoint_keep: int | None = Field(  # type: ignore[assignment]
+        default=None, description="Moved: set spec.checkpoint.keep. A value here is refused."
+    )
+
+
+def _moved_message(name: str) -> str:
+    return (
+        f"spec.trainer.{name} is set by spec.checkpoint.{MOVED_TO_CHECKPOINT[name]} in a"
+        " DDPJob: move it there"
     )
 
 
@@ -291,75 +352,93 @@ class PodTemplateOverrides(_Model):
     )
 
 
-SPEC_IMMUTABLE_FIELDS = (
-    "minNodes",
-    "maxNodes",
-    "nprocPerNode",
-    "image",
-    "imagePullPolicy",
-    "trainer",
-    "command",
-    "args",
-    "resources",
-    "checkpoint",
-    "template",
-    "workerRestarts",
+def _trainer_lacks(name: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda v: (v.get("trainer") or {}).get(name) is None
+
+
+def _both_or_neither(v: dict[str, Any]) -> bool:
+    return (v.get("minNodes") is None) == (v.get("maxNodes") is None)
+
+
+def _elastic(v: dict[str, Any]) -> bool:
+    return v.get("minNodes") is not None and v.get("maxNodes") is not None
+
+
+SPEC_RULES = (
+    SpecRule(
+        "has(self.minNodes) == has(self.maxNodes)",
+        _both_or_neither,
+        "spec.minNodes and spec.maxNodes go together: set both to make the job elastic, or"
+        " neither for a fixed size",
+        "minNodes",
+    ),
+    SpecRule(
+        "!has(self.minNodes) || !has(self.maxNodes) || self.minNodes <= self.maxNodes",
+        lambda v: not _elastic(v) or v["minNodes"] <= v["maxNodes"],
+        "spec.minNodes ({minNodes:d}) must not exceed spec.maxNodes ({maxNodes:d})",
+        "minNodes",
+    ),
+    SpecRule(
+        "!has(self.minNodes) || !has(self.maxNodes)"
+        " || (self.nodes >= self.minNodes && self.nodes <= self.maxNodes)",
+        lambda v: not _elastic(v) or v["minNodes"] <= v["nodes"] <= v["maxNodes"],
+        "spec.nodes ({nodes:d}) must be within [spec.minNodes, spec.maxNodes] ="
+        " [{minNodes:d}, {maxNodes:d}]",
+        "nodes",
+    ),
+    SpecRule(
+        "has(self.maxNodes) || self.nodes == oldSelf.nodes",
+        None,
+        "spec.nodes cannot change on a job that is not elastic: set spec.minNodes and"
+        " spec.maxNodes (in a new DDPJob) to make the job elastic",
+        "nodes",
+    ),
+    SpecRule(
+        "!has(self.trainer) || !has(self.command)",
+        lambda v: v.get("trainer") is None or v.get("command") is None,
+        "spec.trainer and spec.command are mutually exclusive: set trainer to run the bundled"
+        " trainer, or command to run your own program",
+        "command",
+    ),
+    SpecRule(  # pydantic checks it in TrainerConfig, with the same wording
+        "!has(self.trainer) || !has(self.trainer.workload)"
+        f" || self.trainer.workload in {list(BUILTIN_WORKLOADS)}"
+        f" || self.trainer.workload.matches(r'{PLUGIN_PATTERN.pattern}')",
+        None,
+        f"spec.trainer.workload must be one of {', '.join(BUILTIN_WORKLOADS)}, or a plugin"
+        " package.module:function",
+        "trainer.workload",
+    ),
+    *(
+        SpecRule(
+            f"!has(self.trainer) || !has(self.trainer.{name})",
+            _trainer_lacks(name),
+            _moved_message(name),
+            f"trainer.{name}",
+        )
+        for name in MOVED_TO_CHECKPOINT
+    ),
 )
+
+
+def _spec_schema(schema: JsonDict, model: type) -> None:
+    """The spec's CEL rules, from SPEC_RULES and the fields marked IMMUTABLE (which also get
+    their description's last sentence here)."""
+    immutable = []
+    properties = schema["properties"]
+    assert isinstance(properties, dict)
+    for alias, prop in properties.items():
+        if isinstance(prop, dict) and prop.pop(IMMUTABLE_KEY, False):
+            prop["description"] = str(prop["description"]) + IMMUTABLE_NOTE
+            immutable.append(alias)
+    rules: list[JsonDict] = [rule.entry() for rule in SPEC_RULES]
+    schema["x-kubernetes-validations"] = [*rules, *(_immutable(f) for f in immutable)]
 
 
 class DDPJobSpec(_Model):
     """What the user asks for: how many nodes, what each runs, and how failures are handled."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "has(self.minNodes) == has(self.maxNodes)",
-                    "spec.minNodes and spec.maxNodes go together: set both to make the job"
-                    " elastic, or neither for a fixed size",
-                    field_path=".minNodes",
-                ),
-                cel(
-                    "!has(self.minNodes) || !has(self.maxNodes) || self.minNodes <= self.maxNodes",
-                    message_expression=(
-                        "'spec.minNodes (%d) must not exceed spec.maxNodes (%d)'"
-                        ".format([self.minNodes, self.maxNodes])"
-                    ),
-                    field_path=".minNodes",
-                ),
-                cel(
-                    "!has(self.minNodes) || !has(self.maxNodes)"
-                    " || (self.nodes >= self.minNodes && self.nodes <= self.maxNodes)",
-                    message_expression=(
-                        "'spec.nodes (%d) must be within [spec.minNodes, spec.maxNodes] = [%d, %d]'"
-                        ".format([self.nodes, self.minNodes, self.maxNodes])"
-                    ),
-                    field_path=".nodes",
-                ),
-                cel(
-                    "has(self.maxNodes) || self.nodes == oldSelf.nodes",
-                    "spec.nodes cannot change on a job that is not elastic: set spec.minNodes"
-                    " and spec.maxNodes (in a new DDPJob) to make the job elastic",
-                    field_path=".nodes",
-                ),
-                cel(
-                    "!has(self.trainer) || !has(self.command)",
-                    "spec.trainer and spec.command are mutually exclusive: set trainer to run"
-                    " the bundled trainer, or command to run your own program",
-                    field_path=".command",
-                ),
-                cel(
-                    "!has(self.trainer) || !has(self.trainer.workload)"
-                    f" || self.trainer.workload in {list(BUILTIN_WORKLOADS)}"
-                    f" || self.trainer.workload.matches(r'{PLUGIN_PATTERN.pattern}')",
-                    "spec.trainer.workload must be one of"
-                    f" {', '.join(BUILTIN_WORKLOADS)}, or a plugin package.module:function",
-                    field_path=".trainer.workload",
-                ),
-                *(_immutable(f) for f in SPEC_IMMUTABLE_FIELDS),
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=_spec_schema)
 
     nodes: int = Field(
         default=1,
@@ -370,61 +449,71 @@ class DDPJobSpec(_Model):
         " At least 1; default: 1.",
     )
     min_nodes: int | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         ge=1,
         description="Fewest nodes the job keeps training with (torchrun --nnodes=minNodes:"
         "maxNodes). Set together with maxNodes to make the job elastic; when both are unset"
-        " they equal nodes and the job is not elastic. At least 1. Immutable.",
+        " they equal nodes and the job is not elastic. At least 1.",
     )
     max_nodes: int | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         ge=1,
         description="Most nodes the job can be scaled to (torchrun --nnodes=minNodes:maxNodes)."
-        " Set together with minNodes; at least minNodes. Immutable.",
+        " Set together with minNodes; at least minNodes.",
     )
     nproc_per_node: NprocPerNode = Field(
+        json_schema_extra=IMMUTABLE,
         default=1,
         description="Worker processes per node (torchrun --nproc-per-node): an integer >= 1,"
-        ' or "auto" for one per GPU (one in total without GPUs). Default: 1. Immutable.',
+        ' or "auto" for one per GPU (one in total without GPUs). Default: 1.',
     )
     image: str | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         max_length=MAX_STRING,
         description="Container image of the nodes. Default: the trainer image configured in the"
-        " operator. Immutable.",
+        " operator.",
     )
     image_pull_policy: ImagePullPolicy | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         description="When to pull the image: Always, IfNotPresent or Never. Default: the"
-        " Kubernetes default for the image's tag. Immutable.",
+        " Kubernetes default for the image's tag.",
     )
-    trainer: TrainerConfig | None = Field(
+    trainer: TrainerSettings | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         description="Settings of the bundled trainer, which runs when command is unset."
-        " Mutually exclusive with command. Immutable.",
+        " Mutually exclusive with command.",
     )
     command: list[Arg] | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         max_length=MAX_ARGS,
         description="Program each node runs instead of the bundled trainer, e.g."
         " [torchrun, /scripts/train.py]; torchrun's flags come from the PET_* environment the"
-        " operator sets. Mutually exclusive with trainer. Immutable.",
+        " operator sets. Mutually exclusive with trainer.",
     )
     args: list[Arg] | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         max_length=MAX_ARGS,
         description="Arguments appended to command, or to the bundled trainer when command is"
-        " unset. Immutable.",
+        " unset.",
     )
     resources: ResourceRequirements | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         description="Compute resources of each node's training container (core/v1"
-        " ResourceRequirements: limits, requests, claims). Immutable.",
+        " ResourceRequirements: limits, requests, claims).",
     )
     checkpoint: CheckpointSpec | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         description="Where and how often training state is saved. Without it nothing is"
-        " saved, and a restarted node starts training from the beginning. Immutable.",
+        " saved, and a restarted node starts training from the beginning.",
     )
     restart_policy: RestartPolicy = Field(
         default=RestartPolicy.ON_FAILURE,
@@ -436,13 +525,20 @@ class DDPJobSpec(_Model):
         default=3,
         ge=0,
         description="Pod failures (recreations) the job tolerates before it is Failed."
-        " At least 0; default: 3.",
+        " One disruption costs one restart: a pod that was running before the last counted"
+        " failure and fails within 60s of it (a survivor of a lost node), or is deleted within"
+        " 5s of it (several pods of one drain), is recreated without being counted again; a"
+        " recreated pod that fails is always counted. Losing the rendezvous store pod costs no"
+        " restart. At least 0; default: 3.",
     )
     worker_restarts: int = Field(
+        json_schema_extra=IMMUTABLE,
         default=3,
         ge=0,
         description="Times torchrun restarts the workers inside one pod before the pod fails"
-        " (torchrun --max-restarts). At least 0; default: 3. Immutable.",
+        " (torchrun --max-restarts); with the bundled trainer, also the times a pod starts"
+        " torchrun again after losing the rendezvous store pod. At least 0; default: 3."
+        "",
     )
     active_deadline_seconds: int | None = Field(
         default=None,
@@ -462,32 +558,20 @@ class DDPJobSpec(_Model):
         " false again resumes it from the newest checkpoint. Default: false.",
     )
     template: PodTemplateOverrides | None = Field(
+        json_schema_extra=IMMUTABLE,
         default=None,
         description="Pod settings added to every node's pod: labels, scheduling, env,"
-        " volumes, pull secrets, service account. Immutable.",
+        " volumes, pull secrets, service account.",
     )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        """The rules above that need no previous version (the API server checks them too)."""
-        if (self.min_nodes is None) != (self.max_nodes is None):
-            raise ValueError(
-                "spec.minNodes and spec.maxNodes go together: set both to make the job"
-                " elastic, or neither for a fixed size"
-            )
-        if self.min_nodes is not None and self.max_nodes is not None:
-            if self.min_nodes > self.max_nodes:
-                raise ValueError(
-                    f"spec.minNodes ({self.min_nodes}) must not exceed"
-                    f" spec.maxNodes ({self.max_nodes})"
-                )
-            if not self.min_nodes <= self.nodes <= self.max_nodes:
-                raise ValueError(
-                    f"spec.nodes ({self.nodes}) must be within [spec.minNodes, spec.maxNodes]"
-                    f" = [{self.min_nodes}, {self.max_nodes}]"
-                )
-        if self.trainer is not None and self.command is not None:
-            raise ValueError("spec.trainer and spec.command are mutually exclusive")
+        """SPEC_RULES that need no previous version (the API server checks them all)."""
+        values = self.model_dump(by_alias=True)
+        for rule in SPEC_RULES:
+            problem = rule.violated_by(values)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     @property
@@ -541,6 +625,11 @@ class Progress(_Model):
     )
     world_size: int | None = Field(
         default=None, description="Workers (ranks) in the group that made this report."
+    )
+    held_at_step: int | None = Field(
+        default=None,
+        description="Set while training is paused after this step by spec.trainer.holdAtSteps,"
+        " until the file release-step-NNNNNNNN appears in the checkpoint folder.",
     )
 
 
@@ -644,3 +733,10 @@ class DDPJob(_Model):
                 f"metadata.name must be at most {MAX_NAME_LENGTH} characters, not {len(name)}"
             )
         return self
+
+
+SPEC_IMMUTABLE_FIELDS = tuple(
+    f.alias or name
+    for name, f in DDPJobSpec.model_fields.items()
+    if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get(IMMUTABLE_KEY)
+)

@@ -7,6 +7,15 @@ Failures are counted once per pod uid (``status.handledFailures``), so a status 
 the failed pod's deletion is not counted again after a restart. A pod counts as a failure when
 it ends Failed, or when someone else deletes it while it runs (node drain, preemption,
 ``kubectl delete pod``); the operator's own deletions are recorded as handled when it makes them.
+
+Losing the rendezvous store pod costs no restart: the nodes ride it out (``ddp_trainer.node``
+starts torchrun again against the new store; training resumes from the newest checkpoint), so
+the operator only recreates it. One disruption costs one restart: a failure is counted in
+``status.restarts`` (and against ``backoffLimit``) unless it follows a counted one: its pod was
+created before the last counted failure and fails within :data:`DISRUPTION_WINDOW_S` of it (the
+survivors of a lost node), or is deleted within :data:`SAME_DELETION_S` of it (several pods of
+one drain). A later deletion is a disruption of its own, and a recreated pod that fails again
+is always counted, so a crash loop still spends the budget.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_trainer.contract import parse_rfc3339, rfc3339
+
 from . import render
 from .api import DDPJob, DDPJobPhase, RestartPolicy
 
@@ -23,6 +34,8 @@ TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
 POD_DONE = ("Succeeded", "Failed")
 HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
+DISRUPTION_WINDOW_S = 60.0
+SAME_DELETION_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,7 @@ class PodView:
     deleting: bool
     exit_code: int | None = None
     reason: str = ""
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, seconds)
 
     @property
     def done(self) -> bool:
@@ -68,6 +82,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
         reason=reason,
+        created=meta.get("creationTimestamp") or "",
     )
 
 
@@ -113,14 +128,8 @@ def is_permanent(policy: str, exit_code: int | None) -> bool:
     return False
 
 
-def ts(now: dt.datetime) -> str:
-    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_ts(value: str | None) -> dt.datetime | None:
-    if not value:
-        return None
-    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+ts = rfc3339
+parse_ts = parse_rfc3339
 
 
 def conditions(
@@ -310,35 +319,76 @@ def _completion(st: _State) -> Plan | None:
     return st.finish(DDPJobPhase.SUCCEEDED, "Completed", f"all {len(succeeded)} nodes exited 0")
 
 
-def _failures(st: _State) -> Plan | None:
-    """Counts each new failure once; returns the final plan when one fails the job."""
-    s = st.job.spec
-    new_failure = False
+def follows_disruption(
+    pod: PodView, failed: bool, last_counted: dt.datetime | None, now: dt.datetime
+) -> bool:
+    """Whether ``pod``'s failure (``failed``) or deletion is part of the disruption counted at
+    ``last_counted``: the pod is older than it, and it came within the window (module docs)."""
+    created = parse_ts(pod.created)
+    window = DISRUPTION_WINDOW_S if failed else SAME_DELETION_S
+    return (
+        last_counted is not None
+        and created is not None
+        and created < last_counted
+        and (now - last_counted).total_seconds() <= window
+    )
+
+
+def _new_failures(st: _State) -> list[tuple[PodView, bool]]:
+    """(pod, failed: else deleted while running) not counted yet, a deleted pod first: it is
+    the likelier cause of what failed with it, and the one an Event names."""
+    nodes = st.job.spec.nodes
+    new: list[tuple[PodView, bool]] = []
     for x in st.pods:
-        in_job = x.role == render.ROLE_STORE or 0 <= x.index < s.nodes
+        in_job = x.role == render.ROLE_STORE or 0 <= x.index < nodes
         failed = x.phase == "Failed" and not x.deleting
         disrupted = x.deleting and not x.done and in_job
         if x.uid in st.handled:
             if failed:
                 st.delete([x])  # counted before; its deletion did not happen yet
             continue
-        if not (failed or disrupted):
-            continue
+        if failed or disrupted:
+            new.append((x, failed))
+    new.sort(key=lambda pair: (pair[1], pair[0].role != render.ROLE_STORE, pair[0].index))
+    return new
+
+
+def _what(x: PodView, failed: bool) -> str:
+    if not failed:
+        return "was deleted while running"
+    if x.exit_code is not None:
+        return f"failed with exit code {x.exit_code}"
+    return f"failed ({x.reason or 'no exit code'})"
+
+
+def _failures(st: _State) -> Plan | None:
+    """Counts each new failure once, and one disruption once; returns the final plan when one
+    fails the job."""
+    s = st.job.spec
+    last_counted = parse_ts(st.status.get("lastFailureTime"))
+    for x, failed in _new_failures(st):
         st.handled.append(x.uid)
-        if disrupted:
-            what = "was deleted while running"
-        elif x.exit_code is not None:
-            what = f"failed with exit code {x.exit_code}"
-        else:
-            what = f"failed ({x.reason or 'no exit code'})"
+        what = _what(x, failed)
         if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
             return st.finish(
                 DDPJobPhase.FAILED,
                 "PodFailed",
                 f"{x.name} {what}; restartPolicy {s.restart_policy.value} treats it as permanent",
             )
+        if failed:
+            st.delete([x])
+        if x.role == render.ROLE_STORE:
+            st.plan.warn(
+                "StoreLost",
+                f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
+                " again and resume from the newest checkpoint (no restart counted)",
+            )
+            continue
+        if follows_disruption(x, failed, last_counted, st.now):
+            continue  # counted with the failure that began this disruption
         st.restarts += 1
-        new_failure = True
+        last_counted = st.now
+        st.new["lastFailureTime"] = ts(st.now)
         if st.restarts > s.backoff_limit:
             return st.finish(
                 DDPJobPhase.FAILED,
@@ -349,12 +399,9 @@ def _failures(st: _State) -> Plan | None:
         st.plan.warn(
             "PodFailed" if failed else "PodDisrupted",
             f"{x.name} {what}; recreating it (restart {st.restarts} of backoffLimit"
-            f" {s.backoff_limit})",
+            f" {s.backoff_limit}; failures of older pods within {DISRUPTION_WINDOW_S:.0f}s"
+            " count with this one)",
         )
-        if failed:
-            st.delete([x])
-    if new_failure:
-        st.new["lastFailureTime"] = ts(st.now)
     return None
 
 

@@ -1,7 +1,9 @@
 """Pure rendering: (DDPJob, index) -> the Services and Pods that run it. No I/O here.
 
-This is the only module that knows the contract between the operator and a trainer pod.
-torchrun reads ``PET_<FLAG>`` variables as its flags:
+This is the only module that knows the contract between the operator and a trainer pod. The
+bundled trainer's pods run ``python -m ddp_trainer.node --module ddp_trainer``: torchrun, started
+again in the same pod when the rendezvous store pod is replaced. torchrun reads ``PET_<FLAG>``
+variables as its flags:
 
 =========================  ==============================================================
 variable                   value
@@ -15,7 +17,8 @@ PET_RDZV_ID                the DDPJob's uid (never ``none``: jobs must not share
 PET_RDZV_CONF              ``is_host=false`` plus join/last-call/close/read timeouts for
                            pods that start minutes apart
 PET_LOCAL_ADDR             the pod IP (fieldRef): pod hostnames may not resolve for peers
-PET_MAX_RESTARTS           ``workerRestarts``: worker restarts inside one pod
+PET_MAX_RESTARTS           ``workerRestarts``: worker restarts inside one pod, and restarts
+                           of torchrun after losing the store (``ddp_trainer.node``)
 PET_MONITOR_INTERVAL       how often the agent checks its workers and the rendezvous
 DDPJOB_NAME/_NAMESPACE     where rank 0 reports ``status.progress``
 DDPJOB_NODE_INDEX          this pod's index (0-based)
@@ -30,6 +33,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from ddp_trainer import contract
 
 from .api import API_VERSION, GROUP, KIND, PLURAL, DDPJob
 
@@ -173,16 +178,16 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         # torchrun's shared rendezvous TCPStore breaks re-rendezvous on scale-up (a joiner
         # waits for a MASTER_ADDR published only in round one): see trainer_image/README.md.
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
-        {"name": "DDPJOB_NAME", "value": name},
-        {"name": "DDPJOB_NAMESPACE", "value": ns},
-        {"name": "DDPJOB_NODE_INDEX", "value": str(index)},
+        {"name": contract.ENV_JOB_NAME, "value": name},
+        {"name": contract.ENV_JOB_NAMESPACE, "value": ns},
+        {"name": contract.ENV_NODE_INDEX, "value": str(index)},
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_IP", "status.podIP"),
     ]
     if s.checkpoint is not None:
-        env.append({"name": "DDPJOB_CHECKPOINT_DIR", "value": s.checkpoint.path})
+        env.append({"name": contract.ENV_CHECKPOINT_DIR, "value": s.checkpoint.path})
     if s.command is None:
-        env.append({"name": "DDP_TRAINER_CONFIG", "value": trainer_config_json(job)})
+        env.append({"name": contract.ENV_TRAINER_CONFIG, "value": trainer_config_json(job)})
     # The user's variables come last so that they can override ours deliberately.
     env += [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
     return env
@@ -244,7 +249,9 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
     if s.command is not None:
         command, args = list(s.command), list(s.args or [])
     else:
-        command, args = ["torchrun"], ["--module", "ddp_trainer", *(s.args or [])]
+        # torchrun under ddp_trainer.node, which starts it again if the store pod is replaced.
+        command = ["python", "-m", "ddp_trainer.node"]
+        args = ["--module", "ddp_trainer", *(s.args or [])]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": s.image or cfg.default_image,

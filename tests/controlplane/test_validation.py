@@ -146,6 +146,22 @@ def test_trainer_and_command_are_mutually_exclusive(ddpjob_crd: ControlPlane, ns
     refused(result, "spec.trainer and spec.command are mutually exclusive")
 
 
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [
+        ("checkpointEverySteps", "spec.checkpoint.everySteps"),
+        ("checkpointKeep", "spec.checkpoint.keep"),
+    ],
+)
+def test_checkpoint_settings_under_trainer_are_refused_naming_their_one_knob(
+    ddpjob_crd: ControlPlane, ns: str, setting: str, where: str
+) -> None:
+    result = apply(ddpjob_crd, ns, job(FIXED, trainer={"workload": "digits", setting: 5}))
+    refused(result, f"spec.trainer.{setting}", f"is set by {where}", "move it there")
+    explained = ddpjob_crd.kubectl("explain", f"ddpjob.spec.trainer.{setting}").stdout
+    assert f"Moved: set {where}." in explained
+
+
 def test_name_longer_than_fifty_is_refused(ddpjob_crd: ControlPlane, ns: str) -> None:
     result = apply(ddpjob_crd, ns, job(FIXED, name="n" * 51))
     refused(result, "metadata.name must be at most 50 characters, not 51", "<name>-rdzv")

@@ -147,3 +147,30 @@ def test_a_whole_job_and_its_name_limit() -> None:
     assert j.spec.nodes == 1 and j.status is None
     with pytest.raises(ValidationError, match="at most 50 characters, not 51"):
         DDPJob.model_validate({"metadata": {"name": "n" * 51}, "spec": {}})
+
+
+@pytest.mark.parametrize("setting", ["checkpointEverySteps", "checkpointKeep"])
+def test_checkpoint_settings_have_one_knob_spec_checkpoint(setting: str) -> None:
+    with pytest.raises(ValidationError, match=rf"spec.trainer.{setting} is set by spec.checkpoint"):
+        DDPJobSpec.model_validate({"trainer": {"workload": "digits", setting: 5}})
+    spec = DDPJobSpec.model_validate(
+        {"trainer": {"workload": "digits"}, "checkpoint": {"volume": {}, "everySteps": 0}}
+    )
+    assert spec.checkpoint is not None and spec.checkpoint.every_steps == 0  # as the trainer's
+
+
+def test_each_spec_rule_is_one_declaration_for_the_api_server_and_the_operator() -> None:
+    from ddp_operator.api import SPEC_RULES
+
+    aliases = {f.alias for f in DDPJobSpec.model_fields.values()}
+    rule = next(r for r in SPEC_RULES if r.field == "nodes" and r.holds is not None)
+    # The operator's message and the API server's messageExpression come from one template.
+    entry = rule.entry()
+    assert entry["messageExpression"] == (
+        "'spec.nodes (%d) must be within [spec.minNodes, spec.maxNodes] = [%d, %d]'"
+        ".format([self.nodes, self.minNodes, self.maxNodes])"
+    )
+    with pytest.raises(ValidationError, match=r"spec.nodes \(5\) must be within .* = \[1, 4\]"):
+        DDPJobSpec.model_validate({"nodes": 5, "minNodes": 1, "maxNodes": 4})
+    for r in SPEC_RULES:
+        assert r.field.split(".")[0] in aliases

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -130,6 +131,68 @@ def test_a_running_pod_deleted_by_someone_else_counts_as_a_restart() -> None:
     assert created_pods(p) == []  # the old pod still terminates; same name
     again = planner.plan(job(), {**status, **p.status}, [STORE, lost, pod(1)], NOW, CFG)
     assert again.status["restarts"] == 1
+
+
+EARLIER = "2026-01-01T11:00:00Z"  # when the job's first pods were created
+
+
+def aged(x: planner.PodView, created: str = EARLIER, **changes: Any) -> planner.PodView:
+    return dataclasses.replace(x, created=created, **changes)
+
+
+def test_losing_the_store_costs_no_restart_and_recreates_it() -> None:
+    status = {"phase": "Running", "startTime": EARLIER}
+    store_gone = aged(STORE, deleting=True)
+    p = planner.plan(job(), status, [store_gone, aged(pod(0)), aged(pod(1))], NOW, CFG)
+    assert p.status["restarts"] == 0 and p.status["phase"] == "Running"
+    ((kind, reason, text),) = p.events
+    assert (kind, reason) == ("Warning", "StoreLost") and "no restart counted" in text
+    gone = planner.plan(job(), {**status, **p.status}, [aged(pod(0)), aged(pod(1))], NOW, CFG)
+    assert created_pods(gone) == ["j-rdzv"] and gone.status["restarts"] == 0
+
+
+def test_workers_failing_with_the_store_cost_one_restart_together() -> None:
+    """Own commands run plain torchrun, whose agents exit when the store goes."""
+    status = {"phase": "Running", "startTime": EARLIER}
+    observed = [
+        aged(pod(0, "Failed", exit_code=1)),
+        aged(STORE, deleting=True),
+        aged(pod(1, "Failed", exit_code=1)),
+    ]
+    p = planner.plan(job(), status, observed, NOW, CFG)
+    assert p.status["restarts"] == 1 and p.status["phase"] == "Restarting"
+    assert [r for t, r, _ in p.events if t == "Warning"] == ["StoreLost", "PodFailed"]
+    assert sorted(p.delete) == ["j-node-0", "j-node-1"]  # failed pods go, all recorded
+    assert len(p.status["handledFailures"]) == 3
+
+
+def test_a_survivor_failing_soon_after_a_counted_failure_is_not_counted_again() -> None:
+    status = {"phase": "Restarting", "startTime": EARLIER, "restarts": 1,
+              "lastFailureTime": "2026-01-01T11:59:40Z", "handledFailures": ["gone"]}  # fmt: skip
+    survivor = aged(pod(1, "Failed", uid="s", exit_code=1))  # 20 s after the loss
+    p = planner.plan(job(), status, [STORE, aged(pod(0)), survivor], NOW, CFG)
+    assert p.status["restarts"] == 1 and p.delete == ["j-node-1"]
+    assert not [r for t, r, _ in p.events if t == "Warning"]
+    assert "s" in p.status["handledFailures"]
+    # ... but past the window, or when the failed pod was made after the loss, it counts.
+    late = planner.plan(job(), status, [STORE, survivor], NOW + dt.timedelta(seconds=60), CFG)
+    assert late.status["restarts"] == 2
+    replacement = aged(pod(1, "Failed", uid="r", exit_code=1), created="2026-01-01T11:59:45Z")
+    crash_loop = planner.plan(job(), status, [STORE, aged(pod(0)), replacement], NOW, CFG)
+    assert crash_loop.status["restarts"] == 2
+
+
+def test_a_later_deletion_is_a_disruption_of_its_own_but_one_drain_is_one() -> None:
+    status = {"phase": "Running", "startTime": EARLIER, "restarts": 1,
+              "lastFailureTime": "2026-01-01T11:59:40Z", "handledFailures": ["gone"]}  # fmt: skip
+    deleted = aged(pod(1, uid="d"), deleting=True)  # someone deleted it 20 s later
+    p = planner.plan(job(), status, [STORE, aged(pod(0)), deleted], NOW, CFG)
+    assert p.status["restarts"] == 2
+    assert [r for t, r, _ in p.events if t == "Warning"] == ["PodDisrupted"]
+    # Two pods of one drain, seen a moment apart: one restart.
+    drain = {**status, "lastFailureTime": "2026-01-01T11:59:58Z"}
+    q = planner.plan(job(), drain, [STORE, aged(pod(0)), deleted], NOW, CFG)
+    assert q.status["restarts"] == 1 and not q.events
 
 
 def test_pods_the_operator_deletes_itself_are_never_counted_as_failures() -> None:

@@ -54,7 +54,8 @@ def test_worker_pod_is_restricted_and_has_shm_and_labels() -> None:
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-    assert c["command"] == ["torchrun"] and c["args"][:2] == ["--module", "ddp_trainer"]
+    assert c["command"] == ["python", "-m", "ddp_trainer.node"]  # torchrun, store-loss proof
+    assert c["args"][:2] == ["--module", "ddp_trainer"]
     assert c["image"] == "trainer:test"
 
 
@@ -86,3 +87,4 @@ def test_rendezvous_service_is_published_before_pods_are_ready() -> None:
     assert rdzv["spec"]["publishNotReadyAddresses"] is True
     assert rdzv["spec"]["selector"][render.LABEL_ROLE] == render.ROLE_STORE
     assert workers["spec"]["clusterIP"] == "None"
+

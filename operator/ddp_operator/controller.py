@@ -1,0 +1,294 @@
+"""The controller: a work queue of jobs, expectations of pods created but not yet watched, and
+the I/O of each reconcile (create, delete, write status, post Events). The decisions are pure:
+:mod:`ddp_operator.plan` (what a job needs) and :mod:`ddp_operator.policy` (what the shell
+believes and writes when); :mod:`ddp_operator.handlers` wires this into kopf.
+
+Events about a job are coalesced as in Kubernetes' own controllers' work queues: at most one
+reconcile of a job runs at a time, and events that arrive meanwhile cause one more, on the
+newest state. Idempotence: pod and Service names are deterministic, so a create that repeats
+(after a restart) meets AlreadyExists and changes nothing; creates made but not yet seen by the
+watch are remembered ("expectations"), and the status this process wrote last is preferred
+over a staler one from the watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from . import informer, kube, policy, render
+from . import plan as planner
+from .api import API_VERSION, KIND, PLURAL, DDPJob
+from .settings import Settings
+
+log = logging.getLogger("ddp_operator")
+
+Key = tuple[str, str]
+COMPONENT = "ddp-operator"
+
+
+@dataclass
+class Controller:
+    """The operator's memory between events; lost on restart, which only costs API calls."""
+
+    settings: Settings = field(default_factory=Settings)
+    active: set[Key] = field(default_factory=set)  # jobs being reconciled now
+    again: set[Key] = field(default_factory=set)  # ... that had events meanwhile
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)  # job uid -> our status
+    status_written_at: dict[str, float] = field(default_factory=dict)  # job uid -> monotonic
+    # Pods created but not yet seen by the watch: name -> when created.
+    expected: dict[Key, dict[str, float]] = field(default_factory=dict)
+    due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next check
+    # ("account" or "role", namespace) -> the create of the trainer's ServiceAccount, Role+binding
+    trainer_rbac: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
+    api: kube.Kube | None = None
+    jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
+    pods: informer.Cache[planner.PodView] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, planner.view)
+    )
+    services: informer.Cache[str] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
+    )
+    watches: informer.Watches | None = None
+    waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
+    instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def start_watches(self, api: kube.Kube) -> None:
+        """Fills the pod and Service caches, then keeps them current; reconciles start after."""
+        self.api = api
+        caches: dict[str, informer.Cache[Any]] = {"pods": self.pods, "services": self.services}
+        self.watches = informer.Watches(api, caches, self.changed, self._release)
+        self.watches.start()
+
+    def spawn(self, coro: Any) -> None:
+        """Runs ``coro`` in the background, keeping a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def changed(self, key: Key) -> None:
+        self.spawn(self.enqueue(key))
+
+    def _release(self, namespace: str | None) -> None:
+        """The caches of ``namespace`` (None: all) are filled: reconcile the jobs that waited."""
+        for key in sorted(self.waiting):
+            if namespace is None or key[0] == namespace:
+                self.waiting.discard(key)
+                self.spawn(self.enqueue(key))
+
+    def forget(self, key: Key, uid: str) -> None:
+        """Drops what this process remembers of a deleted job."""
+        self.written.pop(uid, None)
+        self.status_written_at.pop(uid, None)
+        self.expected.pop(key, None)
+        self.due.pop(key, None)
+
+    # -- the work queue --------------------------------------------------------------------------
+    async def enqueue(self, key: Key) -> None:
+        """Reconciles ``key`` now, or once more after the reconcile that is running."""
+        if self.watches is None or not self.watches.ready(key[0]):
+            self.waiting.add(key)  # planning from empty caches would recreate what exists
+            return
+        if key in self.active:
+            self.again.add(key)
+            return
+        self.active.add(key)
+        try:
+            while True:
+                self.again.discard(key)
+                bodies = list(self.jobs.get(key, [])) if self.jobs is not None else []
+                if not bodies:
+                    break
+                try:
+                    await self.reconcile(bodies[0])
+                except Exception:
+                    log.exception("reconcile of %s/%s failed; retrying in 5s", *key)
+                    self.due[key] = time.monotonic() + 5
+                if key not in self.again:
+                    break
+        finally:
+            self.active.discard(key)
+
+    async def reconcile(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key: Key = (meta["namespace"], meta["name"])
+        observed = self.pods.get(key)
+        pods = {v.name for v in observed}  # a Service may have a pod's name (<job>-rdzv)
+        services = self.services.names(key)
+        expected = policy.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
+        self.expected[key] = expected
+        status = policy.merged(body.get("status") or {}, self.written.get(meta.get("uid", "")))
+        job: DDPJob | None = None
+        try:
+            job = DDPJob.model_validate({"metadata": meta, "spec": body.get("spec") or {}})
+            p = planner.plan(
+                job,
+                status,
+                observed,
+                dt.datetime.now(dt.UTC),
+                self.settings.render,
+                self.settings.backoff_base_s,
+                pending=expected.keys(),
+            )
+        except ValidationError as e:
+            p = policy.invalid_spec(status, e, dt.datetime.now(dt.UTC))
+        p.create = [
+            o
+            for o in p.create
+            if o["metadata"]["name"] not in (services if o["kind"] == "Service" else pods)
+        ]
+        made = await self.apply(body, job, status, p)
+        for obj in made:
+            if obj["kind"] == "Pod":
+                expected[obj["metadata"]["name"]] = time.monotonic()
+        if len(made) < len(p.create):
+            p.requeue(5.0)  # some creates were refused: try again soon, events or not
+        if p.requeue_after is not None:
+            self.due[key] = time.monotonic() + p.requeue_after
+        else:
+            self.due.pop(key, None)
+
+    async def apply(
+        self, body: dict[str, Any], job: DDPJob | None, status: dict[str, Any], p: planner.Plan
+    ) -> list[dict[str, Any]]:
+        """Acts, and writes status before or after, as :func:`policy.status_write` says."""
+        assert self.api is not None
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
+        job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
+        diff = {k for k, v in p.status.items() if status.get(k) != v}
+        never = -policy.STATUS_COUNTS_EVERY_S
+        since = time.monotonic() - self.status_written_at.get(uid, never)
+        changed, counted, wait = policy.status_write(diff, since)
+        if wait is not None:
+            p.requeue(wait)
+
+        async def write_status() -> bool:
+            assert self.api is not None
+            r = await self.api.must(
+                "PATCH", job_path + "/status", {"status": p.status}, kube.MERGE_PATCH, ok=(404,)
+            )
+            if r.status == 404:
+                return False  # the job is gone; its pods go with it
+            self.written[uid] = dict(p.status)
+            self.status_written_at[uid] = time.monotonic()
+            return True
+
+        if changed and counted and not await write_status():
+            return []
+        if job is not None and any(o["kind"] == "Pod" for o in p.create):
+            await self._ensure_trainer_rbac(job)
+        created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
+        await asyncio.gather(
+            *(
+                self.api.must("DELETE", kube.core_path(ns, "pods", pod), ok=(404,))
+                for pod in p.delete
+            )
+        )
+        await asyncio.gather(*(self._event(body, *e) for e in p.events))
+        if changed and not counted:
+            await write_status()
+        if p.delete_job:
+            await self.api.must("DELETE", job_path + "?propagationPolicy=Background", ok=(404,))
+            self.written.pop(uid, None)
+        return [o for o, ok in zip(p.create, created, strict=True) if ok]
+
+    async def _create(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
+        assert self.api is not None
+        r = await self.api.call("POST", kube.path_of(obj), obj)
+        if r.ok:
+            return True
+        if r.status != 409:  # 409: already there, idempotent by name
+            # Refused (quota, admission, a bad override): say why where the user looks.
+            await self._event(
+                body,
+                "Warning",
+                "CreateFailed",
+                f"creating {obj['kind']} {obj['metadata']['name']} failed: {r.message}",
+            )
+        return False
+
+    async def _ensure_trainer_rbac(self, job: DDPJob) -> None:
+        """The ServiceAccount that lets rank 0 patch ``status.progress``, and nothing more.
+
+        Made once per namespace and operator process; concurrent reconciles share one attempt,
+        and a failed one is tried again by the next reconcile. Only the ServiceAccount is
+        awaited (admission refuses a pod whose ServiceAccount does not exist); its Role and
+        RoleBinding are needed only once rank 0 reports progress, so they follow meanwhile.
+        """
+        t = job.spec.template
+        ns = render.job_key(job)[0]
+        if t is not None and t.service_account_name:
+            return
+        self._once(("role", ns), lambda: self._make_trainer_role(ns))
+        account = render.trainer_service_account(ns)
+        await asyncio.shield(self._once(("account", ns), lambda: self._post(account)))
+
+    def _once(self, key: tuple[str, str], make: Any) -> asyncio.Future[None]:
+        task = self.trainer_rbac.get(key)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self.trainer_rbac[key] = asyncio.ensure_future(make())
+            task.add_done_callback(_log_failure)
+        return task
+
+    async def _post(self, obj: dict[str, Any]) -> None:
+        assert self.api is not None
+        await self.api.must("POST", kube.path_of(obj), obj, ok=(409,))  # 409: already there
+
+    async def _make_trainer_role(self, ns: str) -> None:
+        # RBAC checks a new binding against its Role, so the Role must exist first.
+        await self._post(render.trainer_role(ns))
+        await self._post(render.trainer_role_binding(ns))
+
+    async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
+        assert self.api is not None
+        meta = body["metadata"]
+        event = policy.event_body(
+            meta,
+            etype,
+            reason,
+            text,
+            name=f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+            now=dt.datetime.now(dt.UTC),
+            component=COMPONENT,
+            instance=self.instance,
+            api_version=API_VERSION,
+            kind=KIND,
+        )
+        r = await self.api.call("POST", kube.path_of(event), event)
+        if not r.ok:  # an Event is worth a log line, never a failed reconcile
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], r.message)
+        log.info("%s %s/%s: %s", reason, meta["namespace"], meta["name"], text)
+
+    # -- the clock: backoff, deadline and TTL end by time, not by an event ----------------------
+    async def clock(self) -> None:
+        last_resync = time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            if now - last_resync >= self.settings.resync_s:
+                last_resync = now
+                keys = list(self.jobs or [])
+            else:
+                keys = [k for k, t in self.due.items() if t <= now]
+            for key in keys:
+                self.due.pop(key, None)
+                self.spawn(self.enqueue(key))
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("creating the trainer's RBAC failed (tried again): %s", task.exception())
+
+
+def _name(obj: Any) -> str:
+    return str(obj["metadata"]["name"])

@@ -1,0 +1,107 @@
+"""Pure decisions of the operator's I/O shell, beside :mod:`ddp_operator.plan`: which status to
+believe, when to write it, which creates are still pending, and how an unreadable spec ends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import plan as planner
+
+EXPECTATION_TTL_S = 30.0
+# Status fields that change with every pod coming up; written at most this often.
+COUNT_FIELDS = frozenset({"nodes", "readyNodes", "ready", "worldSize"})
+STATUS_COUNTS_EVERY_S = 1.0
+
+
+def merged(observed: Mapping[str, Any], ours: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The watched status with our own last write on top (a merge patch: None removes), so a
+    reconcile never plans from a status staler than the one this process wrote."""
+    out = dict(observed)
+    for k, v in (ours or {}).items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def pending_creates(
+    expected: Mapping[str, float], observed: Collection[str], now: float
+) -> dict[str, float]:
+    """The pods created but not yet seen by the watch (name -> when created); an expectation
+    ends when the pod is seen or after EXPECTATION_TTL_S (its create may have been lost)."""
+    return {
+        name: at
+        for name, at in expected.items()
+        if name not in observed and now - at <= EXPECTATION_TTL_S
+    }
+
+
+def status_write(
+    diff: Collection[str], since_last_write_s: float
+) -> tuple[bool, bool, float | None]:
+    """(write now, write before acting, requeue after) for the status fields that changed.
+
+    A counted failure (``handledFailures`` changed) is written before the pods are touched, so
+    that an operator that dies in between never counts it twice; anything else after acting, so
+    that a new job's pods are not held up by a round trip. Changes of pod counts alone are
+    written at most once per STATUS_COUNTS_EVERY_S.
+    """
+    if not diff:
+        return False, False, None
+    if set(diff) <= COUNT_FIELDS and since_last_write_s < STATUS_COUNTS_EVERY_S:
+        return False, False, STATUS_COUNTS_EVERY_S - since_last_write_s
+    return True, "handledFailures" in diff, None
+
+
+def invalid_spec(
+    status: Mapping[str, Any], error: ValidationError, now: dt.datetime
+) -> planner.Plan:
+    """A spec the API server accepted but this operator cannot read (say, from a newer CRD)."""
+    p = planner.Plan()
+    text = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+    if status.get("phase") != "Failed":
+        stamp = planner.ts(now)
+        p.status = {
+            "phase": "Failed",
+            "completionTime": stamp,
+            "conditions": planner.conditions(
+                status.get("conditions") or [], "Failed", "InvalidSpec", text, stamp
+            ),
+        }
+        p.warn("InvalidSpec", text)
+    return p
+
+
+def event_body(
+    job: Mapping[str, Any], etype: str, reason: str, text: str, *, name: str, now: dt.datetime,
+    component: str, instance: str, api_version: str, kind: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A core/v1 Event about ``job`` (its metadata) as the operator posts it."""
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": job["namespace"]},
+        "involvedObject": {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": job["name"],
+            "namespace": job["namespace"],
+            "uid": job.get("uid"),
+        },
+        "type": etype,
+        "reason": reason,
+        "message": text[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": instance,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -1,0 +1,51 @@
+"""The operator's own settings, read once at start-up from its environment (the chart sets them).
+
+A value that cannot be read stops the operator at start-up, naming the variable and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .render import OperatorConfig
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the operator is configured with; see the README's operator section."""
+
+    render: OperatorConfig = field(default_factory=OperatorConfig)
+    backoff_base_s: float = 10.0  # first delay before a failed pod is recreated; doubles after
+    resync_s: float = 30.0  # every job is reconciled at least this often
+    workers: int = 48  # API requests in flight
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        defaults, rendering = cls(), OperatorConfig()
+
+        def number(name: str, default: float, minimum: float) -> float:
+            text = environ.get(name)
+            if text is None or text == "":
+                return default
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"{name}={text!r} is not a number; unset it for {default}"
+                ) from None
+            if value < minimum:
+                raise ValueError(f"{name}={text!r} must be at least {minimum:g}")
+            return value
+
+        return cls(
+            render=OperatorConfig(
+                default_image=environ.get("DDP_DEFAULT_IMAGE") or rendering.default_image,
+                monitor_interval_s=number(
+                    "DDP_MONITOR_INTERVAL_S", rendering.monitor_interval_s, 0.1
+                ),
+            ),
+            backoff_base_s=number("DDP_BACKOFF_BASE_S", defaults.backoff_base_s, 0),
+            resync_s=number("DDP_RESYNC_S", defaults.resync_s, 1),
+            workers=int(number("DDP_WORKERS", defaults.workers, 1)),
+        )

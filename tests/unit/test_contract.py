@@ -1,0 +1,81 @@
+"""The operator and the trainer agree: what one renders or expects, the other reads or writes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from ddp_operator import api, kube, plan, render
+from ddp_operator.api import DDPJob
+from ddp_trainer import contract
+from ddp_trainer.config import load_settings
+from ddp_trainer.progress import progress_patch, reporting_target
+
+CFG = render.OperatorConfig(default_image="trainer:test")
+JOB = DDPJob.model_validate(
+    {
+        "metadata": {"name": "digits", "namespace": "team", "uid": "u-1", "generation": 1},
+        "spec": {
+            "nodes": 2,
+            "trainer": {"workload": "digits", "epochs": 4, "holdAtSteps": [5]},
+            "checkpoint": {"volume": {"emptyDir": {}}, "path": "/ckpt", "everySteps": 7},
+        },
+    }
+)
+
+
+def test_the_trainers_progress_patch_is_what_the_api_declares() -> None:
+    patch = progress_patch(
+        epoch=1,
+        step=30,
+        total_steps=88,
+        loss=0.25,
+        samples_per_second=900.0,
+        last_checkpoint="step-00000028.pt",
+        world_size=2,
+        now=0.0,
+        held_at_step=30,
+    )
+    sent = patch["status"]["progress"]
+    # Every key the trainer sends is a field of api.Progress (extra fields are refused) ...
+    parsed = api.Progress.model_validate(sent)
+    # ... and every field of api.Progress is one the trainer sends: neither side has more.
+    declared = {f.alias for f in api.Progress.model_fields.values()}
+    assert set(sent) == declared
+    assert parsed.held_at_step == 30 and parsed.updated_at == "1970-01-01T00:00:00Z"
+
+
+def test_the_trainer_reads_the_environment_the_operator_renders() -> None:
+    pod = render.render_worker(JOB, 0, 0, CFG)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+    config, checkpoint_dir = load_settings([], environ=env)
+    assert config.epochs == 4 and config.hold_at_steps == (5,)
+    assert config.checkpoint_every_steps == 7  # spec.checkpoint.everySteps reaches the trainer
+    assert checkpoint_dir == Path("/ckpt")
+    assert reporting_target(env) == ("digits", "team")
+    names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert {
+        contract.ENV_JOB_NAME,
+        contract.ENV_JOB_NAMESPACE,
+        contract.ENV_NODE_INDEX,
+        contract.ENV_CHECKPOINT_DIR,
+        contract.ENV_TRAINER_CONFIG,
+    } <= names
+
+
+def test_both_sides_write_and_read_one_timestamp_format() -> None:
+    when = dt.datetime(2026, 11, 22, 15, 4, 5, tzinfo=dt.UTC)
+    assert plan.ts(when) == contract.rfc3339(when.timestamp()) == "2026-11-22T15:04:05Z"
+    assert plan.parse_ts("2026-11-22T15:04:05Z") == when
+    assert contract.parse_rfc3339(None) is None
+    with pytest.raises(ValueError):
+        contract.parse_rfc3339("22/11/2026")
+
+
+def test_the_trainer_patches_the_path_the_operator_serves() -> None:
+    assert contract.status_path("team", "digits") == (
+        kube.group_path(api.API_VERSION, "team", api.PLURAL, "digits") + "/status"
+    )
+    assert (api.GROUP, api.VERSION, api.KIND) == ("ddp.dev", "v1alpha1", "DDPJob")

@@ -1,0 +1,46 @@
+"""The contract between the operator and its trainer pods, written once and imported by both:
+the API's names, the environment the operator sets, and the timestamp format of status fields.
+
+Torch-free, like ``ddp_trainer.config``: the operator imports it in an image without torch.
+``tests/unit/test_contract.py`` fails when either side drifts from it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+GROUP = "ddp.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DDPJob"
+PLURAL = "ddpjobs"
+
+# The environment of a trainer pod that the operator sets (besides torchrun's PET_* flags).
+ENV_JOB_NAME = "DDPJOB_NAME"  # where rank 0 reports status.progress ...
+ENV_JOB_NAMESPACE = "DDPJOB_NAMESPACE"  # ... and in which namespace
+ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"
+ENV_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
+ENV_TRAINER_CONFIG = "DDP_TRAINER_CONFIG"  # spec.trainer as a JSON object
+ENV_PROGRESS_INTERVAL = "DDPJOB_PROGRESS_INTERVAL_S"  # optional: seconds between reports
+
+# Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def rfc3339(when: dt.datetime | float) -> str:
+    """A status timestamp from an aware datetime or a Unix time."""
+    if not isinstance(when, dt.datetime):
+        when = dt.datetime.fromtimestamp(when, dt.UTC)
+    return when.astimezone(dt.UTC).strftime(TIMESTAMP_FORMAT)
+
+
+def parse_rfc3339(value: str | None) -> dt.datetime | None:
+    """The aware datetime of a status timestamp; None when unset."""
+    if not value:
+        return None
+    return dt.datetime.strptime(value, TIMESTAMP_FORMAT).replace(tzinfo=dt.UTC)
+
+
+def status_path(namespace: str, name: str) -> str:
+    """The API path of a DDPJob's status subresource."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
