@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from trainer_harness import Launcher, events, free_port, last_step, wait_until
+
+from ddp_trainer.hold import release
 
 ELASTIC = {
     "workload": "digits",
@@ -34,16 +34,18 @@ def test_node_loss_with_dedicated_store_resumes_and_finishes(launcher: Launcher)
             endpoint=endpoint,
             nnodes="1:2",
             nproc=1,
-            settings=ELASTIC,
+            settings={**ELASTIC, "holdAtSteps": [30]},
             checkpoint_dir=ckpt,
             is_host=False,
         )
         for name in ("node-a", "node-b")
     )
-    wait_until(lambda: [s for s in steps_at_world(ckpt, 2) if s["step"] >= 30], 150, "2 nodes")
-    wait_until(lambda: events(ckpt, "checkpoint"), 30, "a checkpoint")
+    wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 30")
+    assert [s for s in steps_at_world(ckpt, 2) if s["step"] == 30]
+    assert [c["step"] for c in events(ckpt, "checkpoint")] == [25]
     first.kill_tree()  # the whole node: agent and its worker
     killed_at = last_step(ckpt)
+    release(ckpt, 30)
 
     assert second.wait(200) == 0, launcher.logs()
     starts = events(ckpt, "start")
@@ -72,17 +74,16 @@ def test_node_loss_of_the_store_hosting_agent_ends_the_job(launcher: Launcher) -
             endpoint=endpoint,
             nnodes="1:2",
             nproc=1,
-            settings=ELASTIC,
+            settings={**ELASTIC, "holdAtSteps": [20]},  # never released: it ends mid-run
             checkpoint_dir=ckpt,
             is_host=name == "host",
         )
         for name in ("host", "other")
     )
-    wait_until(lambda: [s for s in steps_at_world(ckpt, 2) if s["step"] >= 20], 150, "2 nodes")
+    wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 20")
+    assert steps_at_world(ckpt, 2)
     host.kill_tree()
-    started = time.monotonic()
     assert other.wait(120) != 0, launcher.logs()
-    assert time.monotonic() - started < 120
     assert not events(ckpt, "end")
     assert last_step(ckpt) < TOTAL
 
@@ -91,9 +92,13 @@ def test_node_loss_of_the_store_hosting_agent_ends_the_job(launcher: Launcher) -
 def test_scale_up_from_two_to_three_nodes(launcher: Launcher) -> None:
     ckpt = launcher.workdir / "ckpt"
     _, endpoint = launcher.store()
-    common = dict(endpoint=endpoint, nnodes="2:3", nproc=1, settings=ELASTIC, checkpoint_dir=ckpt)
+    # Held after step 40 and never released: the third node's arrival makes the agents stop
+    # the workers (SIGTERM: rank 0 saves step 40) and start them again at world size 3.
+    settings = {**ELASTIC, "holdAtSteps": [40]}
+    common = dict(endpoint=endpoint, nnodes="2:3", nproc=1, settings=settings, checkpoint_dir=ckpt)
     nodes = [launcher.node(f"node-{i}", is_host=False, **common) for i in range(2)]
-    wait_until(lambda: [s for s in steps_at_world(ckpt, 2) if s["step"] >= 40], 150, "2 nodes")
+    wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 40")
+    assert steps_at_world(ckpt, 2)[-1]["step"] == 40
     nodes.append(launcher.node("node-2", is_host=False, **common))
 
     for node in nodes:
@@ -105,6 +110,6 @@ def test_scale_up_from_two_to_three_nodes(launcher: Launcher) -> None:
     resumed = [s for s in events(ckpt, "start") if s["worldSize"] == 3]
     assert resumed and resumed[0]["resumedFrom"]
     # The workers were stopped with SIGTERM for the re-rendezvous: rank 0 saved that step.
-    assert resumed[0]["step"] >= max(s["step"] for s in steps_at_world(ckpt, 2))
+    assert resumed[0]["step"] == 40 == max(s["step"] for s in steps_at_world(ckpt, 2))
     (end,) = events(ckpt, "end")
     assert end["step"] == TOTAL and end["worldSize"] == 3

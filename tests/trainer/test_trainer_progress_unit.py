@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
+from ddp_trainer import progress
 from ddp_trainer.progress import (
     MetricsLog,
     ProgressReporter,
@@ -38,6 +41,7 @@ def test_patch_body_has_the_status_progress_fields() -> None:
                 "lastCheckpoint": "step-00000040.pt",
                 "updatedAt": "1970-01-01T00:00:00Z",
                 "worldSize": 4,
+                "heldAtStep": None,
             }
         }
     }
@@ -73,9 +77,73 @@ def test_reporting_without_a_cluster_never_blocks(monkeypatch) -> None:
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     reporter = ProgressReporter("job", "default", interval_s=0.0)
-    started = time.monotonic()
     for step in range(100):
         reporter.offer({"status": {"progress": {"step": step}}})
-    reporter.close(timeout_s=5)
-    assert time.monotonic() - started < 5
+    reporter.close(timeout_s=60)
+    assert reporter.sent == 0 and not reporter.running  # gave up at once: nothing to send to
     assert reporter.sent == 0
+
+
+class RecordingClient:
+    """Stands in for the API server's status endpoint: records what the reporter sends."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.sent: list[dict] = []
+        self.fail_first = fail_first
+
+    def patch_status(self, namespace: str, name: str, patch: dict) -> None:
+        if self.fail_first:
+            self.fail_first -= 1
+            raise ConnectionError("apiserver not reachable yet")
+        self.sent.append(patch["status"]["progress"])
+
+
+def reporter_with(monkeypatch, client: RecordingClient, interval_s: float) -> ProgressReporter:
+    monkeypatch.setattr(progress, "status_client", lambda environ: client)
+    return ProgressReporter("job", "default", interval_s=interval_s)
+
+
+def sent(client: RecordingClient, count: int) -> list[dict]:
+    deadline = time.monotonic() + 30
+    while len(client.sent) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return client.sent
+
+
+def test_rate_limited_reports_and_the_final_one_all_arrive(monkeypatch) -> None:
+    client = RecordingClient()
+    reporter = reporter_with(monkeypatch, client, interval_s=3600)
+    reporter.offer({"status": {"progress": {"step": 1}}})
+    assert sent(client, 1) == [{"step": 1}]  # the first report goes at once
+    for step in range(2, 50):  # within the interval: only the newest is kept, not sent
+        reporter.offer({"status": {"progress": {"step": step}}})
+    reporter.offer({"status": {"progress": {"step": 50}}}, final=True)
+    reporter.close()
+    assert [p["step"] for p in client.sent] == [1, 50]
+
+
+def test_an_urgent_report_skips_the_rate_limit(monkeypatch) -> None:
+    client = RecordingClient()
+    reporter = reporter_with(monkeypatch, client, interval_s=3600)
+    reporter.offer({"status": {"progress": {"step": 1}}})
+    assert sent(client, 1) == [{"step": 1}]
+    reporter.offer({"status": {"progress": {"step": 25, "heldAtStep": 25}}}, urgent=True)
+    assert sent(client, 2) == [{"step": 1}, {"step": 25, "heldAtStep": 25}]
+    reporter.close()
+
+
+def test_a_failed_final_report_is_sent_again(monkeypatch) -> None:
+    client = RecordingClient(fail_first=1)
+    reporter = reporter_with(monkeypatch, client, interval_s=3600)
+    reporter.offer({"status": {"progress": {"step": 7}}}, final=True)
+    reporter.close()
+    assert client.sent == [{"step": 7}]
+
+
+def test_in_cluster_client_needs_the_service_account_token(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(progress, "SA_DIR", tmp_path)
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert progress.InClusterStatusClient.from_env(env) is None  # no token mounted
+    assert progress.InClusterStatusClient.from_env({}) is None
+    with pytest.raises(RuntimeError, match="KUBECONFIG is not set"):
+        progress.status_client({})

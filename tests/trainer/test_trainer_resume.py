@@ -9,6 +9,7 @@ import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
 from ddp_trainer.checkpoint import CheckpointStore
+from ddp_trainer.hold import release
 
 EXACT = {
     "workload": "digits",
@@ -38,12 +39,15 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(launcher: Launcher
     run = launcher.standalone("reference", nproc=2, settings=EXACT, checkpoint_dir=reference)
     assert run.wait(120) == 0, run.tail()
 
-    first = launcher.standalone("first", nproc=2, settings=EXACT, checkpoint_dir=interrupted)
-    wait_until(lambda: last_step(interrupted) >= 25, 90, "step 25")
+    # Both runs hold after step 25; the first is killed there, the second finds it released.
+    held = {**EXACT, "holdAtSteps": [25]}
+    first = launcher.standalone("first", nproc=2, settings=held, checkpoint_dir=interrupted)
+    wait_until(lambda: events(interrupted, "hold"), 90, "the hold after step 25")
     first.kill_tree()
     killed_at = last_step(interrupted)
-    assert killed_at < TOTAL, "the run ended before it could be killed"
-    second = launcher.standalone("second", nproc=2, settings=EXACT, checkpoint_dir=interrupted)
+    assert killed_at == 25
+    release(interrupted, 25)
+    second = launcher.standalone("second", nproc=2, settings=held, checkpoint_dir=interrupted)
     assert second.wait(120) == 0, second.tail()
 
     _, restart = events(interrupted, "start")
@@ -88,16 +92,16 @@ def test_corrupt_newest_checkpoint_is_skipped(launcher: Launcher) -> None:
 @pytest.mark.timeout(180)
 def test_sigterm_leaves_a_checkpoint_of_the_last_step(launcher: Launcher) -> None:
     ckpt = launcher.workdir / "ckpt"
-    settings = {**EXACT, "epochs": 20, "checkpointEverySteps": 0}
+    settings = {**EXACT, "epochs": 20, "checkpointEverySteps": 0, "holdAtSteps": [20]}
     run = launcher.standalone("run", nproc=2, settings=settings, checkpoint_dir=ckpt)
-    wait_until(lambda: last_step(ckpt) >= 20, 90, "step 20")
+    wait_until(lambda: events(ckpt, "hold"), 90, "the hold after step 20")
     run.signal(signal.SIGTERM)  # to torchrun only, as the kubelet does; it tells the workers
     assert run.wait(60) != 0
-    last = last_step(ckpt)
-    assert last < 20 * (1437 // 64)
+    assert last_step(ckpt) == 20
     found = CheckpointStore(ckpt).latest()
     assert found is not None, run.tail()
     entry, state = found
-    assert entry.step >= last and state["step"] == entry.step
+    assert entry.step == 20 and state["step"] == 20
     (saved,) = events(ckpt, "checkpoint")
-    assert saved["synchronous"] and saved["step"] == entry.step
+    assert saved["synchronous"] and saved["step"] == 20
+    assert not events(ckpt, "release")

@@ -105,11 +105,11 @@ class Launcher:
         self.procs.append(proc)
         return proc
 
-    def store(self) -> tuple[Proc, str]:
+    def store(self, port: int | None = None, name: str = "rdzv-store") -> tuple[Proc, str]:
         """The dedicated rendezvous store; returns it and its HOST:PORT."""
-        port = free_port()
+        port = port or free_port()
         proc = self.start(
-            "rdzv-store",
+            name,
             ["-m", "ddp_trainer.rdzv_store", "--host", "127.0.0.1", "--port", str(port)],
             subprocess_env(),
         )
@@ -128,12 +128,14 @@ class Launcher:
         is_host: bool,
         rdzv_id: str = "job",
         max_restarts: int = 3,
+        supervised: bool = False,
     ) -> Proc:
-        """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer."""
+        """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer;
+        ``supervised``: under ``ddp_trainer.node``, as the operator's pods run it."""
         conf = f"{RDZV_CONF},is_host={'true' if is_host else 'false'}"
         args = [
             "-m",
-            "torch.distributed.run",
+            "ddp_trainer.node" if supervised else "torch.distributed.run",
             f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",

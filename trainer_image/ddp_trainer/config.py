@@ -14,16 +14,18 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .contract import ENV_CHECKPOINT_DIR, ENV_TRAINER_CONFIG
+
 BUILTIN_WORKLOADS = ("digits", "charlm", "synthetic")
 PLUGIN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-CONFIG_ENV = "DDP_TRAINER_CONFIG"
-CHECKPOINT_DIR_ENV = "DDPJOB_CHECKPOINT_DIR"
+CONFIG_ENV = ENV_TRAINER_CONFIG
+CHECKPOINT_DIR_ENV = ENV_CHECKPOINT_DIR
 DEFAULT_CHECKPOINT_DIR = "./checkpoints"
 
 
@@ -142,6 +144,15 @@ class TrainerConfig(BaseModel):
     synthetic_hidden: int = Field(1024, ge=1, description="synthetic: hidden width of the MLP.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="`auto`: CUDA (NCCL) when available, else CPU (gloo)."
+    )
+    hold_at_steps: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        (),
+        max_length=16,
+        description="Pause all ranks after each of these optimizer steps (after its checkpoint, "
+        "if one is due) until the file `release-step-NNNNNNNN` (the step, 8 digits) exists in "
+        "the checkpoint folder; while paused, status.progress.heldAtStep says so. For tests "
+        "and debugging: act on a job at a known step. SIGTERM while paused checkpoints and "
+        "exits as usual. Empty (the default): never pause.",
     )
     pg_timeout_s: int = Field(
         1800,
@@ -268,9 +279,21 @@ def _cli_type(annotation: Any) -> tuple[Any, bool]:
         return _cli_type(inner[0])
     if origin is Literal:
         return str, False
+    if origin is tuple:
+        return _int_list, False
     if annotation is bool:
         return bool, True
     return annotation, False
+
+
+def _int_list(text: str) -> list[int]:
+    """A comma-separated list of integers on the command line (empty: none)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers, e.g. 25,50"
+        ) from None
 
 
 def _optional(parse: Any) -> Any:

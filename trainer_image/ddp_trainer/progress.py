@@ -9,15 +9,27 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import threading
 import time
-from datetime import UTC, datetime
+import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .contract import (
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_PROGRESS_INTERVAL,
+    GROUP,
+    PLURAL,
+    VERSION,
+    rfc3339,
+    status_path,
+)
+
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "ddp.dev", "v1alpha1", "ddpjobs"
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_INTERVAL_S = 10.0
 
@@ -52,10 +64,6 @@ def read_metrics(directory: Path | str) -> list[dict[str, Any]]:
     return lines
 
 
-def rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def progress_patch(
     *,
     epoch: int,
@@ -66,8 +74,12 @@ def progress_patch(
     last_checkpoint: str | None,
     world_size: int,
     now: float,
+    held_at_step: int | None = None,
 ) -> dict[str, Any]:
-    """The merge patch of the DDPJob status subresource that reports progress."""
+    """The merge patch of the DDPJob status subresource that reports progress.
+
+    ``heldAtStep`` is null (removed by the merge patch) unless the run waits at a hold point.
+    """
     return {
         "status": {
             "progress": {
@@ -79,58 +91,118 @@ def progress_patch(
                 "lastCheckpoint": last_checkpoint or "",
                 "updatedAt": rfc3339(now),
                 "worldSize": int(world_size),
+                "heldAtStep": held_at_step,
             }
         }
     }
 
 
 def should_report(now: float, last_report: float | None, interval_s: float, final: bool) -> bool:
-    """Rate limit: at most once per `interval_s`, except the final report which always goes."""
+    """Rate limit: at most once per `interval_s`, except a final (or urgent) report."""
     return final or last_report is None or now - last_report >= interval_s
 
 
 def reporting_target(environ: dict[str, str] | os._Environ[str]) -> tuple[str, str] | None:
     """(name, namespace) of the DDPJob to report to, when running in a cluster."""
-    name, namespace = environ.get("DDPJOB_NAME"), environ.get("DDPJOB_NAMESPACE")
+    name, namespace = environ.get(ENV_JOB_NAME), environ.get(ENV_JOB_NAMESPACE)
     return (name, namespace) if name and namespace else None
 
 
 def interval_from_env(environ: dict[str, str] | os._Environ[str]) -> float:
     try:
-        return max(0.0, float(environ.get("DDPJOB_PROGRESS_INTERVAL_S", DEFAULT_INTERVAL_S)))
+        return max(0.0, float(environ.get(ENV_PROGRESS_INTERVAL, DEFAULT_INTERVAL_S)))
     except ValueError:
         return DEFAULT_INTERVAL_S
 
 
-def _custom_objects_api() -> Any:
-    """A CustomObjectsApi from in-cluster config, else from $KUBECONFIG; None if neither."""
-    from kubernetes import client, config
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        kubeconfig = os.environ.get("KUBECONFIG")
-        if not kubeconfig:
+
+class InClusterStatusClient:
+    """PATCHes a DDPJob's status with the pod's ServiceAccount token, using only the standard
+    library: importing the `kubernetes` package takes seconds on a busy CPU, long enough for a
+    short run to end before its first report was sent."""
+
+    def __init__(self, host: str, port: str, sa_dir: Path = SA_DIR):
+        self.base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+        self.token_file = sa_dir / "token"
+        self.context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> InClusterStatusClient | None:
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port or not (SA_DIR / "token").exists():
             return None
+        return cls(host, port)
+
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        request = urllib.request.Request(
+            self.base + status_path(namespace, name),
+            data=json.dumps(patch).encode(),
+            method="PATCH",
+            headers={
+                "Content-Type": "application/merge-patch+json",
+                "Accept": "application/json",
+                # Read per request: the kubelet rotates projected tokens.
+                "Authorization": f"Bearer {self.token_file.read_text().strip()}",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=5, context=self.context) as response:
+            response.read()
+
+
+class KubeconfigStatusClient:
+    """Out of a cluster: the `kubernetes` client on $KUBECONFIG (the trainer run by hand,
+    reporting to a DDPJob of a cluster)."""
+
+    def __init__(self, kubeconfig: str):
+        from kubernetes import client, config
+
         config.load_kube_config(config_file=kubeconfig)
-    return client.CustomObjectsApi()
+        self.api = client.CustomObjectsApi()
+
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.api.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            patch,
+            _request_timeout=5,
+            _content_type="application/merge-patch+json",
+        )
+
+
+def status_client(environ: Mapping[str, str]) -> InClusterStatusClient | KubeconfigStatusClient:
+    """In-cluster when the pod has a ServiceAccount token, else $KUBECONFIG; raises if neither."""
+    client = InClusterStatusClient.from_env(environ)
+    if client is not None:
+        return client
+    kubeconfig = environ.get("KUBECONFIG")
+    if kubeconfig:
+        return KubeconfigStatusClient(kubeconfig)
+    raise RuntimeError("no in-cluster ServiceAccount token and KUBECONFIG is not set")
 
 
 class ProgressReporter:
-    """Patches `status.progress` of one DDPJob from a background thread, rate-limited."""
+    """Patches `status.progress` of one DDPJob from a background thread, rate-limited.
+
+    The client is made as soon as the reporter starts, not at the first report, and
+    :meth:`close` waits for the final report, so that even a run of a few seconds is seen.
+    """
 
     def __init__(self, name: str, namespace: str, interval_s: float = DEFAULT_INTERVAL_S):
         self.name, self.namespace, self.interval_s = name, namespace, interval_s
         self.sent = 0
         self._pending: dict[str, Any] | None = None
         self._last: float | None = None
-        self._final = False
-        self._disabled = False  # no cluster config: nothing to report to
+        self._urgent = False  # the pending report skips the rate limit (final, or a hold)
         self._warned = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
-        self._api: Any = None
+        self._client: InClusterStatusClient | KubeconfigStatusClient | None = None
         self._thread = threading.Thread(target=self._run, name="progress-reporter", daemon=True)
         self._thread.start()
 
@@ -141,63 +213,69 @@ class ProgressReporter:
             return None
         return cls(*target, interval_s=interval_from_env(os.environ))
 
-    def offer(self, patch: dict[str, Any], final: bool = False) -> None:
-        """Hand over the newest progress; never blocks on the network."""
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def offer(self, patch: dict[str, Any], final: bool = False, urgent: bool = False) -> None:
+        """Hand over the newest progress; never blocks on the network.
+
+        ``final`` and ``urgent`` reports go at once; others at most once per interval.
+        """
         with self._lock:
             self._pending = patch
-            self._final = self._final or final
+            self._urgent = self._urgent or final or urgent
         self._wake.set()
 
-    def _send(self, patch: dict[str, Any]) -> None:
-        if self._api is None:
-            self._api = _custom_objects_api()
-            if self._api is None:
-                self._disabled = True
-                raise RuntimeError("no in-cluster config and KUBECONFIG is not set")
-        self._api.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            self.name,
-            patch,
-            _request_timeout=5,
-            _content_type="application/merge-patch+json",
-        )
+    def _warn_once(self, error: Exception) -> None:
+        # Best effort: say so once, keep training, try again at the next report.
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "cannot report progress to ddpjob %s/%s (training goes on): %s",
+                self.namespace,
+                self.name,
+                error,
+            )
 
     def _run(self) -> None:
+        try:
+            self._client = status_client(os.environ)
+        except Exception as error:
+            self._warn_once(error)
         while True:
-            self._wake.wait(timeout=self.interval_s or None)
-            self._wake.clear()
             with self._lock:
-                patch, final, stop = self._pending, self._final, self._stop
+                patch, stop, urgent = self._pending, self._stop, self._urgent
                 due = patch is not None and should_report(
-                    time.monotonic(), self._last, self.interval_s, final
+                    time.monotonic(), self._last, self.interval_s, urgent
                 )
                 if due:
-                    self._pending = None
-            if due and patch is not None and not self._disabled:
+                    self._pending, self._urgent = None, False
+            if due and patch is not None and self._client is not None:
                 self._last = time.monotonic()
                 try:
-                    self._send(patch)
+                    self._client.patch_status(self.namespace, self.name, patch)
                     self.sent += 1
                 except Exception as error:
-                    # Best effort: say so once, keep training, try again at the next report.
-                    if not self._warned:
-                        self._warned = True
-                        log.warning(
-                            "cannot report progress to ddpjob %s/%s (training goes on): %s",
-                            self.namespace,
-                            self.name,
-                            error,
-                        )
-            if stop and (self._pending is None or self._disabled):
+                    self._warn_once(error)
+                    with self._lock:  # try it again, unless a newer report came meanwhile
+                        if self._pending is None:
+                            self._pending, self._urgent = patch, self._urgent or urgent
+                    time.sleep(1.0)
+                continue
+            if stop and (self._pending is None or self._client is None):
                 return
+            if patch is None or self._last is None:
+                wait: float | None = self.interval_s or None
+            else:
+                wait = max(self._last + self.interval_s - time.monotonic(), 0.05)
+            self._wake.wait(timeout=wait)
+            self._wake.clear()
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = 15.0) -> None:
         """Send what is pending (the final report) and stop, waiting at most `timeout_s`."""
         with self._lock:
             self._stop = True
-            self._final = True
+            self._urgent = True
         self._wake.set()
         self._thread.join(timeout_s)

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -45,7 +46,13 @@ def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> int:
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout_s),
     )
-    log.info("rendezvous store listening on %s:%d", host, store.port)
+    # A new id per start: a node's agent that finds another id knows the store it joined is
+    # gone (ddp_trainer.node starts torchrun again instead of failing the pod).
+    from .node import STORE_ID_KEY
+
+    store_id = uuid.uuid4().hex
+    store.set(STORE_ID_KEY, store_id)
+    log.info("rendezvous store listening on %s:%d (id %s)", host, store.port, store_id)
     stop.wait()
     log.info("rendezvous store stopping")
     del store

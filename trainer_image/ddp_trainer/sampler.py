@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sized
 import torch
 from torch.utils.data import DistributedSampler
 
-from .plan import BatchPlan
+from .batching import BatchPlan
 
 
 class GlobalBatchSampler(DistributedSampler):

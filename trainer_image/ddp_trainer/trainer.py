@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import socket
 import threading
@@ -15,27 +14,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
-from .amp import resolve_amp
+from . import hold
+from .batching import Position, advance, step_seed
 from .config import TrainerConfig
-from .plan import (
-    Position,
-    advance,
-    plan_batches,
-    settle,
-    step_seed,
-    steps_per_epoch,
-    total_steps,
-)
+from .parts import Parts, build_parts
 from .progress import MetricsLog, ProgressReporter, progress_patch
-from .sampler import GlobalBatchSampler
-from .schedule import lr_at, peak_lr
-from .workloads import build_workload, evaluate, fetch_batch
+from .schedule import lr_at
+from .workloads import evaluate, fetch_batch
 
 log = logging.getLogger(__name__)
 
@@ -67,97 +56,40 @@ class DistEnv:
 
 
 class Interrupted(Exception):
-    """SIGTERM arrived: stop after the current step."""
-
-
-def pick_device(setting: str, local_rank: int) -> torch.device:
-    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("device: cuda was asked for but CUDA is not available")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch generator states, as types a weights-only load accepts."""
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": [
-            name,
-            torch.from_numpy(np.asarray(keys).astype(np.int64)),
-            pos,
-            has_gauss,
-            cached,
-        ],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    """SIGTERM arrived (here, or on a peer while held): stop after the current step."""
 
 
 class Trainer:
     """One process of a (possibly single-process) DDP training run."""
 
-    def __init__(self, config: TrainerConfig, checkpoint_dir: Path, env: DistEnv | None = None):
+    def __init__(
+        self,
+        config: TrainerConfig,
+        checkpoint_dir: Path,
+        env: DistEnv | None = None,
+        parts: Parts | None = None,
+    ):
         self.config = config
         self.env = env or DistEnv.from_env()
         self.is_main = self.env.rank == 0
         self.distributed = dist.is_available() and dist.is_initialized()
-        self.device = pick_device(config.device, self.env.local_rank)
-
-        workload = build_workload(config)
-        self.model = workload.model.to(self.device)
-        self.train_set, self.test_set, self.loss_fn = (
-            workload.train_set,
-            workload.test_set,
-            workload.loss_fn,
+        e = self.env
+        self.parts = parts or build_parts(
+            config, e.rank, e.local_rank, e.world_size, self.distributed
         )
-        self.net: torch.nn.Module = self.model
-        if self.distributed:
-            self.net = DistributedDataParallel(
-                self.model,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                bucket_cap_mb=config.bucket_cap_mb,
-                gradient_as_bucket_view=config.gradient_as_bucket_view,
-                static_graph=config.static_graph,
-            )
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
-        bf16_ok = self.device.type == "cpu" or torch.cuda.is_bf16_supported()
-        self.precision = resolve_amp(config.amp, self.device.type, bf16_ok)
+        parts = self.parts
+        self.device, self.model, self.net = parts.device, parts.model, parts.net
+        self.optimizer, self.scaler, self.precision = parts.optimizer, parts.scaler, parts.precision
         self.autocast_dtype = getattr(torch, self.precision.dtype) if self.precision.dtype else None
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.grad_scaler)
-
-        world = self.env.world_size
+        self.train_set, self.test_set, self.loss_fn = parts.train_set, parts.test_set, parts.loss_fn
         self.global_batch = config.global_batch_size
-        self.plan = plan_batches(self.global_batch, world, self.env.rank, config.micro_batch_size)
-        self.num_samples = len(self.train_set)  # type: ignore[arg-type]
-        self.per_epoch = steps_per_epoch(self.num_samples, self.global_batch)
-        if self.per_epoch == 0:
-            raise ValueError(
-                f"globalBatchSize ({self.global_batch}) exceeds the training set "
-                f"({self.num_samples} samples)"
-            )
-        self.total_steps = total_steps(config.epochs, self.per_epoch, config.max_steps)
-        self.peak_lr = peak_lr(
-            config.lr, self.global_batch, config.base_batch_size, config.scale_lr
+        self.plan, self.sampler = parts.batches, parts.sampler
+        self.per_epoch, self.total_steps, self.peak_lr = (
+            parts.per_epoch,
+            parts.total_steps,
+            parts.peak_lr,
         )
-        self.sampler = GlobalBatchSampler(self.train_set, self.plan, seed=config.seed)  # type: ignore[arg-type]
-        self.position = Position(step=0, epoch=0, samples_in_epoch=0)
+        self.state = parts.state
 
         self.store = ckpt.CheckpointStore(checkpoint_dir, keep=config.checkpoint_keep)
         self.writer = ckpt.AsyncCheckpointWriter(self.store) if self.is_main else None
@@ -173,29 +105,26 @@ class Trainer:
         self.lr = 0.0
         self.last_loss = float("nan")
         self.last_rate = 0.0
+        self.held_at: int | None = None
 
     # state -----------------------------------------------------------------------------
 
+    @property
+    def position(self) -> Position:
+        return self.state.position
+
+    @position.setter
+    def position(self, value: Position) -> None:
+        self.state.position = value
+
     def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs, with plain-module (no `module.`) weights."""
-        position = self.position
+        """Everything an exact resume needs: each Stateful part's state (the model's with
+        plain-module weights; no scheduler: the LR is a pure function of the step), and what
+        the run was."""
         return {
             "format": ckpt.FORMAT,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": {
-                "kind": "warmup-cosine",
-                "peakLr": self.peak_lr,
-                "warmupSteps": self.config.warmup_steps,
-                "totalSteps": self.total_steps,
-                "minLr": self.config.min_lr,
-                "nextStep": position.step,
-            },
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "step": position.step,
-            "epoch": position.epoch,
-            "samplesInEpoch": position.samples_in_epoch,
-            "rng": rng_state(),
+            **{key: part.state_dict() for key, part in self.parts.stateful().items()},
+            **self.state.state_dict(),
             "config": self.config.to_json_dict(),
             "worldSize": self.env.world_size,
             "globalBatchSize": self.global_batch,
@@ -204,13 +133,10 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        saved = Position(state["step"], state["epoch"], state["samplesInEpoch"])
-        self.position = settle(saved, self.global_batch, self.num_samples)
+        for key, part in self.parts.stateful().items():
+            if state.get(key):  # a GradScaler's state is empty (or None) when it was off
+                part.load_state_dict(state[key])
+        self.state.load_state_dict(state)
 
     def resume(self) -> None:
         """Load the newest complete checkpoint, the same one on every rank (rank 0 picks)."""
@@ -300,54 +226,58 @@ class Trainer:
             with no_sync:
                 with self._autocast():
                     loss = self.loss_fn(self.net(inputs), targets)
-                weighted = loss * (len(indices) * scale)
-                if self.scaler.is_enabled():
-                    self.scaler.scale(weighted).backward()
-                else:
-                    weighted.backward()
+                # A disabled GradScaler (everything but fp16) passes through unchanged.
+                self.scaler.scale(loss * (len(indices) * scale)).backward()
             self._loss_sum += loss.detach().float() * len(indices)
             self._loss_count += len(indices)
         self._consistent = False
-        if self.scaler.is_enabled():
-            if self.config.grad_clip_norm:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip_norm)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            if self.config.grad_clip_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip_norm)
-            self.optimizer.step()
+        if self.config.grad_clip_norm:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.position = advance(self.position, self.global_batch, self.num_samples)
+        self.position = advance(self.position, self.global_batch, self.state.num_samples)
         self._consistent = True
 
     def _log_progress(self) -> None:
-        """Every rank joins the loss all-reduce; rank 0 writes, logs and reports."""
+        """Every rank joins the loss all-reduce; rank 0 then writes, logs and reports."""
+        self.last_loss = self._mean_loss()
+        self.last_rate = self._rate()
+        if self.is_main:
+            self._write_step_line()
+            self._report(final=False)
+
+    def _mean_loss(self) -> float:
+        """The loss averaged over every sample of every rank since the last call (a collective)."""
         totals = torch.stack(
             [self._loss_sum, torch.tensor(float(self._loss_count), device=self.device)]
         )
         if self.distributed:
             dist.all_reduce(totals)
-        loss = float(totals[0] / totals[1])
         self._loss_sum.zero_()
         self._loss_count = 0
+        return float(totals[0] / totals[1])
+
+    def _rate(self) -> float:
+        """Samples per second over all ranks since the last call."""
         now = time.perf_counter()
         since, steps_then = self._last_log
-        rate = (self.position.step - steps_then) * self.global_batch / max(now - since, 1e-9)
         self._last_log = (now, self.position.step)
-        self.last_loss, self.last_rate = loss, rate
-        if not self.is_main or self.metrics is None:
-            return
+        return (self.position.step - steps_then) * self.global_batch / max(now - since, 1e-9)
+
+    def _write_step_line(self) -> None:
+        """Rank 0's `step` line in metrics.jsonl and its log line."""
+        assert self.metrics is not None
         p = self.position
         self.metrics.write(
             "step",
             step=p.step,
             epoch=p.epoch,
             samplesInEpoch=p.samples_in_epoch,
-            loss=loss,
+            loss=self.last_loss,
             lr=self.lr,
-            samplesPerSecond=round(rate, 3),
+            samplesPerSecond=round(self.last_rate, 3),
             worldSize=self.env.world_size,
             globalBatchSize=self.global_batch,
             perRankBatch=self.plan.count,
@@ -360,14 +290,13 @@ class Trainer:
             p.step,
             self.total_steps,
             p.epoch,
-            loss,
+            self.last_loss,
             self.lr,
-            rate,
+            self.last_rate,
             self.env.world_size,
         )
-        self._report(final=False)
 
-    def _report(self, final: bool) -> None:
+    def _report(self, final: bool, urgent: bool = False) -> None:
         if self.reporter is None:
             return
         last = self.writer.last.name if self.writer and self.writer.last else self.resumed_from
@@ -381,8 +310,10 @@ class Trainer:
                 last_checkpoint=last,
                 world_size=self.env.world_size,
                 now=time.time(),
+                held_at_step=self.held_at,
             ),
             final=final,
+            urgent=urgent,
         )
 
     # the run ---------------------------------------------------------------------------
@@ -428,8 +359,8 @@ class Trainer:
         )
         try:
             self._loop()
-        except Interrupted:
-            log.warning("SIGTERM: stopping at step %d", self.position.step)
+        except Interrupted as why:
+            log.warning("%s: stopping at step %d", why or "SIGTERM", self.position.step)
             if self.position.step > self.saved_step:
                 self.save_checkpoint(wait=True)
             self._close(final=False)
@@ -456,8 +387,50 @@ class Trainer:
                     raise Interrupted
                 if every_ckpt and step % every_ckpt == 0 and step < self.total_steps:
                     self.save_checkpoint(wait=False)
+                if hold.holds_at(step, self.config.hold_at_steps, self.total_steps):
+                    self._hold(step)
                 if step >= self.total_steps or self.position.samples_in_epoch == 0:
                     break
+
+    def _agree(self, released: bool) -> tuple[bool, bool]:
+        """(rank 0 found the release file, some rank got SIGTERM), the same on every rank."""
+        flags = torch.tensor(
+            [float(released), float(self.stop_requested.is_set())], device=self.device
+        )
+        if self.distributed:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1])
+
+    def _stopped(self) -> Interrupted:
+        here = self.stop_requested.is_set()
+        return Interrupted("SIGTERM" if here else "SIGTERM on another rank while held")
+
+    def _hold(self, step: int) -> None:
+        """Waits after ``step`` until its release file exists (see :mod:`ddp_trainer.hold`)."""
+        folder = self.store.directory
+        released, stop = self._agree(self.is_main and hold.is_released(folder, step))
+        if stop:
+            raise self._stopped()
+        if released:
+            return
+        self.held_at = step
+        if self.metrics is not None:
+            self.metrics.write("hold", step=step, release=hold.release_name(step))
+            log.info(
+                "holding after step %d until %s exists", step, folder / hold.release_name(step)
+            )
+        self._report(final=False, urgent=True)
+        while not released:
+            time.sleep(hold.POLL_S)
+            released, stop = self._agree(self.is_main and hold.is_released(folder, step))
+            if stop:
+                raise self._stopped()
+        self.held_at = None
+        if self.metrics is not None:
+            self.metrics.write("release", step=step)
+            log.info("released at step %d", step)
+        self._report(final=False, urgent=True)
+        self._last_log = (time.perf_counter(), self.position.step)  # the pause is no step time
 
     def _save_after_failure(self) -> None:
         """A peer died mid-step: rank 0 still holds a consistent state, so keep it."""

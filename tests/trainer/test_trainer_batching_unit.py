@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddp_trainer.amp import resolve_amp
-from ddp_trainer.plan import (
+from ddp_trainer.batching import (
     Position,
     advance,
     micro_sizes,

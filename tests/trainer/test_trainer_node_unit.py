@@ -1,0 +1,39 @@
+"""The node supervisor's decisions: restart torchrun only after losing the store; its flags."""
+
+from __future__ import annotations
+
+from ddp_trainer.node import (
+    Outcome,
+    after_exit,
+    restarts_allowed,
+    split_endpoint,
+    torchrun_setting,
+)
+
+
+def test_node_restarts_torchrun_only_when_its_store_was_lost() -> None:
+    assert after_exit(0, "a", "a", 3, stopping=False) == Outcome(False, 0, "torchrun finished")
+    failed = after_exit(1, "a", "a", 3, stopping=False)
+    assert not failed.restart and failed.code == 1 and "exit code 1" in failed.reason
+    replaced = after_exit(1, "a", "b", 3, stopping=False)
+    assert replaced.restart and "was replaced" in replaced.reason
+    gone = after_exit(1, "a", None, 3, stopping=False)
+    assert gone.restart and "no longer answers" in gone.reason
+    spent = after_exit(1, "a", "b", 0, stopping=False)
+    assert not spent.restart and spent.code == 1 and "no store-loss restarts" in spent.reason
+    assert not after_exit(143, "a", None, 3, stopping=True).restart  # SIGTERM: the pod goes
+    assert not after_exit(1, None, "b", 3, stopping=False).restart  # never joined one
+
+
+def test_node_reads_torchrun_flags_like_torchrun() -> None:
+    env = {"PET_RDZV_ENDPOINT": "job-rdzv.ns.svc:29400", "PET_MAX_RESTARTS": "5"}
+    assert torchrun_setting(["--module", "ddp_trainer"], env, "rdzv-endpoint") == (
+        "job-rdzv.ns.svc:29400"
+    )
+    args = ["--rdzv-endpoint=127.0.0.1:7", "--max_restarts", "2", "-m", "x", "--max-restarts=9"]
+    assert torchrun_setting(args, env, "rdzv-endpoint") == "127.0.0.1:7"
+    assert restarts_allowed(args, env) == 2  # flags before the program only
+    assert restarts_allowed([], env) == 5 and restarts_allowed([], {}) == 3
+    assert split_endpoint("job-rdzv.ns.svc:29400") == ("job-rdzv.ns.svc", 29400)
+    assert split_endpoint("[::1]:29400") == ("::1", 29400)
+    assert split_endpoint("store") == ("store", 29400)

@@ -1,0 +1,40 @@
+"""Hold points: training pauses after given steps until a release file appears in the checkpoint
+folder, so a test (or a person debugging) acts at a known step whatever the machine's speed.
+
+A run with ``holdAtSteps: [25]`` stops after optimizer step 25, once that step's checkpoint (if
+one is due) is under way, says so in ``metrics.jsonl`` and in ``status.progress.heldAtStep``,
+and waits until ``release-step-00000025`` exists in the checkpoint folder, for example::
+
+    kubectl exec digits-node-0 -- touch /checkpoints/release-step-00000025
+
+The file stays, so a restarted run that passes step 25 again goes on without stopping. SIGTERM
+while held ends the run as it always does: rank 0 checkpoints the held step, then exits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RELEASE_PREFIX = "release-step-"
+POLL_S = 0.2
+
+
+def release_name(step: int) -> str:
+    return f"{RELEASE_PREFIX}{step:08d}"
+
+
+def release(directory: Path | str, step: int) -> Path:
+    """Releases the hold at ``step`` (creates its file); returns the file's path."""
+    path = Path(directory) / release_name(step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
+
+
+def is_released(directory: Path | str, step: int) -> bool:
+    return (Path(directory) / release_name(step)).exists()
+
+
+def holds_at(step: int, hold_steps: tuple[int, ...] | list[int], total_steps: int) -> bool:
+    """Whether the run pauses after ``step`` (never after its last step: nothing is left)."""
+    return step in hold_steps and step < total_steps

@@ -1,0 +1,170 @@
+"""What a node pod runs: torchrun, started again in the same pod when the rendezvous store it
+joined is gone, so that losing the store pod fails no worker pod.
+
+``python -m ddp_trainer.node ARGS...`` runs ``torchrun ARGS...`` (its flags from ``PET_*``).
+torchrun's agent gives up as soon as its c10d store stops answering; the workers then stop
+(rank 0 checkpoints on SIGTERM) and torchrun exits non-zero. That exit is this pod's failure
+only if the store is still the one torchrun joined: every store publishes a random id under
+:data:`STORE_ID_KEY` when it starts (``ddp_trainer.rdzv_store``). A different id, or no store
+at all, means the store pod was replaced: wait until the new one answers and start torchrun
+again; the workers re-rendezvous and resume from the newest checkpoint. At most
+``PET_MAX_RESTARTS`` such restarts per pod; any other exit is passed on as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger("ddp_trainer.node")
+
+STORE_ID_KEY = "ddp.dev/store-id"
+DEFAULT_RESTARTS = 3
+STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes apart
+PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to do after torchrun exited: start it again, or exit with ``code``."""
+
+    restart: bool
+    code: int
+    reason: str
+
+
+def after_exit(
+    code: int, joined: str | None, now: str | None, restarts_left: int, stopping: bool
+) -> Outcome:
+    """Decides from torchrun's exit code and the store's id when it started (``joined``) and
+    now (``now``; None when no store answers)."""
+    if stopping:
+        return Outcome(False, code, "the pod is stopping")
+    if code == 0:
+        return Outcome(False, 0, "torchrun finished")
+    if joined is None or now == joined:
+        return Outcome(False, code, f"torchrun failed with exit code {code}")
+    lost = "no longer answers" if now is None else "was replaced"
+    if restarts_left <= 0:
+        return Outcome(
+            False, code, f"the rendezvous store {lost}, and no store-loss restarts are left"
+        )
+    return Outcome(True, code, f"the rendezvous store {lost}")
+
+
+def split_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    if not host:
+        return endpoint, default_port
+    return host.strip("[]"), int(port)
+
+
+def read_store_id(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The id the store at ``endpoint`` published, or None when none answers in time."""
+    from torch.distributed import TCPStore
+
+    host, port = split_endpoint(endpoint)
+    try:
+        store = TCPStore(
+            host,
+            port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        return store.get(STORE_ID_KEY).decode()
+    except Exception:  # refused, unresolvable, timed out: no store there now
+        return None
+
+
+def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | None:
+    """Polls until the store answers with its id (None past the deadline or when stopping)."""
+    started = time.monotonic()
+    said = 0.0
+    while not stopping():
+        found = read_store_id(endpoint)
+        if found is not None:
+            return found
+        waited = time.monotonic() - started
+        if waited >= deadline_s:
+            return None
+        if waited - said >= 10:
+            said = waited
+            log.info("waiting for the rendezvous store at %s (%.0fs)", endpoint, waited)
+        time.sleep(1.0)
+    return None
+
+
+def torchrun_setting(args: Sequence[str], environ: Any, flag: str) -> str | None:
+    """A torchrun flag's value as torchrun reads it: ``--flag=V``/``--flag V`` (either
+    spelling) over ``PET_FLAG``."""
+    names = {f"--{flag}", f"--{flag.replace('-', '_')}"}
+    for i, arg in enumerate(args):
+        if arg == "--module" or arg == "-m" or not arg.startswith("-"):
+            break  # the training program and its own arguments follow
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    value = environ.get("PET_" + flag.upper().replace("-", "_"))
+    return str(value) if value is not None else None
+
+
+def restarts_allowed(args: Sequence[str], environ: Any) -> int:
+    try:
+        return max(0, int(torchrun_setting(args, environ, "max-restarts") or DEFAULT_RESTARTS))
+    except ValueError:
+        return DEFAULT_RESTARTS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    endpoint = torchrun_setting(args, os.environ, "rdzv-endpoint") or ""
+    left = restarts_allowed(args, os.environ)
+    child: subprocess.Popen[bytes] | None = None
+    stopping = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)  # torchrun passes it on to its workers
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    command = [sys.executable, "-m", "torch.distributed.run", *args]
+    while True:
+        joined = wait_for_store(endpoint, STORE_WAIT_S, lambda: stopping) if endpoint else None
+        if stopping:
+            return 128 + signal.SIGTERM
+        if endpoint and joined is None:
+            log.error("no rendezvous store answered at %s in %.0fs", endpoint, STORE_WAIT_S)
+            return 1
+        child = subprocess.Popen(command)
+        code = child.wait()
+        now = read_store_id(endpoint) if endpoint and code != 0 and not stopping else joined
+        outcome = after_exit(code, joined, now, left, stopping)
+        if not outcome.restart:
+            if code != 0:
+                log.info("exiting with torchrun's code %d: %s", code, outcome.reason)
+            return outcome.code
+        left -= 1
+        log.warning(
+            "%s (torchrun exited %d): starting torchrun again once it answers; "
+            "the workers resume from the newest checkpoint (%d store-loss restarts left)",
+            outcome.reason,
+            code,
+            left,
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
