@@ -1,7 +1,7 @@
 # The operator image: kopf and the operator, no torch. Build from the repository root:
 #   docker build -t ddp-operator:0.1.0 .
 # It installs exactly the pins of requirements/operator.lock (`make lock`, from pyproject's
-# `operator` extra); tests/packaging/test_pins.py installs the same file into a fresh virtual
+# `operator` extra); tests/packaging/test_images.py installs the same file into a fresh virtual
 # environment and imports the operator, so a broken pin fails there first.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG UV_VERSION=0.13.9
@@ -18,10 +18,11 @@ RUN uv venv --python /usr/local/bin/python3.11 /opt/venv \
 FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ddp
 COPY --from=build /opt/venv /opt/venv
-# The operator, and the trainer's torch-free settings model that the operator validates with.
+# The operator, the trainer's torch-free settings model that the operator validates with, and
+# the contract both sides import.
 COPY operator/ddp_operator /opt/app/ddp_operator
 COPY trainer_image/ddp_trainer/__init__.py trainer_image/ddp_trainer/config.py \
-     /opt/app/ddp_trainer/
+     trainer_image/ddp_trainer/contract.py /opt/app/ddp_trainer/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/opt/app \
     PYTHONUNBUFFERED=1 \

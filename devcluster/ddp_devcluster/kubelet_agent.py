@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
+from ddp_trainer.contract import rfc3339
+
 from . import dns, netns, podspec, versions
 from .kubeapi import Api, ApiError, Informer
 from .plane import MARKER_ENV
@@ -39,7 +41,7 @@ PODEXEC = Path(__file__).with_name("podexec.py")
 
 
 def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(dt.datetime.now(dt.UTC))
 
 
 def now_micro() -> str:

@@ -193,31 +193,36 @@ def test_digits_succeeds_and_leaves_its_checkpoints_on_the_volume(kind: Kind, ns
 def test_charlm_scales_from_2_to_3_nodes_and_recovers_from_a_deleted_pod(
     kind: Kind, ns: str
 ) -> None:
-    def longer(job: dict[str, Any]) -> None:
-        # Long enough to resize and to lose a pod while it trains.
-        job["spec"]["trainer"].update({"epochs": 20, "maxSteps": 400})
+    def holding(job: dict[str, Any]) -> None:
+        # Paused after steps 11 and 31 (spec.trainer.holdAtSteps): the test resizes and
+        # deletes a pod at known steps, however fast the cluster trains.
+        job["spec"]["trainer"]["holdAtSteps"] = [11, 31]
 
-    kind.apply_example(ns, "checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=longer)
+    kind.apply_example(ns, "checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding)
 
-    def world(size: int) -> Callable[[], dict[str, Any] | None]:
+    def held(step: int) -> Callable[[], dict[str, Any] | None]:
         def probe() -> dict[str, Any] | None:
             s = kind.status(ns, "charlm")
             if s.get("phase") in ("Succeeded", "Failed"):
-                raise AssertionError(f"charlm ended before world size {size}: {s}")
-            return s if (s.get("progress") or {}).get("worldSize") == size else None
+                raise AssertionError(f"charlm ended before the hold after step {step}: {s}")
+            return s if (s.get("progress") or {}).get("heldAtStep") == step else None
 
         return probe
 
-    kind.until("rank 0 training with world size 2", world(2))
+    status = kind.until("charlm held after step 11", held(11))
+    assert status["progress"]["worldSize"] == 2
     kind.k("scale", "-n", ns, "ddpjob/charlm", "--replicas", "3")
-    status = kind.until("rank 0 training with world size 3", world(3))
-    assert status["nodes"] == 3
+    status = kind.until("charlm held after step 31 at world size 3", held(31))
+    assert status["progress"]["worldSize"] == 3 and status["nodes"] == 3
 
-    step_before = status["progress"]["step"]
     kind.k("delete", "pod", "-n", ns, "charlm-node-1", "--wait=false")
     kind.until("the deleted pod counted", lambda: kind.status(ns, "charlm").get("restarts", 0) >= 1)
+    # The release file on the checkpoint volume, written from a pod that mounts it (node-0
+    # was not deleted). The restarted group resumes after 31, so this only keeps it from
+    # pausing again should it resume from an older checkpoint.
+    kind.k("exec", "-n", ns, "charlm-node-0", "--", "touch", "/checkpoints/release-step-00000031")
     done = kind.phase(ns, "charlm", "Succeeded")
-    assert done["progress"]["step"] >= step_before
+    assert done["progress"]["step"] == done["progress"]["totalSteps"]
     assert done["progress"]["worldSize"] == 3
 
 

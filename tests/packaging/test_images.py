@@ -112,6 +112,7 @@ def test_trainer_image_pins_run_the_trainer(tmp_path: Path) -> None:
             "-c",
             "import torch, numpy, sklearn, kubernetes, torch.distributed.run;"
             "import ddp_trainer.trainer, ddp_trainer.workloads, ddp_trainer.rdzv_store;"
+            "import ddp_trainer.node;"  # what the operator's worker pods run
             "print(torch.__version__, torch.distributed.is_gloo_available())",
         ],
         env=env,
@@ -120,6 +121,8 @@ def test_trainer_image_pins_run_the_trainer(tmp_path: Path) -> None:
     # The image's default command prints the trainer's help.
     assert "--workload" in run([str(python), "-m", "ddp_trainer", "--help"], env=env)
     assert "--nnodes" in run([str(python.parent / "torchrun"), "--help"], env=env)
+    # The worker pods' command: torchrun under ddp_trainer.node, which passes --help on.
+    assert "--nnodes" in run([str(python), "-m", "ddp_trainer.node", "--help"], env=env)
 
 
 def test_the_cpu_variant_drops_only_torchs_cuda_libraries() -> None:
