@@ -91,22 +91,35 @@ class LocalStack:
         self,
         name: str,
         phases: tuple[str, ...],
-        timeout_s: float,
+        stall_s: float,
         namespace: str = "default",
         on_status: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Polls the job's status until its phase is one of ``phases``; returns the status."""
-        deadline = time.monotonic() + timeout_s
+        """Polls the job's status until its phase is one of ``phases``; returns the status.
+
+        Gives up (TimeoutError) only when the status has not moved for ``stall_s`` seconds (no
+        new phase, step or ready count), so a slow or busy machine is no failure, a stuck job is.
+        """
         status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+        seen: tuple[Any, ...] = ()
+        moved = time.monotonic()
+        while time.monotonic() - moved < stall_s:
             status = self.job(name, namespace).get("status") or {}
             if on_status is not None:
                 on_status(status)
             if status.get("phase") in phases:
                 return status
+            now = (
+                status.get("phase"),
+                status.get("readyNodes"),
+                (status.get("progress") or {}).get("step"),
+            )
+            if now != seen:
+                seen, moved = now, time.monotonic()
             time.sleep(0.5)
         raise TimeoutError(
-            f"{name} did not reach {'/'.join(phases)} in {timeout_s:.0f}s; status: {status}"
+            f"{name} did not reach {'/'.join(phases)}: its status did not move for"
+            f" {stall_s:.0f}s; status: {status}"
         )
 
     def diagnostics(self, namespace: str = "default") -> str:
@@ -125,4 +138,25 @@ class LocalStack:
             except OSError:
                 agent = []
             parts.append("test kubelet log:\n" + "\n".join(agent))
+            parts += self._pod_log_tails(namespace)
         return "\n".join(parts)
+
+    def _pod_log_tails(self, namespace: str, lines: int = 12) -> list[str]:
+        """The last lines of every container of the namespace's pods (what the trainer said)."""
+        assert self.kubelet is not None
+        out = self.kubectl(
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-o",
+            'jsonpath={range .items[*]}{.metadata.name} {.spec.containers[*].name}{"\\n"}{end}',
+            check=False,
+        ).stdout
+        tails = []
+        for row in str(out).splitlines():
+            pod, *containers = row.split()
+            for c in containers:
+                text = self.kubelet.logs(namespace, pod, c).splitlines()[-lines:]
+                tails.append(f"log of {pod}/{c} (last {lines} lines):\n" + "\n".join(text))
+        return tails
