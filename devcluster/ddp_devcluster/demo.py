@@ -186,7 +186,12 @@ def copy_logs(logs_dir: Path, out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddp-devcluster demo", description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("out/demo"), help="where results stay")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds the job may take")
+    ap.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=300,
+        help="give up when the job's status has not moved for this many seconds",
+    )
     args = ap.parse_args(argv)
 
     ok, why = netns.netns_supported()
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
         t_job = time.monotonic()
         try:
-            status = stack.wait_for_phase(JOB, TERMINAL, args.timeout, on_status=view)
+            status = stack.wait_for_phase(JOB, TERMINAL, args.stall_timeout, on_status=view)
         except TimeoutError as e:
             view.close()
             print(f"\nFAILED: {e}\n{stack.diagnostics()}", file=sys.stderr)
