@@ -25,6 +25,8 @@ DDPJOB_NODE_INDEX          this pod's index (0-based)
 DDPJOB_CHECKPOINT_DIR      the checkpoint volume's mount path
 DDP_TRAINER_CONFIG         ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
                            as JSON, for the bundled trainer
+OMP_NUM_THREADS            the container's CPUs (limit, else request) per worker process,
+                           at least 1; not set without a CPU quantity or when ``env`` sets it
 =========================  ==============================================================
 """
 
@@ -188,9 +190,45 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         env.append({"name": contract.ENV_CHECKPOINT_DIR, "value": s.checkpoint.path})
     if s.command is None:
         env.append({"name": contract.ENV_TRAINER_CONFIG, "value": trainer_config_json(job)})
+    user_env = [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
+    threads = cpu_threads_per_process(
+        s.resources.model_dump(exclude_none=True) if s.resources else {}, s.nproc_per_node
+    )
+    if threads is not None and not any(e.get("name") == "OMP_NUM_THREADS" for e in user_env):
+        env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     # The user's variables come last so that they can override ours deliberately.
-    env += [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
-    return env
+    return env + user_env
+
+
+def cpu_quantity(q: int | float | str) -> float:
+    """CPUs in a Kubernetes quantity: 2 -> 2.0, "500m" -> 0.5, "1.5" -> 1.5."""
+    text = str(q).strip()
+    if text.endswith("m"):
+        return float(text[:-1]) / 1000
+    return float(text)
+
+
+def cpu_threads_per_process(resources: dict[str, Any], nproc: int | str) -> int | None:
+    """OMP_NUM_THREADS for each worker: the container's CPUs (limit, else request) shared by
+    its ``nproc`` processes, at least 1. None when no CPU quantity is given or ``nproc`` is
+    ``auto`` without a GPU limit to count processes by.
+
+    Why: torch sizes its thread pool by the host's cores, not the container's quota, so two
+    pods on one node (or one pod under a CPU limit) each spin a host-sized pool and slow each
+    other down several times; torchrun only sets 1 when it starts several processes itself.
+    """
+    cpu = (resources.get("limits") or {}).get("cpu") or (resources.get("requests") or {}).get("cpu")
+    if cpu is None:
+        return None
+    procs: int | float | str | None = nproc
+    if not isinstance(nproc, int):  # "auto": one process per GPU, if the GPUs are counted
+        procs = (resources.get("limits") or {}).get("nvidia.com/gpu")
+    if procs is None:
+        return None
+    try:
+        return max(1, int(cpu_quantity(cpu) // max(1, int(cpu_quantity(procs)))))
+    except ValueError:  # a quantity such as "2k": leave the pool to torch
+        return None
 
 
 _RESTRICTED_CONTAINER = {

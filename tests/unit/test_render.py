@@ -88,3 +88,20 @@ def test_rendezvous_service_is_published_before_pods_are_ready() -> None:
     assert rdzv["spec"]["selector"][render.LABEL_ROLE] == render.ROLE_STORE
     assert workers["spec"]["clusterIP"] == "None"
 
+
+def test_each_worker_process_gets_its_share_of_the_container_cpus() -> None:
+    def threads(**spec: object) -> object:
+        return env_of(render.render_worker(job(**spec), 0, 0, CFG)).get("OMP_NUM_THREADS")
+
+    assert threads() is None  # no CPU quantity: torch decides
+    assert threads(resources={"limits": {"cpu": 8}}) == "4"  # 2 processes per node
+    assert threads(resources={"requests": {"cpu": "3"}}) == "1"
+    assert threads(resources={"requests": {"cpu": "500m"}}) == "1"  # never 0
+    assert threads(resources={"limits": {"cpu": "6"}, "requests": {"cpu": "2"}}) == "3"
+    assert threads(nprocPerNode="auto", resources={"limits": {"cpu": 16}}) is None
+    gpu = {"limits": {"cpu": 16, "nvidia.com/gpu": 4}}
+    assert threads(nprocPerNode="auto", resources=gpu) == "4"
+    user = {"env": [{"name": "OMP_NUM_THREADS", "value": "7"}]}
+    pod = render.render_worker(job(resources={"limits": {"cpu": 8}}, template=user), 0, 0, CFG)
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.count("OMP_NUM_THREADS") == 1 and env_of(pod)["OMP_NUM_THREADS"] == "7"
