@@ -25,9 +25,13 @@ DDPJOB_NODE_INDEX          this pod's index (0-based)
 DDPJOB_CHECKPOINT_DIR      the checkpoint volume's mount path
 DDP_TRAINER_CONFIG         ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
                            as JSON, for the bundled trainer
+LOGLEVEL                   ``INFO``: torchrun's agent logs rendezvous rounds and restarts
 OMP_NUM_THREADS            the container's CPUs (limit, else request) per worker process,
-                           at least 1; not set without a CPU quantity or when ``env`` sets it
+                           at least 1; not set without a CPU quantity
 =========================  ==============================================================
+
+The user's ``spec.template.env`` comes last; ``LOGLEVEL`` and ``OMP_NUM_THREADS`` are left out
+when it sets them.
 """
 
 from __future__ import annotations
@@ -191,11 +195,14 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
     if s.command is None:
         env.append({"name": contract.ENV_TRAINER_CONFIG, "value": trainer_config_json(job)})
     user_env = [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
+    defaults = {"LOGLEVEL": "INFO"}  # torchrun's agent logs each rendezvous and restart
     threads = cpu_threads_per_process(
         s.resources.model_dump(exclude_none=True) if s.resources else {}, s.nproc_per_node
     )
-    if threads is not None and not any(e.get("name") == "OMP_NUM_THREADS" for e in user_env):
-        env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
+    if threads is not None:
+        defaults["OMP_NUM_THREADS"] = str(threads)
+    user_names = {e.get("name") for e in user_env}
+    env += [{"name": k, "value": v} for k, v in defaults.items() if k not in user_names]
     # The user's variables come last so that they can override ours deliberately.
     return env + user_env
 

@@ -105,3 +105,11 @@ def test_each_worker_process_gets_its_share_of_the_container_cpus() -> None:
     pod = render.render_worker(job(resources={"limits": {"cpu": 8}}, template=user), 0, 0, CFG)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names.count("OMP_NUM_THREADS") == 1 and env_of(pod)["OMP_NUM_THREADS"] == "7"
+
+
+def test_torchrun_logs_its_rendezvous_unless_the_user_says_otherwise() -> None:
+    assert env_of(render.render_worker(job(), 0, 0, CFG))["LOGLEVEL"] == "INFO"
+    quiet = {"env": [{"name": "LOGLEVEL", "value": "WARNING"}]}
+    pod = render.render_worker(job(template=quiet), 0, 0, CFG)
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.count("LOGLEVEL") == 1 and env_of(pod)["LOGLEVEL"] == "WARNING"
