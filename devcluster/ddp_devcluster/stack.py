@@ -141,7 +141,7 @@ class LocalStack:
             parts += self._pod_log_tails(namespace)
         return "\n".join(parts)
 
-    def _pod_log_tails(self, namespace: str, lines: int = 12) -> list[str]:
+    def _pod_log_tails(self, namespace: str, lines: int = 25) -> list[str]:
         """The last lines of every container of the namespace's pods (what the trainer said)."""
         assert self.kubelet is not None
         out = self.kubectl(
