@@ -5,33 +5,37 @@ bundled trainer's pods run ``python -m ddp_trainer.node --module ddp_trainer``: 
 again in the same pod when the rendezvous store pod is replaced. torchrun reads ``PET_<FLAG>``
 variables as its flags:
 
-=========================  ==============================================================
-variable                   value
-=========================  ==============================================================
-PET_NNODES                 ``minNodes:maxNodes`` (elastic bounds)
-PET_NPROC_PER_NODE         ``nprocPerNode`` (an integer or ``auto``)
-PET_RDZV_BACKEND           ``c10d``
-PET_RDZV_ENDPOINT          ``<job>-rdzv.<namespace>.svc:29400``: the job's own store pod,
-                           so no trainer pod hosts the rendezvous and any one may die
-PET_RDZV_ID                the DDPJob's uid (never ``none``: jobs must not share state)
-PET_RDZV_CONF              ``is_host=false`` plus join/last-call/close/read timeouts for
-                           pods that start minutes apart
-PET_LOCAL_ADDR             the pod IP (fieldRef): pod hostnames may not resolve for peers
-PET_MAX_RESTARTS           ``workerRestarts``: worker restarts inside one pod, and restarts
-                           of torchrun after losing the store (``ddp_trainer.node``)
-PET_MONITOR_INTERVAL       how often the agent checks its workers and the rendezvous
-DDPJOB_NAME/_NAMESPACE     where rank 0 reports ``status.progress``
-DDPJOB_NODE_INDEX          this pod's index (0-based)
-DDPJOB_CHECKPOINT_DIR      the checkpoint volume's mount path
-DDP_TRAINER_CONFIG         ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
-                           as JSON, for the bundled trainer
-LOGLEVEL                   ``INFO``: torchrun's agent logs rendezvous rounds and restarts
-OMP_NUM_THREADS            the container's CPUs (limit, else request) per worker process,
-                           at least 1; not set without a CPU quantity
-=========================  ==============================================================
+==============================  ================================================================
+variable                        value
+==============================  ================================================================
+PET_NNODES                      ``minNodes:maxNodes`` (elastic bounds)
+PET_NPROC_PER_NODE              ``nprocPerNode`` (an integer or ``auto``)
+PET_RDZV_BACKEND                ``c10d``
+PET_RDZV_ENDPOINT               ``<job>-rdzv.<namespace>.svc:29400``: the job's own store pod,
+                                so no trainer pod hosts the rendezvous and any one may die
+PET_RDZV_ID                     the DDPJob's uid (never ``none``: jobs must not share state)
+PET_RDZV_CONF                   ``is_host=false`` plus join/last-call/close/read timeouts for
+                                pods that start minutes apart
+PET_LOCAL_ADDR                  the pod IP (fieldRef): pod hostnames may not resolve for peers
+PET_MAX_RESTARTS                ``workerRestarts``: worker restarts inside one pod, and restarts
+                                of torchrun after losing the store (``ddp_trainer.node``)
+PET_MONITOR_INTERVAL            how often the agent checks its workers and the rendezvous
+DDPJOB_NAME/_NAMESPACE          where rank 0 reports ``status.progress``
+DDPJOB_NODE_INDEX               this pod's index (0-based)
+DDPJOB_CHECKPOINT_DIR           the checkpoint volume's mount path
+DDP_TRAINER_CONFIG              ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
+                                as JSON, for the bundled trainer
+LOGLEVEL                        ``INFO``: torchrun's agent logs rendezvous rounds and restarts
+PET_TEE                         ``3``: the workers' stdout and stderr reach the pod's log
+                                through torchrun (which keeps a copy under ``/tmp``), ...
+PET_LOG_LINE_PREFIX_TEMPLATE    ... each line prefixed ``[rank<R>]: `` with its global rank,
+                                which ``kubectl ddp logs`` reads (``ddp_operator.follow``)
+OMP_NUM_THREADS                 the container's CPUs (limit, else request) per worker process,
+                                at least 1; not set without a CPU quantity
+==============================  ================================================================
 
-The user's ``spec.template.env`` comes last; ``LOGLEVEL`` and ``OMP_NUM_THREADS`` are left out
-when it sets them.
+The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
+``PET_LOG_LINE_PREFIX_TEMPLATE`` and ``OMP_NUM_THREADS`` are left out when it sets them.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ CONTAINER = "trainer"
 STORE_CONTAINER = "store"
 TRAINER_SERVICE_ACCOUNT = "ddp-trainer"
 SHM_SIZE = "2Gi"
+
+# torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
+LOG_LINE_PREFIX_TEMPLATE = "[rank${rank}]: "
 
 RDZV_CONF = "is_host=false,join_timeout=900,last_call_timeout=15,close_timeout=60,read_timeout=60"
 
@@ -195,7 +202,12 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
     if s.command is None:
         env.append({"name": contract.ENV_TRAINER_CONFIG, "value": trainer_config_json(job)})
     user_env = [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
-    defaults = {"LOGLEVEL": "INFO"}  # torchrun's agent logs each rendezvous and restart
+    defaults = {
+        "LOGLEVEL": "INFO",  # torchrun's agent logs each rendezvous and restart
+        # Every worker line names its global rank, so that merged logs say who wrote what.
+        "PET_TEE": "3",
+        "PET_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX_TEMPLATE,
+    }
     threads = cpu_threads_per_process(
         s.resources.model_dump(exclude_none=True) if s.resources else {}, s.nproc_per_node
     )
