@@ -13,53 +13,12 @@ from pathlib import Path
 import pytest
 
 from ddp_devcluster import demo, netns
-from ddp_devcluster.demo import LiveView, checkpoint_problem, progress_line
+from ddp_devcluster.demo import checkpoint_problem
 from ddp_devcluster.pytest_plugin import unavailable
 
 REPO = Path(__file__).resolve().parents[1]
 # What manifests/examples/digits.yaml (3 epochs, 66 steps, 2 ranks) reaches: 0.928 measured.
 ACCURACY_TARGET = 0.9
-
-
-def test_progress_line_and_live_view_come_from_status_progress() -> None:
-    progress = {
-        "epoch": 1,
-        "step": 33,
-        "totalSteps": 66,
-        "loss": 0.51234,
-        "samplesPerSecond": 140.2,
-        "worldSize": 2,
-        "updatedAt": "2026-01-01T00:00:00Z",
-    }
-    line = progress_line(progress)
-    assert line.startswith("[" + "#" * 15 + "-" * 15 + "]")
-    assert "epoch 1 step 33/66 loss 0.5123    140 samples/s (world size 2)" in line
-    assert progress_line({}) == "[" + "-" * 30 + "] epoch ? step 0/? (world size ?)"
-
-    out: list[str] = []
-    view = LiveView(out.append)
-    view({"phase": "Pending"})
-    view({"phase": "Running", "progress": progress})
-    view({"phase": "Running", "progress": {**progress, "updatedAt": "later"}})  # no change
-    view({"phase": "Running", "progress": {**progress, "step": 34}})
-    ok = {"type": "Succeeded", "status": "True", "message": "all 2 nodes exited 0"}
-    view({"phase": "Succeeded", "progress": {**progress, "step": 34}, "conditions": [ok]})
-    assert [x.split("]")[0] if x.startswith("  [") else x for x in out] == [
-        "  phase Pending\n",
-        "  phase Running\n",
-        "  [" + "#" * 15 + "-" * 15,
-        "  [" + "#" * 15 + "-" * 15,
-        "  phase Succeeded: all 2 nodes exited 0\n",
-    ]
-    assert view.lines == 2
-
-    tty: list[str] = []
-    view = LiveView(tty.append, tty=True)
-    view({"phase": "Running", "progress": progress})
-    view({"phase": "Running", "progress": {**progress, "step": 34, "lastCheckpoint": "x"}})
-    view({"phase": "Succeeded", "progress": {**progress, "step": 34, "lastCheckpoint": "y"}})
-    view.close()
-    assert [x[:7] for x in tty] == ["  phase", "\r\x1b[K  [", "\r\x1b[K  [", "\n", "  phase"]
 
 
 def test_demo_says_why_it_cannot_run_without_network_namespaces(

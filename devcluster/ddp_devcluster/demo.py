@@ -20,12 +20,12 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ddp_operator.follow import LiveView
 from ddp_trainer.progress import read_metrics
 
 from . import netns
@@ -41,73 +41,6 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 # -- pure helpers (no I/O) --------------------------------------------------------------------
-def bar(done: int, total: int, width: int = 30) -> str:
-    filled = min(width, int(width * done / total)) if total > 0 else 0
-    return "#" * filled + "-" * (width - filled)
-
-
-def progress_line(progress: dict[str, Any]) -> str:
-    """One line of the live view, from a DDPJob's ``status.progress``."""
-    step = int(progress.get("step") or 0)
-    total = int(progress.get("totalSteps") or 0)
-    loss = progress.get("loss")
-    sps = progress.get("samplesPerSecond")
-    parts = [f"[{bar(step, total)}]", f"epoch {progress.get('epoch', '?')}"]
-    parts.append(f"step {step}/{total or '?'}")
-    if loss is not None:
-        parts.append(f"loss {float(loss):.4f}")
-    if sps is not None:
-        parts.append(f"{float(sps):6.0f} samples/s")
-    parts.append(f"(world size {progress.get('worldSize', '?')})")
-    return " ".join(parts)
-
-
-class LiveView:
-    """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
-    progress line when what it shows of ``status.progress`` changes (a report that changes
-    only ``updatedAt`` or ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
-
-    def __init__(self, write: Callable[[str], None], tty: bool = False) -> None:
-        self.write, self.tty = write, tty
-        self.phase: str | None = None
-        self.shown: str | None = None  # the last progress line
-        self.lines = 0  # progress lines shown
-        self._open = False  # a TTY line waiting for its newline
-
-    def _end_line(self) -> None:
-        if self._open:
-            self.write("\n")
-            self._open = False
-
-    def __call__(self, status: dict[str, Any]) -> None:
-        phase = status.get("phase")
-        if phase and phase != self.phase:
-            self._end_line()
-            reason = next(
-                (
-                    c.get("message") or c.get("reason")
-                    for c in status.get("conditions") or []
-                    if c.get("type") == phase and c.get("status") == "True"
-                ),
-                None,
-            )
-            self.write(f"  phase {phase}" + (f": {reason}" if reason else "") + "\n")
-            self.phase = phase
-        progress = status.get("progress") or {}
-        line = progress_line(progress) if progress else None
-        if line and line != self.shown:  # a new report that shows nothing new is no new line
-            self.shown = line
-            self.lines += 1
-            if self.tty:
-                self.write("\r\033[K  " + line)
-                self._open = True
-            else:
-                self.write("  " + line + "\n")
-
-    def close(self) -> None:
-        self._end_line()
-
-
 def example_documents(interval_s: str = PROGRESS_INTERVAL_S) -> list[dict[str, Any]]:
     """The objects of the example files, the digits DDPJob with one env var added."""
     docs: list[dict[str, Any]] = []

@@ -55,12 +55,19 @@ def read_metrics(directory: Path | str) -> list[dict[str, Any]]:
     path = Path(directory) / METRICS_FILE
     if not path.exists():
         return []
+    return parse_metrics(path.read_text())
+
+
+def parse_metrics(text: str) -> list[dict[str, Any]]:
+    """The objects of metrics.jsonl's text; a torn or foreign line is skipped."""
     lines = []
-    for text in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
-            lines.append(json.loads(text))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            lines.append(row)
     return lines
 
 

@@ -1,0 +1,258 @@
+"""How the client shows a job, without I/O: the live progress view, the exit code of its
+outcome, its pods' logs merged in time order with node and rank, and the curves of its
+``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .api import DDPJobPhase
+from .render import LOG_LINE_PREFIX_TEMPLATE
+
+FINISHED = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
+EXIT_SUCCEEDED, EXIT_FAILED = 0, 1
+
+
+def exit_code(phase: str | None) -> int | None:
+    """The exit code of ``kubectl ddp watch`` for a phase: 0 Succeeded, 1 Failed, None while
+    the job has not finished."""
+    if phase == DDPJobPhase.SUCCEEDED:
+        return EXIT_SUCCEEDED
+    if phase == DDPJobPhase.FAILED:
+        return EXIT_FAILED
+    return None
+
+
+# -- the live view of status.progress -----------------------------------------------------------
+def bar(done: int, total: int, width: int = 30) -> str:
+    filled = min(width, int(width * done / total)) if total > 0 else 0
+    return "#" * filled + "-" * (width - filled)
+
+
+def progress_line(progress: Mapping[str, Any]) -> str:
+    """One line of the live view, from a DDPJob's ``status.progress``."""
+    step = int(progress.get("step") or 0)
+    total = int(progress.get("totalSteps") or 0)
+    loss = progress.get("loss")
+    sps = progress.get("samplesPerSecond")
+    parts = [f"[{bar(step, total)}]", f"epoch {progress.get('epoch', '?')}"]
+    parts.append(f"step {step}/{total or '?'}")
+    if loss is not None:
+        parts.append(f"loss {float(loss):.4f}")
+    if sps is not None:
+        parts.append(f"{float(sps):6.0f} samples/s")
+    parts.append(f"(world size {progress.get('worldSize', '?')})")
+    return " ".join(parts)
+
+
+class LiveView:
+    """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
+    progress line when what it shows of ``status.progress`` changes (a report that changes
+    only ``updatedAt`` or ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
+
+    def __init__(self, write: Callable[[str], None], tty: bool = False, indent: str = "  "):
+        self.write, self.tty, self.indent = write, tty, indent
+        self.phase: str | None = None
+        self.shown: str | None = None  # the last progress line
+        self.lines = 0  # progress lines shown
+        self._open = False  # a TTY line waiting for its newline
+
+    def _end_line(self) -> None:
+        if self._open:
+            self.write("\n")
+            self._open = False
+
+    def __call__(self, status: Mapping[str, Any]) -> None:
+        phase = status.get("phase")
+        if phase and phase != self.phase:
+            self._end_line()
+            reason = next(
+                (
+                    c.get("message") or c.get("reason")
+                    for c in status.get("conditions") or []
+                    if c.get("type") == phase and c.get("status") == "True"
+                ),
+                None,
+            )
+            self.write(f"{self.indent}phase {phase}" + (f": {reason}" if reason else "") + "\n")
+            self.phase = phase
+        progress = status.get("progress") or {}
+        line = progress_line(progress) if progress else None
+        if line and line != self.shown:  # a new report that shows nothing new is no new line
+            self.shown = line
+            self.lines += 1
+            if self.tty:
+                self.write(f"\r\033[K{self.indent}{line}")
+                self._open = True
+            else:
+                self.write(f"{self.indent}{line}\n")
+
+    def close(self) -> None:
+        self._end_line()
+
+
+# -- logs ---------------------------------------------------------------------------------------
+# torchrun's prefix of a worker's line (the operator renders the template), e.g. "[rank3]: ".
+_TEE_PREFIX = re.compile(
+    "^" + re.escape(LOG_LINE_PREFIX_TEMPLATE).replace(re.escape("${rank}"), r"(\d+)")
+)
+# The bundled trainer's own format (ddp_trainer.__main__), for pods run without the prefix:
+# "2025-01-02 03:04:05,678 rank1 WARNING ...".
+_TRAINER_FORMAT = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ rank(\d+) ")
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def parse_timestamp(text: str) -> int | None:
+    """Nanoseconds since the epoch of an RFC 3339 timestamp as the kubelet writes them
+    (``2025-01-02T03:04:05.123456789Z``, nine digits at most, trailing zeros dropped); None
+    when ``text`` is not one."""
+    fraction = _FRACTION.search(text)
+    nanos = 0
+    if fraction:
+        digits = fraction.group(1)
+        if len(digits) > 9:
+            return None
+        nanos = int(digits.ljust(9, "0"))
+        text = text[: fraction.start()] + text[fraction.end() :]
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return int(when.timestamp()) * 1_000_000_000 + nanos
+
+
+def rank_of(text: str) -> tuple[int | None, str]:
+    """The global rank that wrote a line, and the line without torchrun's prefix; None for a
+    line of no worker (torchrun's agent, the pod's wrapper)."""
+    tee = _TEE_PREFIX.match(text)
+    if tee:
+        return int(tee.group(1)), text[tee.end() :]
+    trainer = _TRAINER_FORMAT.match(text)
+    if trainer:
+        return int(trainer.group(1)), text
+    return None, text
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of a pod's log: when the kubelet read it, where it came from, what it says."""
+
+    at: int  # nanoseconds since the epoch
+    pod: str
+    node: int | None  # the pod's node index
+    rank: int | None  # the global rank that wrote it; None for torchrun's agent
+    text: str
+    time: str = ""  # the kubelet's timestamp as written
+
+    @property
+    def source(self) -> str:
+        where = f"node-{self.node}" if self.node is not None else self.pod
+        return where if self.rank is None else f"{where} rank{self.rank}"
+
+    def show(self, timestamps: bool = False) -> str:
+        """``[node-0 rank1] text``, optionally after the kubelet's timestamp."""
+        line = f"[{self.source}] {self.text}"
+        return f"{self.time} {line}" if timestamps else line
+
+
+def parse_pod_log(text: str, pod: str, node: int | None) -> list[LogLine]:
+    """The lines of ``pods/log?timestamps=true``. A line without a timestamp (none should
+    have one missing) keeps the time of the line before it."""
+    lines: list[LogLine] = []
+    for raw in text.splitlines():
+        lines.append(parse_line(raw, pod, node, lines[-1] if lines else None))
+    return lines
+
+
+def parse_line(raw: str, pod: str, node: int | None, before: LogLine | None = None) -> LogLine:
+    """One line of ``pods/log?timestamps=true``: ``<RFC 3339 time> <text>``."""
+    stamp, _, rest = raw.partition(" ")
+    at = parse_timestamp(stamp)
+    if at is None:
+        stamp, rest, at = (before.time, raw, before.at) if before else ("", raw, 0)
+    rank, text = rank_of(rest)
+    return LogLine(at=at, pod=pod, node=node, rank=rank, text=text, time=stamp)
+
+
+def merge_logs(logs: Iterable[list[LogLine]]) -> list[LogLine]:
+    """The lines of several pods in time order; lines of one pod keep their order, and lines
+    of the same instant keep the order of ``logs``."""
+    return list(heapq.merge(*logs, key=lambda line: line.at))
+
+
+def pick_rank(lines: Iterable[LogLine], rank: int | None) -> list[LogLine]:
+    """The lines written by global rank ``rank`` (all lines when None)."""
+    return [line for line in lines if rank is None or line.rank == rank]
+
+
+@dataclass
+class LiveMerge:
+    """Lines of several live streams in time order. A line waits ``hold_s`` after it arrived,
+    so that a line of another pod with an earlier timestamp that arrives a little later still
+    comes first; a line later than that is shown when it comes, out of order."""
+
+    hold_s: float = 1.0
+    _heap: list[tuple[int, int, LogLine]] = field(default_factory=list)
+    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)
+    _seq: int = 0
+    _watermark: int | None = None  # lines up to this time may go out
+
+    def add(self, line: LogLine, received: float) -> None:
+        heapq.heappush(self._heap, (line.at, self._seq, line))
+        self._arrivals.append((received, line.at))
+        self._seq += 1
+
+    def ready(self, now: float) -> list[LogLine]:
+        """The lines that have waited long enough, and every line older than them."""
+        while self._arrivals and self._arrivals[0][0] <= now - self.hold_s:
+            _, at = self._arrivals.popleft()
+            self._watermark = at if self._watermark is None else max(self._watermark, at)
+        out = []
+        while self._heap and self._watermark is not None and self._heap[0][0] <= self._watermark:
+            out.append(heapq.heappop(self._heap)[2])
+        return out
+
+    def flush(self) -> list[LogLine]:
+        """Every line still waiting, in time order."""
+        self._arrivals.clear()
+        out = [heapq.heappop(self._heap)[2] for _ in range(len(self._heap))]
+        return out
+
+
+# -- curves of metrics.jsonl ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Curves:
+    """Training loss and learning rate by optimizer step, from the ``step`` lines of
+    ``metrics.jsonl``."""
+
+    loss: list[tuple[int, float]]
+    lr: list[tuple[int, float]]
+
+    @property
+    def empty(self) -> bool:
+        return not self.loss and not self.lr
+
+
+def curves(rows: Iterable[Mapping[str, Any]]) -> Curves:
+    """The loss and learning-rate curves of metrics.jsonl's ``step`` lines, by step. A run
+    resumed from a checkpoint logs the steps after that checkpoint again: the last line of a
+    step wins."""
+    loss: dict[int, float] = {}
+    lr: dict[int, float] = {}
+    for row in rows:
+        if row.get("event") != "step" or row.get("step") is None:
+            continue
+        step = int(row["step"])
+        if row.get("loss") is not None:
+            loss[step] = float(row["loss"])
+        if row.get("lr") is not None:
+            lr[step] = float(row["lr"])
+    return Curves(loss=sorted(loss.items()), lr=sorted(lr.items()))
