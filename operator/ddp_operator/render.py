@@ -250,12 +250,13 @@ def cpu_threads_per_process(resources: dict[str, Any], nproc: int | str) -> int 
         return None
 
 
-_RESTRICTED_CONTAINER = {
+# The restricted Pod Security Standard, for every pod of a job (and the client's reader pod).
+RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
     "runAsNonRoot": True,
 }
-_RESTRICTED_POD = {
+RESTRICTED_POD = {
     "runAsNonRoot": True,
     "runAsUser": 1000,
     "runAsGroup": 1000,
@@ -317,7 +318,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
         "env": worker_env(job, index, cfg),
         "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
         "volumeMounts": mounts,
-        "securityContext": dict(_RESTRICTED_CONTAINER),
+        "securityContext": dict(RESTRICTED_CONTAINER),
     }
     if s.image_pull_policy:
         container["imagePullPolicy"] = s.image_pull_policy
@@ -339,7 +340,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
                 t.service_account_name if t and t.service_account_name else TRAINER_SERVICE_ACCOUNT
             ),
             "terminationGracePeriodSeconds": cfg.termination_grace_s,
-            "securityContext": dict(_RESTRICTED_POD),
+            "securityContext": dict(RESTRICTED_POD),
             "containers": [container],
             "volumes": volumes,
             **_pod_spec_overrides(job),
@@ -357,7 +358,7 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         "args": ["--host", "0.0.0.0", "--port", str(RDZV_PORT)],
         "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-        "securityContext": dict(_RESTRICTED_CONTAINER),
+        "securityContext": dict(RESTRICTED_CONTAINER),
     }
     if s.image_pull_policy:
         container["imagePullPolicy"] = s.image_pull_policy
@@ -369,7 +370,7 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
             "restartPolicy": "Always",  # a restarted store is a new, empty rendezvous
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 5,
-            "securityContext": dict(_RESTRICTED_POD),
+            "securityContext": dict(RESTRICTED_POD),
             "containers": [container],
             **_pod_spec_overrides(job),
         },

@@ -1,0 +1,199 @@
+"""The objects the client creates, built without I/O: a script's ConfigMap and DDPJob, and the
+short-lived pod that prints a job's ``metrics.jsonl`` from its checkpoint volume."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ddp_trainer.progress import METRICS_FILE
+
+from .api import API_VERSION, KIND, MAX_NAME_LENGTH, CheckpointSpec, DDPJob
+from .render import CONTAINER, RESTRICTED_CONTAINER, RESTRICTED_POD, OperatorConfig
+
+SCRIPT_DIR = "/scripts"  # where a submitted script's ConfigMap is mounted
+SCRIPT_VOLUME = "script"
+# A ConfigMap holds at most 1 MiB in all; leave room for its metadata.
+MAX_SCRIPT_BYTES = 1_000_000
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kubectl-ddp"}
+READER_CONTAINER = "metrics"
+READER_DEADLINE_S = 600  # a reader pod left behind by a killed client ends by itself
+
+
+class InvalidJob(ValueError):
+    """The options make a DDPJob the API would refuse; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class ScriptOptions:
+    """How a script runs: ``torchrun SCRIPT ARGS`` on ``nodes`` pods of ``nproc_per_node``
+    workers each (``kubectl ddp submit`` flags in brackets)."""
+
+    name: str | None = None  # [--name] default: the script's name and a random suffix
+    nodes: int | None = None  # [--nodes] default: max_nodes when elastic, else 1
+    nproc_per_node: int | str = 1  # [--nproc] an integer or "auto"
+    min_nodes: int | None = None  # [--min] elastic bounds: both or neither
+    max_nodes: int | None = None  # [--max]
+    image: str | None = None  # [--image] default: the operator's trainer image (it has torch)
+    checkpoint_claim: str | None = None  # [--checkpoint-claim] a PVC mounted at /checkpoints
+    args: Sequence[str] = field(default=())  # [-- ARGS] after the script's path
+
+
+def job_name(script_file: str, suffix: str) -> str:
+    """A DDPJob name from a script's file name: ``Train_v2.py`` -> ``train-v2-<suffix>``."""
+    stem = posixpath.basename(script_file.replace("\\", "/")).rsplit(".", 1)[0].lower()
+    stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")
+    if not stem or not stem[0].isalpha():
+        stem = f"job-{stem}".rstrip("-")
+    stem = stem[: MAX_NAME_LENGTH - len(suffix) - 1].rstrip("-")
+    return f"{stem}-{suffix}"
+
+
+def script_key(script_file: str) -> str:
+    """The ConfigMap key (and file name under /scripts) of a script: its own name when that
+    is a valid key, else ``train.py``."""
+    base = posixpath.basename(script_file.replace("\\", "/"))
+    return (
+        base if re.fullmatch(r"[-._a-zA-Z0-9]+", base) and base not in (".", "..") else "train.py"
+    )
+
+
+def _validation_message(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return message if not where or message.startswith("spec.") else f"{where}: {message}"
+
+
+def script_objects(
+    script_file: str, source: str, options: ScriptOptions, namespace: str, suffix: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ConfigMap holding the script and the DDPJob that runs it under torchrun, both named
+    after the job. Raises InvalidJob when the DDPJob would be refused."""
+    name = options.name or job_name(script_file, suffix)
+    key = script_key(script_file)
+    if len(source.encode()) > MAX_SCRIPT_BYTES:
+        raise InvalidJob(
+            f"{script_file} is larger than {MAX_SCRIPT_BYTES} bytes, more than a ConfigMap holds"
+        )
+    elastic = options.min_nodes is not None or options.max_nodes is not None
+    nodes = options.nodes
+    if nodes is None:
+        nodes = options.max_nodes if elastic and options.max_nodes is not None else 1
+    spec: dict[str, Any] = {
+        "nodes": nodes,
+        "nprocPerNode": options.nproc_per_node,
+        "command": ["torchrun"],
+        "args": [posixpath.join(SCRIPT_DIR, key), *options.args],
+        "template": {
+            "volumes": [{"name": SCRIPT_VOLUME, "configMap": {"name": name}}],
+            "volumeMounts": [{"name": SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True}],
+        },
+    }
+    if options.min_nodes is not None:
+        spec["minNodes"] = options.min_nodes
+    if options.max_nodes is not None:
+        spec["maxNodes"] = options.max_nodes
+    if options.image:
+        spec["image"] = options.image
+    if options.checkpoint_claim:
+        spec["checkpoint"] = {
+            "volume": {"persistentVolumeClaim": {"claimName": options.checkpoint_claim}}
+        }
+    metadata = {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY)}
+    job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+    try:
+        DDPJob.model_validate(job)
+    except ValidationError as error:
+        raise InvalidJob(_validation_message(error)) from None
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "data": {key: source},
+    }
+    return config_map, job
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Makes an object the job's, so that the garbage collector deletes it with the job. Not
+    the controller, and not blocking the job's deletion (that needs more permissions)."""
+    meta = job["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"]}
+
+
+def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
+    """The image that reads the checkpoint volume: the job's, as its pods run it (the operator
+    fills in its default image), else ``spec.image``, else the operator's built-in default."""
+    spec_image = (job.get("spec") or {}).get("image")
+    if spec_image:
+        return str(spec_image)
+    for pod in pods:
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            if container.get("name") == CONTAINER and container.get("image"):
+                return str(container["image"])
+    return OperatorConfig().default_image
+
+
+def metrics_path(job: Mapping[str, Any]) -> str:
+    """Where metrics.jsonl is in the job's pods; raises InvalidJob without a checkpoint volume."""
+    raw = (job.get("spec") or {}).get("checkpoint")
+    if not raw:
+        name = job["metadata"]["name"]
+        raise InvalidJob(
+            f"ddpjob {name} has no checkpoint volume (spec.checkpoint), so it keeps no"
+            " metrics.jsonl to read"
+        )
+    return posixpath.join(CheckpointSpec.model_validate(raw).path, METRICS_FILE)
+
+
+def metrics_reader_pod(job: Mapping[str, Any], image: str) -> dict[str, Any]:
+    """A pod that prints the job's metrics.jsonl and exits: the job's checkpoint volume
+    mounted read-only where its pods mount it, the restricted security context, owned by the
+    job. It carries none of the job's labels: the operator would count it among the job's pods.
+    It may run where the job's pods may (their node selector, tolerations, affinity, pull
+    secrets)."""
+    meta, spec = job["metadata"], job.get("spec") or {}
+    path = metrics_path(job)
+    checkpoint = CheckpointSpec.model_validate(spec["checkpoint"])
+    template = spec.get("template") or {}
+    container: dict[str, Any] = {
+        "name": READER_CONTAINER,
+        "image": image,
+        "command": ["cat", path],
+        "volumeMounts": [{"name": "checkpoints", "mountPath": checkpoint.path, "readOnly": True}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
+    }
+    if spec.get("imagePullPolicy"):
+        container["imagePullPolicy"] = spec["imagePullPolicy"]
+    pod_security = {k: v for k, v in RESTRICTED_POD.items() if k != "fsGroup"}  # reads only
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "activeDeadlineSeconds": READER_DEADLINE_S,
+        "terminationGracePeriodSeconds": 1,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": [{"name": "checkpoints", **checkpoint.volume}],
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
+        if template.get(key):
+            pod_spec[key] = template[key]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            # <= 50 + 6 + 5 characters: the API server appends five.
+            "generateName": f"{meta['name']}-plot-",
+            "namespace": meta.get("namespace", "default"),
+            "labels": dict(MANAGED_BY),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": pod_spec,
+    }
