@@ -1,0 +1,238 @@
+"""The client's pure parts and its command line without a cluster: the objects `kubectl ddp`
+creates, the curves it draws, and the one-line errors it gives."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from ddp_operator import cli, client_objects
+from ddp_operator.client import draw_curves, status_of
+from ddp_operator.client_objects import (
+    InvalidJob,
+    ScriptOptions,
+    job_name,
+    metrics_reader_pod,
+    reader_image,
+    script_key,
+    script_objects,
+)
+from ddp_operator.follow import Curves
+from ddp_operator.render import LABEL_JOB, OperatorConfig
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_job_is_named_after_its_script_as_a_dns_label_of_at_most_50() -> None:
+    assert job_name("Train_v2.py", "ab1c2") == "train-v2-ab1c2"
+    assert job_name("/home/me/experiments/run.py", "ab1c2") == "run-ab1c2"
+    assert job_name("123.py", "ab1c2") == "job-123-ab1c2"
+    assert job_name("___.py", "ab1c2") == "job-ab1c2"
+    long = job_name("a" * 80 + ".py", "ab1c2")
+    assert len(long) == 50 and long.endswith("-ab1c2")
+    assert script_key("dir/my_train.py") == "my_train.py"
+    assert script_key("my train.py") == "train.py"
+
+
+def test_a_script_becomes_a_configmap_and_a_ddpjob_running_it_under_torchrun() -> None:
+    options = ScriptOptions(nodes=2, nproc_per_node=4, checkpoint_claim="ckpt", args=("--lr", "1"))
+    cm, job = script_objects("exp/train.py", "print('hi')\n", options, "team", "x1y2z")
+    assert cm["metadata"] == {
+        "name": "train-x1y2z",
+        "namespace": "team",
+        "labels": client_objects.MANAGED_BY,
+    }
+    assert cm["data"] == {"train.py": "print('hi')\n"}
+    assert job["apiVersion"] == "ddp.dev/v1alpha1" and job["kind"] == "DDPJob"
+    assert job["metadata"]["name"] == "train-x1y2z"
+    spec = job["spec"]
+    assert spec["nodes"] == 2 and spec["nprocPerNode"] == 4
+    assert spec["command"] == ["torchrun"]
+    assert spec["args"] == ["/scripts/train.py", "--lr", "1"]
+    assert spec["template"]["volumes"] == [{"name": "script", "configMap": {"name": "train-x1y2z"}}]
+    assert spec["template"]["volumeMounts"] == [
+        {"name": "script", "mountPath": "/scripts", "readOnly": True}
+    ]
+    assert spec["checkpoint"] == {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}
+    assert "image" not in spec and "minNodes" not in spec  # the operator's default image
+
+    _, elastic = script_objects("t.py", "", ScriptOptions(min_nodes=1, max_nodes=3), "ns", "a")
+    assert (elastic["spec"]["nodes"], elastic["spec"]["minNodes"]) == (3, 1)
+    _, named = script_objects("t.py", "", ScriptOptions(name="mine", image="img:1"), "ns", "a")
+    assert named["metadata"]["name"] == "mine" and named["spec"]["image"] == "img:1"
+    assert "checkpoint" not in named["spec"]
+
+
+def test_options_the_api_would_refuse_are_refused_first_naming_the_field() -> None:
+    with pytest.raises(InvalidJob, match=r"spec.minNodes \(3\) must not exceed spec.maxNodes"):
+        script_objects("t.py", "", ScriptOptions(min_nodes=3, max_nodes=2), "ns", "a")
+    with pytest.raises(InvalidJob, match=r"spec\.minNodes and spec\.maxNodes go together"):
+        script_objects("t.py", "", ScriptOptions(min_nodes=1), "ns", "a")
+    with pytest.raises(InvalidJob, match="at most 50 characters"):
+        script_objects("t.py", "", ScriptOptions(name="n" * 51), "ns", "a")
+    with pytest.raises(InvalidJob, match="more than a ConfigMap holds"):
+        script_objects("t.py", "#" * 1_000_001, ScriptOptions(), "ns", "a")
+
+
+JOB = {
+    "metadata": {"name": "digits", "namespace": "team", "uid": "uid-1"},
+    "spec": {
+        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ck"}}},
+        "imagePullPolicy": "IfNotPresent",
+        "template": {
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "imagePullSecrets": [{"name": "registry"}],
+            "env": [{"name": "X", "value": "1"}],
+        },
+    },
+}
+
+
+def test_the_reader_pod_prints_metrics_jsonl_from_the_volume_read_only_and_restricted() -> None:
+    pod = metrics_reader_pod(JOB, "trainer:1")
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["generateName"] == "digits-plot-" and meta["namespace"] == "team"
+    assert LABEL_JOB not in meta["labels"]  # the operator would take it for one of its pods
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "ddp.dev/v1alpha1", "kind": "DDPJob", "name": "digits", "uid": "uid-1"}
+    ]
+    (c,) = spec["containers"]
+    assert c["image"] == "trainer:1" and c["imagePullPolicy"] == "IfNotPresent"
+    assert c["command"] == ["cat", "/checkpoints/metrics.jsonl"]
+    assert c["volumeMounts"] == [
+        {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True}
+    ]
+    assert spec["volumes"] == [
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ck"}}
+    ]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "fsGroup" not in spec["securityContext"]  # nothing to chown for a reader
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert spec["tolerations"] == JOB["spec"]["template"]["tolerations"]  # type: ignore[index]
+    assert spec["imagePullSecrets"] == [{"name": "registry"}] and "env" not in c
+
+    moved = {**JOB, "spec": {"checkpoint": {"volume": {"emptyDir": {}}, "path": "/ckpt"}}}
+    assert metrics_reader_pod(moved, "i")["spec"]["containers"][0]["command"] == [
+        "cat",
+        "/ckpt/metrics.jsonl",
+    ]
+    with pytest.raises(InvalidJob, match="ddpjob digits has no checkpoint volume"):
+        metrics_reader_pod({**JOB, "spec": {}}, "i")
+
+
+def test_the_reader_runs_the_image_the_jobs_pods_run() -> None:
+    pod = {"spec": {"containers": [{"name": "trainer", "image": "from-operator:2"}]}}
+    assert reader_image({"spec": {"image": "mine:1"}}, [pod]) == "mine:1"
+    assert reader_image({"spec": {}}, [pod]) == "from-operator:2"
+    assert reader_image({"spec": {}}, []) == OperatorConfig().default_image
+
+
+def test_a_status_from_a_newer_operator_still_reads() -> None:
+    status = status_of(
+        {"status": {"phase": "Running", "future": 1, "progress": {"step": 3, "newField": "x"}}}
+    )
+    assert status.phase == "Running" and status.progress is not None
+    assert status.progress.step == 3
+
+
+def test_the_plot_is_a_png_with_a_loss_and_a_learning_rate_curve(tmp_path: Path) -> None:
+    both = draw_curves(
+        Curves(loss=[(1, 2.0), (2, 1.0)], lr=[(1, 0.1), (2, 0.2)]), tmp_path / "a.png"
+    )
+    assert both.lines == 2 and both.path.read_bytes()[:8] == PNG_MAGIC
+    loss_only = draw_curves(Curves(loss=[(1, 2.0)], lr=[]), tmp_path / "b.png")
+    assert loss_only.lines == 1
+    with pytest.raises(ValueError):
+        draw_curves(Curves(loss=[], lr=[]), tmp_path / "c.png")
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and out == "", (out, err)
+    return lines[0]
+
+
+def test_a_missing_script_is_one_line_and_exit_code_2_before_any_cluster(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    assert cli.main(["submit", str(tmp_path / "nope.py")]) == 2
+    assert one_error_line(capsys) == f"kubectl ddp: no such script: {tmp_path / 'nope.py'}"
+    assert cli.main(["submit", str(tmp_path)]) == 2
+    assert "is not a file" in one_error_line(capsys)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: team}}]
+current-context: x
+"""
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_code_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    port = closed_port()
+    kubeconfig.write_text(KUBECONFIG % port)
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    for argv in (
+        ["watch", "j"],
+        ["logs", "j"],
+        ["plot", "j", "-o", "x.png"],
+        ["submit", str(script)],
+    ):
+        assert cli.main([*argv, "--kubeconfig", str(kubeconfig)]) == 2
+        line = one_error_line(capsys)
+        assert line.startswith(f"kubectl ddp: cannot reach the cluster at https://127.0.0.1:{port}")
+        assert "Connection refused" in line
+    assert cli.main(["watch", "j", "--kubeconfig", str(tmp_path / "absent")]) == 2
+    assert one_error_line(capsys) == f"kubectl ddp: no kubeconfig at {tmp_path / 'absent'}"
+    assert cli.main(["watch", "j", "--kubeconfig", str(kubeconfig), "--context", "nope"]) == 2
+    assert "nope" in one_error_line(capsys)
+
+
+def test_no_cluster_configured_at_all_is_one_line_and_exit_code_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert cli.main(["logs", "j"]) == 2
+    assert one_error_line(capsys).startswith("kubectl ddp: no cluster configured: set KUBECONFIG")
+
+
+def test_flags_are_checked_and_arguments_after_dashes_go_to_the_script(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["submit", "t.py", "--nproc", "0"])
+    assert (
+        exit.value.code == 2
+        and "--nproc: must be an integer >= 1 or auto" in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["plot", "job"])  # -o is required
+    assert "-o/--output" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["logs", "job", "--", "x"])
+    assert "for `submit` only" in capsys.readouterr().err
+    args = cli.parser().parse_args(
+        ["submit", "t.py", "--nproc", "auto", "--min", "1", "--max", "2"]
+    )
+    assert (args.nproc, args.min_nodes, args.max_nodes) == ("auto", 1, 2)
