@@ -74,6 +74,7 @@ __all__ = [
 
 REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to read one response
 POD_LIST_INTERVAL_S = 2.0  # how often `logs -f` looks for new pods
+FOLLOW_HOLD_S = 1.0  # how long `logs -f` holds a line for earlier ones of other pods
 API_PATIENCE_S = 60.0  # how long `wait` rides out an unreachable API server
 SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -400,9 +401,9 @@ class DDPClient:
         yield from pick_rank(merge_logs(logs), rank)
 
     def _follow(self, name: str, rank: int | None) -> Iterator[LogLine]:
-        lines: queue.Queue[tuple[str, LogLine | None]] = queue.Queue()
-        merge = LiveMerge()
-        streams: dict[str, _Stream] = {}  # by pod uid
+        lines: queue.Queue[LogLine | None] = queue.Queue()
+        merge = LiveMerge(FOLLOW_HOLD_S)
+        streams: dict[str, _Stream] = {}  # by pod uid: a recreated pod is a new stream
         next_list = 0.0
         finished = False
         try:
@@ -416,11 +417,13 @@ class DDPClient:
                         stream = streams.get(uid)
                         if _started(pod, CONTAINER) and (stream is None or stream.resumable(pod)):
                             streams[uid] = _Stream(self, pod, lines, after=stream)
+                refused = next((s.error for s in streams.values() if s.error), None)
+                if refused:
+                    raise DDPError(refused)
                 try:
-                    uid, line = lines.get(timeout=0.2)
+                    line = lines.get(timeout=0.2)
                     if line is not None:
                         merge.add(line, time.monotonic())
-                        streams[uid].last_at = line.at
                 except queue.Empty:
                     pass
                 yield from pick_rank(merge.ready(time.monotonic()), rank)
@@ -508,27 +511,39 @@ class _Stream:
 
     client: DDPClient
     pod: Mapping[str, Any]
-    lines: queue.Queue[tuple[str, LogLine | None]]
+    lines: queue.Queue[LogLine | None]
     after: _Stream | None = None  # a stream of the same pod that broke off: skip what it had
 
     def __post_init__(self) -> None:
         self.done = threading.Event()
+        self.error: str | None = None  # what the API said when it refused the log
+        # The time of the last line put on ``lines``: final once ``done`` is set. A stream that
+        # follows one that broke off skips the lines that one had (it gets the whole log again).
         self.last_at: int = self.after.last_at if self.after else -1
+        self._skip_to = self.last_at
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def resumable(self, pod: Mapping[str, Any]) -> bool:
         """The stream broke off while the container still runs."""
-        return self.done.is_set() and not _terminated(pod, CONTAINER)
+        return self.done.is_set() and self.error is None and not _terminated(pod, CONTAINER)
+
+    def _put(self, raw: bytes, before: LogLine | None) -> LogLine:
+        meta = self.pod["metadata"]
+        line = parse_line(raw.decode(errors="replace"), meta["name"], _node_index(self.pod), before)
+        if line.at > self._skip_to:
+            self.lines.put(line)
+            self.last_at = max(self.last_at, line.at)
+        return line
 
     def _run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
         meta = self.pod["metadata"]
-        uid, pod_name, node = meta["uid"], meta["name"], _node_index(self.pod)
-        skip_to = self.last_at
         try:
             self._response = self.client._core.read_namespaced_pod_log(
-                pod_name,
+                meta["name"],
                 meta.get("namespace", self.client.namespace),
                 container=CONTAINER,
                 follow=True,
@@ -541,14 +556,18 @@ class _Stream:
                 pending += chunk
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
-                    before = parse_line(raw.decode(errors="replace"), pod_name, node, before)
-                    if before.at > skip_to:
-                        self.lines.put((uid, before))
+                    before = self._put(raw, before)
+            if pending:
+                self._put(pending, before)
+        except ApiException as error:
+            self.error = (
+                f"cannot read the log of pod {meta['name']}: {self.client._api_error(error, None)}"
+            )
         except Exception:
             pass  # a stream that broke off is followed again while its pod runs
         finally:
             self.done.set()
-            self.lines.put((uid, None))
+            self.lines.put(None)  # wakes the reader
 
     def close(self) -> None:
         if self._response is not None:
@@ -570,11 +589,11 @@ def _container_state(pod: Mapping[str, Any], container: str) -> Mapping[str, Any
 
 def _started(pod: Mapping[str, Any], container: str) -> bool:
     state = _container_state(pod, container)
-    return bool(state.get("running") or state.get("terminated"))
+    return "running" in state or "terminated" in state
 
 
 def _terminated(pod: Mapping[str, Any], container: str) -> bool:
-    return bool(_container_state(pod, container).get("terminated")) or (
+    return "terminated" in _container_state(pod, container) or (
         (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
     )
 
