@@ -1,0 +1,130 @@
+"""``kubectl ddp`` (installed from the built wheel) on real training runs: a script submitted
+and watched to Succeeded with both ranks in its merged logs, and the digits example watched,
+its logs read and its loss and learning rate plotted from the checkpoint volume.
+
+Needs a test kubelet that serves pods/log (``kubectl logs``); the reader pod of ``plot``
+prints metrics.jsonl through it too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_scenario import Scenario
+
+from ddp_operator.client import DDPClient
+from ddp_operator.follow import parse_timestamp
+from kubectl_plugin import KubectlDdp
+
+pytestmark = pytest.mark.e2e
+STEPS = 5
+# Every rank prints a line per step; the all-reduce keeps the ranks in step, and a second
+# between steps keeps each step's lines apart in time, whatever the pipes' latency.
+SCRIPT = f"""\
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+for step in range(1, {STEPS + 1}):
+    x = torch.tensor([float(rank + 1)])
+    dist.all_reduce(x)
+    print(f"step {{step}}: rank {{rank}} of {{world}} sees sum {{x.item():.0f}}", flush=True)
+    time.sleep(1.0)
+dist.barrier()
+dist.destroy_process_group()
+"""
+WATCH_TIMEOUT_S = "400"  # `watch` gives up (exit code 3) on a stuck job instead of hanging
+
+
+def plugin(sc: Scenario, kubectl_ddp: KubectlDdp) -> KubectlDdp:
+    assert sc.s.plane is not None
+    return KubectlDdp(kubectl_ddp.bin_dir, sc.s.plane.kubeconfig)
+
+
+def watched(sc: Scenario, ddp: KubectlDdp, job: str) -> list[str]:
+    """``kubectl ddp watch JOB`` to its end; its lines, once it exited 0."""
+    out = ddp("watch", job, "-n", sc.ns, "--timeout", WATCH_TIMEOUT_S, timeout=600)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{sc.s.diagnostics(sc.ns)}"
+    return out.stdout.splitlines()
+
+
+def test_a_submitted_script_succeeds_and_both_ranks_show_in_its_merged_logs(
+    sc: Scenario, kubectl_ddp: KubectlDdp, tmp_path: Path
+) -> None:
+    ddp = plugin(sc, kubectl_ddp)
+    script = tmp_path / "allreduce.py"
+    script.write_text(SCRIPT)
+    submitted = ddp("submit", str(script), "-n", sc.ns, "--nodes", "2", "--nproc", "1")
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    lines = watched(sc, ddp, job)
+    assert "phase Succeeded: all 2 nodes exited 0" in lines
+    assert lines[-1].startswith(f"ddpjob {job} Succeeded in ")
+
+    logs = ddp("logs", job, "-n", sc.ns, "--timestamps")
+    assert logs.returncode == 0, logs.stderr
+    rows = [line.split(" ", 2) for line in logs.stdout.splitlines()]  # time, [node-i, rest
+    times = [parse_timestamp(t) for t, _, _ in rows]
+    assert None not in times and times == sorted(times), "merged in time order"
+    said = [(node, rest) for _, node, rest in rows if "sees sum" in rest]
+    nodes_of: dict[int, set[str]] = {}
+    for node, rest in said:
+        rank = int(rest.split("]", 1)[0].removeprefix("rank"))
+        assert rest.startswith(f"rank{rank}] step ") and f": rank {rank} of 2 sees sum 3" in rest
+        nodes_of.setdefault(rank, set()).add(node)
+    assert sorted(nodes_of) == [0, 1] and len(said) == 2 * STEPS
+    assert {n for ns in nodes_of.values() for n in ns} == {"[node-0", "[node-1"}
+    assert all(len(ns) == 1 for ns in nodes_of.values())  # a rank stays on its node
+    steps = [int(rest.split("step ", 1)[1].split(":")[0]) for _, rest in said]
+    assert steps == sorted(steps), "each step's lines before the next step's"
+
+    rank1 = ddp("logs", job, "-n", sc.ns, "--rank", "1").stdout.splitlines()
+    assert len(rank1) == STEPS and all(" rank1] step " in line for line in rank1)
+
+
+def faster_progress(job: dict[str, Any]) -> None:
+    """rank 0 reports status.progress every 2 s instead of 10 (as `make demo` does)."""
+    env = job["spec"].setdefault("template", {}).setdefault("env", [])
+    env.append({"name": "DDPJOB_PROGRESS_INTERVAL_S", "value": "2"})
+
+
+def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volume(
+    sc: Scenario, kubectl_ddp: KubectlDdp, tmp_path: Path
+) -> None:
+    ddp = plugin(sc, kubectl_ddp)
+    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=faster_progress)
+    lines = watched(sc, ddp, "digits")
+    bars = [line for line in lines if line.startswith("[")]
+    assert bars and "(world size 2)" in bars[-1]
+    total = sc.progress("digits")["totalSteps"]
+    assert bars[-1].startswith("[" + "#" * 30 + "]") and f"step {total}/{total}" in bars[-1]
+    assert "phase Succeeded: all 2 nodes exited 0" in lines
+
+    logs = ddp("logs", "digits", "-n", sc.ns, "--rank", "0")
+    assert logs.returncode == 0, logs.stderr
+    last = f"ddp_trainer.trainer: step {total}/{total} epoch"  # the trainer's own log line
+    (line,) = [line for line in logs.stdout.splitlines() if last in line]
+    assert line.startswith("[node-") and " rank0] " in line
+
+    png = tmp_path / "loss.png"
+    plotted = ddp("plot", "digits", "-n", sc.ns, "-o", str(png))
+    assert plotted.returncode == 0, f"{plotted.stderr}\n{sc.s.diagnostics(sc.ns)}"
+    assert plotted.stdout.strip() == (
+        f"{png}: training loss and learning rate of steps 1 to {total}"
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert sc.s.plane is not None
+    client = DDPClient(sc.ns, kubeconfig=str(sc.s.plane.kubeconfig))
+    drawn = client.plot("digits", tmp_path / "again.png")
+    assert drawn.lines == 2  # the loss and the learning rate
+    steps = [s for s, _ in drawn.curves.loss]  # the trainer logs every logEverySteps
+    assert steps[0] == 1 and steps[-1] == total and len(steps) > 2
+    assert [s for s, _ in drawn.curves.lr] == steps
+    assert drawn.curves.loss[-1][1] < drawn.curves.loss[0][1]  # it learned
+    assert sc.k("get", "pods", "-l", "app.kubernetes.io/managed-by=kubectl-ddp", "-o", "name") == ""
