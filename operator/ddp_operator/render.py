@@ -30,12 +30,15 @@ PET_TEE                         ``3``: the workers' stdout and stderr reach the 
                                 through torchrun (which keeps a copy under ``/tmp``), ...
 PET_LOG_LINE_PREFIX_TEMPLATE    ... each line prefixed ``[rank<R>]: `` with its global rank,
                                 which ``kubectl ddp logs`` reads (``ddp_operator.follow``)
+PYTHONUNBUFFERED                ``1``: torchrun relays those lines without flushing; any image
+                                (not only the trainer's, which sets it) shows them at once
 OMP_NUM_THREADS                 the container's CPUs (limit, else request) per worker process,
                                 at least 1; not set without a CPU quantity
 ==============================  ================================================================
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
-``PET_LOG_LINE_PREFIX_TEMPLATE`` and ``OMP_NUM_THREADS`` are left out when it sets them.
+``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out
+when it sets them.
 """
 
 from __future__ import annotations
@@ -207,6 +210,9 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         # Every worker line names its global rank, so that merged logs say who wrote what.
         "PET_TEE": "3",
         "PET_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX_TEMPLATE,
+        # torchrun writes the relayed lines to a pipe without flushing: without this, they
+        # reach the pod's log in blocks of 8 KiB, or when the pod ends.
+        "PYTHONUNBUFFERED": "1",
     }
     threads = cpu_threads_per_process(
         s.resources.model_dump(exclude_none=True) if s.resources else {}, s.nproc_per_node

@@ -118,6 +118,7 @@ def test_torchrun_logs_its_rendezvous_unless_the_user_says_otherwise() -> None:
 def test_every_worker_line_carries_its_global_rank_unless_the_user_says_otherwise() -> None:
     env = env_of(render.render_worker(job(), 0, 0, CFG))
     assert env["PET_TEE"] == "3" and env["PET_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
+    assert env["PYTHONUNBUFFERED"] == "1"  # torchrun relays the lines without flushing
     plain = {"env": [{"name": "PET_TEE", "value": "0"}]}
     pod = render.render_worker(job(template=plain), 0, 0, CFG)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
