@@ -62,6 +62,7 @@ def test_a_submitted_script_succeeds_and_both_ranks_show_in_its_merged_logs(
     submitted = ddp("submit", str(script), "-n", sc.ns, "--nodes", "2", "--nproc", "1")
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
+    follow = ddp.start("logs", job, "-n", sc.ns, "--follow")  # from before its pods start
     lines = watched(sc, ddp, job)
     assert "phase Succeeded: all 2 nodes exited 0" in lines
     assert lines[-1].startswith(f"ddpjob {job} Succeeded in ")
@@ -82,6 +83,11 @@ def test_a_submitted_script_succeeds_and_both_ranks_show_in_its_merged_logs(
     assert all(len(ns) == 1 for ns in nodes_of.values())  # a rank stays on its node
     steps = [int(rest.split("step ", 1)[1].split(":")[0]) for _, rest in said]
     assert steps == sorted(steps), "each step's lines before the next step's"
+
+    followed, err = follow.communicate(timeout=120)  # it ends by itself with the job
+    assert follow.returncode == 0, err
+    seen = [line for line in followed.splitlines() if "sees sum" in line]
+    assert seen == [f"{node} {rest}" for node, rest in said]
 
     rank1 = ddp("logs", job, "-n", sc.ns, "--rank", "1").stdout.splitlines()
     assert len(rank1) == STEPS and all(" rank1] step " in line for line in rank1)
