@@ -23,6 +23,11 @@ ENV_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
 ENV_TRAINER_CONFIG = "DDP_TRAINER_CONFIG"  # spec.trainer as a JSON object
 ENV_PROGRESS_INTERVAL = "DDPJOB_PROGRESS_INTERVAL_S"  # optional: seconds between reports
 
+# The trainer's Prometheus endpoint (`spec.trainer.metricsPort`): the name of the container port
+# the operator declares for it (what a PodMonitor selects), and the port when unset.
+METRICS_PORT_NAME = "metrics"
+DEFAULT_METRICS_PORT = 9400
+
 # Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
