@@ -32,6 +32,10 @@ OMP_NUM_THREADS            the container's CPUs (limit, else request) per worker
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL`` and ``OMP_NUM_THREADS`` are left out
 when it sets them.
+
+Container ports of a worker: ``c10d`` (29400), and ``metrics`` (``spec.trainer.metricsPort``,
+default 9400) where the bundled trainer's first process serves Prometheus metrics; not declared
+when the port is 0 or the pod runs the user's own command.
 """
 
 from __future__ import annotations
@@ -158,6 +162,24 @@ def trainer_config_json(job: DDPJob) -> str:
         cfg["checkpointEverySteps"] = s.checkpoint.every_steps
         cfg["checkpointKeep"] = s.checkpoint.keep
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def metrics_port(job: DDPJob) -> int | None:
+    """The port of the bundled trainer's Prometheus endpoint; None when it has none (the port
+    is 0, or the pod runs the user's own command)."""
+    s = job.spec
+    if s.command is not None:
+        return None
+    port = s.trainer.metrics_port if s.trainer else contract.DEFAULT_METRICS_PORT
+    return port or None
+
+
+def worker_ports(job: DDPJob) -> list[dict[str, Any]]:
+    ports: list[dict[str, Any]] = [{"name": "c10d", "containerPort": RDZV_PORT}]
+    port = metrics_port(job)
+    if port is not None:
+        ports.append({"name": contract.METRICS_PORT_NAME, "containerPort": port})
+    return ports
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -303,7 +325,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
         "command": command,
         "args": args,
         "env": worker_env(job, index, cfg),
-        "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
+        "ports": worker_ports(job),
         "volumeMounts": mounts,
         "securityContext": dict(_RESTRICTED_CONTAINER),
     }
