@@ -22,6 +22,8 @@ PET_MAX_RESTARTS           ``workerRestarts``: worker restarts inside one pod, a
 PET_MONITOR_INTERVAL       how often the agent checks its workers and the rendezvous
 DDPJOB_NAME/_NAMESPACE     where rank 0 reports ``status.progress``
 DDPJOB_NODE_INDEX          this pod's index (0-based)
+POD_NAME, POD_IP           the pod's name and IP (fieldRef); the trainer's metrics endpoint
+                           listens on IPv6 too when the IP is IPv6
 DDPJOB_CHECKPOINT_DIR      the checkpoint volume's mount path
 DDP_TRAINER_CONFIG         ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
                            as JSON, for the bundled trainer
@@ -210,7 +212,7 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         {"name": contract.ENV_JOB_NAMESPACE, "value": ns},
         {"name": contract.ENV_NODE_INDEX, "value": str(index)},
         _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_IP", "status.podIP"),
+        _field_env(contract.ENV_POD_IP, "status.podIP"),
     ]
     if s.checkpoint is not None:
         env.append({"name": contract.ENV_CHECKPOINT_DIR, "value": s.checkpoint.path})

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddp_devcluster.procs import free_port
 from ddp_trainer.config import ConfigError, TrainerConfig, build_config
 from ddp_trainer.contract import DEFAULT_METRICS_PORT
-from ddp_trainer.metrics import PREFIX, TrainerMetrics, serve
+from ddp_trainer.metrics import PREFIX, TrainerMetrics, listen_address, serve
 
 EVERY_PROCESS = {
     "ddp_trainer_step_seconds",
@@ -123,6 +123,28 @@ def test_the_endpoint_serves_the_registry_over_http() -> None:
         server.server_close()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["ddp_trainer_world_size"].samples[0].value == 3
+
+
+def test_the_endpoint_listens_on_ipv6_too_where_the_pod_ip_is_ipv6() -> None:
+    assert listen_address({}) == "0.0.0.0"  # outside a pod
+    assert listen_address({"POD_IP": "10.244.1.7"}) == "0.0.0.0"
+    assert listen_address({"POD_IP": "fd00:10:244::7"}) == "::"
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_listening_on_ipv6_serves_ipv4_clients_too() -> None:
+    metrics = TrainerMetrics(is_main=True, world_size=1, restarts=0)
+    port = free_port()
+    server = serve(metrics.registry, port, address="::")
+    if server is None:
+        pytest.skip("IPv6 cannot be bound here")
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+                assert b"ddp_trainer_world_size 1.0" in response.read()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_port_zero_serves_nothing() -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+
+from .contract import ENV_POD_IP
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +25,6 @@ PREFIX = "ddp_trainer_"
 # Anywhere from a toy model on a CPU (milliseconds) to a large one (a minute) per step.
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-ADDRESS = "0.0.0.0"
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -163,8 +164,14 @@ class TrainerMetrics:
         self.last_checkpoint_step.set(step)
 
 
-def serve(registry: CollectorRegistry, port: int, address: str = ADDRESS) -> Any | None:
-    """Serves ``registry`` at ``http://ADDRESS:PORT/metrics`` from a daemon thread; returns the
+def listen_address(environ: Mapping[str, str]) -> str:
+    """Every address of the pod: IPv4's wildcard, or IPv6's (which takes IPv4 too) where the
+    pod's IP is IPv6; never the pod IP alone, so that `kubectl port-forward` still reaches it."""
+    return "::" if ":" in environ.get(ENV_POD_IP, "") else "0.0.0.0"
+
+
+def serve(registry: CollectorRegistry, port: int, address: str = "0.0.0.0") -> Any | None:
+    """Serves ``registry`` at ``http://address:port/metrics`` from a daemon thread; returns the
     server, or None when ``port`` is 0 or cannot be bound (logged once; training goes on)."""
     if port == 0:
         return None
@@ -177,5 +184,6 @@ def serve(registry: CollectorRegistry, port: int, address: str = ADDRESS) -> Any
             error,
         )
         return None
-    log.info("serving Prometheus metrics at http://%s:%d/metrics", address, port)
+    host = f"[{address}]" if ":" in address else address
+    log.info("serving Prometheus metrics at http://%s:%d/metrics", host, port)
     return server

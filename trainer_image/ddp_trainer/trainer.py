@@ -21,7 +21,7 @@ from . import checkpoint as ckpt
 from . import hold
 from .batching import Position, advance, step_seed
 from .config import TrainerConfig
-from .metrics import TrainerMetrics, serve
+from .metrics import TrainerMetrics, listen_address, serve
 from .parts import Parts, build_parts
 from .progress import MetricsLog, ProgressReporter, progress_patch
 from .schedule import lr_at
@@ -536,7 +536,7 @@ def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     env = DistEnv.from_env()
     prometheus = process_metrics(env)
     if env.local_rank == 0:  # one process per node: the port is the pod's, bound once
-        serve(prometheus.registry, config.metrics_port)
+        serve(prometheus.registry, config.metrics_port, listen_address(os.environ))
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
