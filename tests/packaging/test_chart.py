@@ -13,7 +13,7 @@ import yaml
 
 from ddp_devcluster.plane import binary
 from ddp_operator.crd import crd_yaml
-from ddp_operator.render import LABEL_ROLE, ROLE_WORKER, OperatorConfig
+from ddp_operator.render import LABEL_JOB, LABEL_ROLE, ROLE_WORKER, OperatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "ddp-operator"
@@ -146,6 +146,7 @@ def test_monitors_are_behind_values_and_select_what_serves_metrics() -> None:
     assert pm["spec"]["selector"]["matchLabels"] == {LABEL_ROLE: ROLE_WORKER}
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert pm["spec"]["podTargetLabels"] == [LABEL_JOB]
     off = render("--set", "metrics.port=0")
     assert not [d for d in off if d["kind"] == "Service"]
     (c,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
