@@ -28,7 +28,7 @@ from urllib.parse import quote, urlparse
 
 from ddp_trainer.contract import rfc3339
 
-from . import dns, netns, podspec, versions
+from . import dns, netns, podlogs, podspec, versions
 from .kubeapi import Api, ApiError, Informer
 from .plane import MARKER_ENV
 
@@ -37,7 +37,7 @@ log = logging.getLogger("ddp_devcluster.kubelet")
 NODE_LABEL = "ddp.dev/test-kubelet"
 ALLOCATABLE = {"cpu": "64", "memory": "256Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 LEASE_S = 40
-PODEXEC = Path(__file__).with_name("podexec.py")
+DEVCLUSTER_DIR = Path(__file__).resolve().parents[1]
 
 
 def now() -> str:
@@ -657,19 +657,21 @@ class Agent:
             "env": env,
         }
         n = rec.restart_count
+        log_file = rt.log_dir / c["name"] / f"{n}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        spec["log_times"] = str(podlogs.times_path(log_file))
         spec_file = rt.dir / "exec" / f"{c['name']}-{n}.json"
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_text(json.dumps(spec))
-        log_file = rt.log_dir / c["name"] / f"{n}.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("ab") as out:
             rt.procs[c["name"]] = subprocess.Popen(
-                [sys.executable, "-s", str(PODEXEC), str(spec_file)],
+                [sys.executable, "-s", "-P", "-m", "ddp_devcluster.podexec", str(spec_file)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={
                     "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "PYTHONPATH": str(DEVCLUSTER_DIR),
                     netns.ID_ENV: self.net.instance,
                     **({MARKER_ENV: os.environ[MARKER_ENV]} if os.environ.get(MARKER_ENV) else {}),
                 },
