@@ -21,8 +21,9 @@ files, ``<state_dir>/logs/<ns>_<pod>_<uid>/<container>/<restartCount>.log``, wit
 each line beside them (``.log.times``), and ``kubectl logs`` reads them through the API
 server (``--follow``, ``--timestamps``, ``--tail``, ``--previous``, ``--since``,
 ``--limit-bytes``): every Node advertises a kubelet port where the agent serves
-``/containerLogs`` over HTTPS, at the node's InternalIP, with a serving certificate from the
-plane's CA, to clients with a certificate from that CA.
+``/containerLogs`` over HTTPS at the node's InternalIP, with a serving certificate from the
+plane's CA (self-signed when given only a kubeconfig), to clients with a certificate from
+the cluster's CA (the API server's kubelet client certificate).
 
 Use ``with TestKubelet(plane, nodes=["tk-0", "tk-1"]) as tk:`` (the agent runs in a child
 process, ``python -m ddp_devcluster kubelet``), or the pytest fixture ``test_kubelet``.
