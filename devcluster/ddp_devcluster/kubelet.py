@@ -17,7 +17,13 @@ root on the host's file system. What it does, as a kubelet would:
   process, SIGKILL of the whole pod after the grace period, then removes the pod).
 
 Readiness probes are ignored: a container is ready while its process runs. Pod logs are
-files: ``<state_dir>/logs/<ns>_<pod>_<uid>/<container>/<restartCount>.log``.
+files, ``<state_dir>/logs/<ns>_<pod>_<uid>/<container>/<restartCount>.log``, with the time of
+each line beside them (``.log.times``), and ``kubectl logs`` reads them through the API
+server (``--follow``, ``--timestamps``, ``--tail``, ``--previous``, ``--since``,
+``--limit-bytes``): every Node advertises a kubelet port where the agent serves
+``/containerLogs`` over HTTPS at the node's InternalIP, with a serving certificate from the
+plane's CA (self-signed when given only a kubeconfig), to clients with a certificate from
+the cluster's CA (the API server's kubelet client certificate).
 
 Use ``with TestKubelet(plane, nodes=["tk-0", "tk-1"]) as tk:`` (the agent runs in a child
 process, ``python -m ddp_devcluster kubelet``), or the pytest fixture ``test_kubelet``.
@@ -104,6 +110,11 @@ class TestKubelet:
     def host_ip(self, node: str) -> str:
         return str(self.info["nodes"][node])
 
+    @property
+    def port(self) -> int:
+        """The kubelet port of every node (``/containerLogs`` at ``host_ip(node)``)."""
+        return int(self.info.get("kubelet_port", 0))
+
     def start(self) -> TestKubelet:
         t0 = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +130,16 @@ class TestKubelet:
             f"--network={self.network}",
             f"--python-path={self.python_path}",
             f"--ready-file={ready}",
+            *(
+                [
+                    f"--client-ca-file={self.plane.ca_file}",
+                    "--serving-ca",
+                    str(self.plane.ca_file),
+                    str(self.plane.ca_key_file),
+                ]
+                if self.plane is not None
+                else []
+            ),
             *(f"--node={n}" for n in self.nodes),
             *(f"--label={k}={v}" for k, v in self.labels.items()),
             *(["--keep-nodes"] if self.keep_nodes else []),

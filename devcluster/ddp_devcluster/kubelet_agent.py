@@ -1,9 +1,10 @@
 """The test kubelet's node agent: ``python -m ddp_devcluster kubelet ...`` (see kubelet.py).
 
 Development and tests only, not for production. One process runs several nodes. Threads
-watch the API (pods, services, claims), answer DNS, relay pods' API traffic and renew node
-leases; the main thread alone starts and stops pod processes (their ``PR_SET_PDEATHSIG``
-is tied to the thread that forks them) and reports pod status.
+watch the API (pods, services, claims), answer DNS, relay pods' API traffic, serve container
+logs to the API server and renew node leases; the main thread alone starts and stops pod
+processes (their ``PR_SET_PDEATHSIG`` is tied to the thread that forks them) and reports pod
+status.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import platform
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,16 +31,17 @@ from urllib.parse import quote, urlparse
 
 from ddp_trainer.contract import rfc3339
 
-from . import dns, netns, podspec, versions
+from . import certs, dns, logserver, netns, podlogs, podspec, versions
 from .kubeapi import Api, ApiError, Informer
 from .plane import MARKER_ENV
+from .podlogs import LogRequestError
 
 log = logging.getLogger("ddp_devcluster.kubelet")
 
 NODE_LABEL = "ddp.dev/test-kubelet"
 ALLOCATABLE = {"cpu": "64", "memory": "256Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 LEASE_S = 40
-PODEXEC = Path(__file__).with_name("podexec.py")
+DEVCLUSTER_DIR = Path(__file__).resolve().parents[1]
 
 
 def now() -> str:
@@ -145,6 +149,8 @@ class Agent:
         provision_pvcs: bool = True,
         delete_nodes_on_stop: bool = True,
         ready_file: Path | None = None,
+        client_ca_file: Path | None = None,
+        serving_ca: tuple[Path, Path] | None = None,
     ) -> None:
         self.api = Api(kubeconfig)
         self.nodes = nodes
@@ -154,6 +160,8 @@ class Agent:
         self.provision_pvcs = provision_pvcs
         self.delete_nodes_on_stop = delete_nodes_on_stop
         self.ready_file = ready_file
+        self.client_ca_file = client_ca_file
+        self.serving_ca = serving_ca
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.runtimes: dict[str, PodRuntime] = {}
@@ -173,6 +181,7 @@ class Agent:
         self.api_target = (url.hostname or "127.0.0.1", url.port or 443)
         self.dns: dns.DnsServer | None = None
         self.relay: ApiRelay | None = None
+        self.logs: logserver.LogServer | None = None
         self.provisioned: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -192,6 +201,11 @@ class Agent:
             if self.net.isolated:
                 self.dns = dns.DnsServer(self.net.gateway).start()
                 self.relay = ApiRelay(self.net.gateway, 443, self.api_target)
+            self.logs = logserver.LogServer(
+                {n: self.net.host_ip(n) for n in self.nodes},
+                self._serving_tls(),
+                self._container_log,
+            )
             for node in self.nodes:
                 self._register(node)
             self.pods = Informer(self.api, "/api/v1/pods", self.wake.set).start()
@@ -205,6 +219,7 @@ class Agent:
             for inf in (self.pods, self.services):
                 if not inf.synced.wait(60):
                     raise RuntimeError(f"could not list {inf.path}")
+            self.logs.start()  # it finds pods in the pod informer
             if self.ready_file:
                 self.ready_file.write_text(json.dumps(self.info()))
             log.info("nodes %s registered; watching pods", ", ".join(self.nodes))
@@ -231,6 +246,7 @@ class Agent:
             "mode": self.mode,
             "gateway": self.net.gateway,
             "nodes": {n: self.net.host_ip(n) for n in self.nodes},
+            "kubelet_port": self.logs.port if self.logs else 0,
             "state_dir": str(self.state_dir),
         }
 
@@ -240,6 +256,8 @@ class Agent:
 
     def _shutdown(self) -> None:
         log.info("stopping: %d pods", len(self.runtimes))
+        if self.logs:
+            self.logs.stop()
         for rt in self.runtimes.values():
             self._signal_all(rt, signal.SIGTERM)
         deadline = time.monotonic() + 3
@@ -334,7 +352,7 @@ class Agent:
             ],
             "capacity": ALLOCATABLE,
             "allocatable": ALLOCATABLE,
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.logs.port if self.logs else 0}},
             "nodeInfo": {
                 "machineID": node,
                 "systemUUID": node,
@@ -387,6 +405,63 @@ class Agent:
                     log.warning("heartbeat of %s failed: %s", node, e)
             if time.monotonic() - last_status > 30:
                 last_status = time.monotonic()
+
+    # -- the log server ------------------------------------------------------------------
+    def _serving_tls(self) -> ssl.SSLContext:
+        """A serving certificate for the nodes' addresses, from the cluster's CA when given
+        (the API server verifies kubelets against it) or else signed by itself; clients
+        must show a certificate from ``client_ca_file``, by default the kubeconfig's CA."""
+        ips = tuple(self.net.host_ip(n) for n in self.nodes)
+        if self.serving_ca is not None:
+            ca_key, ca_cert = certs.load_ca(*(p.read_bytes() for p in self.serving_ca))
+            pair = certs.issue(ca_key, ca_cert, "ddp-test-kubelet", dns=tuple(self.nodes), ips=ips)
+        else:
+            pair = certs.self_signed("ddp-test-kubelet", dns=tuple(self.nodes), ips=ips)
+        if self.client_ca_file is not None:
+            client_ca = self.client_ca_file.read_text()
+        else:
+            client_ca = self.api.ca_pem.decode()
+        with tempfile.TemporaryDirectory() as d:
+            crt, key = certs.write_pair(Path(d), "kubelet", pair)
+            return logserver.tls_context(crt, key, client_ca)
+
+    def _container_log(
+        self, node: str, ns: str, name: str, container: str, previous: bool
+    ) -> logserver.ContainerLog:
+        """Which log file ``GET /containerLogs/ns/name/container`` on ``node`` reads (called
+        from the log server's threads: it only reads the agent's state)."""
+        pod = next(
+            (
+                p
+                for p in self.pods.snapshot()
+                if (p["metadata"]["namespace"], p["metadata"]["name"]) == (ns, name)
+                and p.get("spec", {}).get("nodeName") == node
+            ),
+            None,
+        )
+        if pod is None:
+            raise LogRequestError(404, f'pod "{name}" does not exist')
+        if container not in podlogs.container_names(pod):
+            raise LogRequestError(404, f'container "{container}" not found in pod "{name}"')
+        uid = pod["metadata"]["uid"]
+        folder = self.state_dir / "logs" / f"{ns}_{name}_{uid}" / container
+        names = os.listdir(folder) if folder.is_dir() else []
+        run = podlogs.pick_run(podlogs.run_numbers(names), previous, container, pod)
+
+        def running() -> bool:
+            rt = self.runtimes.get(uid)
+            if rt is None or self.stopping.is_set():
+                return False
+            proc = rt.procs.get(container)
+            rec = rt.records.get(container) or rt.init_records.get(container)
+            return (
+                proc is not None
+                and proc.returncode is None
+                and rec is not None
+                and rec.restart_count == run
+            )
+
+        return logserver.ContainerLog(folder / f"{run}.log", running)
 
     # -- the sync loop --------------------------------------------------------------------
     def _loop(self) -> None:
@@ -657,19 +732,21 @@ class Agent:
             "env": env,
         }
         n = rec.restart_count
+        log_file = rt.log_dir / c["name"] / f"{n}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        spec["log_times"] = str(podlogs.times_path(log_file))
         spec_file = rt.dir / "exec" / f"{c['name']}-{n}.json"
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_text(json.dumps(spec))
-        log_file = rt.log_dir / c["name"] / f"{n}.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("ab") as out:
             rt.procs[c["name"]] = subprocess.Popen(
-                [sys.executable, "-s", str(PODEXEC), str(spec_file)],
+                [sys.executable, "-s", "-P", "-m", "ddp_devcluster.podexec", str(spec_file)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={
                     "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "PYTHONPATH": str(DEVCLUSTER_DIR),
                     netns.ID_ENV: self.net.instance,
                     **({MARKER_ENV: os.environ[MARKER_ENV]} if os.environ.get(MARKER_ENV) else {}),
                 },
@@ -862,6 +939,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--keep-nodes", action="store_true", help="leave the Nodes on exit")
     ap.add_argument("--no-provision", action="store_true", help="do not bind pending claims")
     ap.add_argument("--ready-file", type=Path)
+    ap.add_argument(
+        "--client-ca-file",
+        type=Path,
+        help="CA of the client certificates the log server accepts (default: the kubeconfig's)",
+    )
+    ap.add_argument(
+        "--serving-ca",
+        nargs=2,
+        type=Path,
+        metavar=("CERT", "KEY"),
+        help="CA that signs the log server's certificate (default: it signs itself)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -880,5 +969,7 @@ def main(argv: list[str]) -> int:
         provision_pvcs=not args.no_provision,
         delete_nodes_on_stop=not args.keep_nodes,
         ready_file=args.ready_file,
+        client_ca_file=args.client_ca_file,
+        serving_ca=tuple(args.serving_ca) if args.serving_ca else None,
     )
     return agent.run()

@@ -49,6 +49,7 @@ class OperatorProcess:
     service_account: str = SERVICE_ACCOUNT
     process: Process | None = None
     health_port: int = 0
+    metrics_port: int = 0
 
     @property
     def log(self) -> Path:
@@ -60,6 +61,7 @@ class OperatorProcess:
             NAMESPACE, self.service_account, self.workdir / "operator.kubeconfig"
         )
         self.health_port = free_port()
+        self.metrics_port = free_port()
         pythonpath = os.pathsep.join(
             str(REPO / p) for p in ("operator", "trainer_image", "devcluster")
         )
@@ -69,6 +71,7 @@ class OperatorProcess:
             "PYTHONPATH": pythonpath,
             "PYTHONUNBUFFERED": "1",
             MARKER_ENV: self.plane.marker,
+            "DDP_METRICS_PORT": str(self.metrics_port),
             **self.env,
         }
         argv = [
@@ -103,6 +106,10 @@ class OperatorProcess:
                 return bool(r.status == 200)
         except (urllib.error.URLError, OSError):
             return False
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def kill(self) -> None:
         """SIGKILL, as a crash or an evicted pod would end it: no cleanup runs."""

@@ -167,6 +167,11 @@ class ControlPlane:
         return self._dir / "pki" / "ca.crt"
 
     @property
+    def ca_key_file(self) -> Path:
+        """The CA's key: test kubelets sign their serving certificates with it."""
+        return self._dir / "pki" / "ca.key"
+
+    @property
     def _dir(self) -> Path:
         assert self.workdir is not None, "the control plane is not started"
         return self.workdir
@@ -258,6 +263,12 @@ class ControlPlane:
             (self._dir / f"{name}.kubeconfig").write_text(
                 certs.kubeconfig(self.server, ca.cert_pem, cn, client=pair)
             )
+        # What the API server presents to kubelets (logs, exec), which check it against the CA.
+        certs.write_pair(
+            pki,
+            "apiserver-kubelet-client",
+            certs.issue(ca_key, ca_cert, "kube-apiserver-kubelet-client"),
+        )
         self.admin_cert = certs.write_pair(
             pki,
             "admin-client",
@@ -304,6 +315,12 @@ class ControlPlane:
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
+                # Reaching kubelets (pods/log): at the node's InternalIP, since node names
+                # resolve nowhere here; their serving certificates verified against the CA.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                 "--authorization-mode=RBAC",
                 "--anonymous-auth=false",
                 f"--service-account-key-file={pki / 'sa.crt'}",

@@ -1,12 +1,17 @@
 """Start one container of the test kubelet: ``python -m ddp_devcluster.podexec SPEC.json``.
 
-Development and tests only. As root (``isolate``) it enters the pod's network namespace,
-takes private mount, UTS and PID namespaces, bind-mounts the pod's volumes, /etc/hosts and
-/etc/resolv.conf, sets the hostname, and forks an init (PID 1 of the pod's PID namespace)
-that runs the container command as PID 2, forwards signals to it and reaps orphans. When
-the command exits, init exits with its code (128+N for signal N) and the kernel kills what
-is left in the namespace. Every stage dies with its parent (``PR_SET_PDEATHSIG``), so a
-killed kubelet takes its pods' processes with it, grandchildren included.
+Development and tests only. Its first process writes the container's output (stdout and
+stderr through one pipe) to the log, its own stdout, and the time of every line to the
+``log_times`` file (see podlogs.py); a child does the rest, and the first process exits as
+that child did once the output has ended.
+
+As root (``isolate``) the child enters the pod's network namespace, takes private mount, UTS
+and PID namespaces, bind-mounts the pod's volumes, /etc/hosts and /etc/resolv.conf, sets the
+hostname, and forks an init (PID 1 of the pod's PID namespace) that runs the container
+command as PID 2, forwards signals to it and reaps orphans. When the command exits, init
+exits with its code (128+N for signal N) and the kernel kills what is left in the namespace.
+Every stage dies with its parent (``PR_SET_PDEATHSIG``), so a killed kubelet takes its pods'
+processes with it, grandchildren included.
 
 Without ``isolate`` (no root), it only starts the command in its own session and forwards
 signals; nothing is mounted.
@@ -18,17 +23,24 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+from . import podlogs
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x4000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+# How long output may still come after the container exited: without a PID namespace, the
+# orphans it left can hold the pipe open for good.
+DRAIN_S = 1.0
 FORWARDED = (
     signal.SIGTERM,
     signal.SIGINT,
@@ -163,26 +175,65 @@ def _init(spec: dict[str, Any]) -> None:
             os._exit(exit_code(status))
 
 
+def _exit_as(status: int) -> None:
+    """Exit with a child's wait status: the same code, or killed by the same signal, so the
+    kubelet sees what a container runtime would report."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(exit_code(status))
+
+
 def _supervise(child: int) -> None:
     _forward_to(child)
     while True:
         pid, status = os.waitpid(child, 0)
         if pid == child:
-            code = exit_code(status)
-            if not os.WIFSIGNALED(status):
-                os._exit(code)
-            # Die the same way, so the kubelet sees the signal as a container runtime would.
-            sig = os.WTERMSIG(status)
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
-            os._exit(code)
+            _exit_as(status)
 
 
-def main(argv: list[str]) -> None:
-    spec = json.loads(Path(argv[0]).read_text())
-    me = os.getpid()
-    _die_with_parent(int(spec["parent_pid"]))
+def _log_output(spec: dict[str, Any], me: int) -> None:
+    """Runs the container in a child with a pipe for stdout and stderr, writes what comes
+    through it to the log with the time of every line, and exits as the child did."""
+    times_fd = os.open(spec["log_times"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        _die_with_parent(me)
+        os.close(r)
+        os.close(times_fd)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+        _run(spec)
+    os.close(w)
+    _forward_to(child)
+    writer = podlogs.LogWriter(1, times_fd)
+    status: int | None = None
+    exited = 0.0
+    while True:
+        if select.select([r], [], [], 0.2)[0]:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            writer.write(chunk, time.time_ns())
+        if status is None:
+            pid, st = os.waitpid(child, os.WNOHANG)
+            if pid == child:
+                status, exited = st, time.monotonic()
+        elif time.monotonic() - exited > DRAIN_S:
+            break
+    writer.finish(time.time_ns())
+    if status is None:
+        _, status = os.waitpid(child, 0)
+    _exit_as(status)
+
+
+def _run(spec: dict[str, Any]) -> None:
+    """Sets up the sandbox and runs the container in it; exits as the container does."""
     if not spec.get("isolate"):
+        me = os.getpid()
         child = os.fork()
         if child == 0:
             _die_with_parent(me)
@@ -197,6 +248,14 @@ def main(argv: list[str]) -> None:
     if init == 0:
         _init(spec)
     _supervise(init)
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(Path(argv[0]).read_text())
+    _die_with_parent(int(spec["parent_pid"]))
+    if spec.get("log_times"):
+        _log_output(spec, os.getpid())
+    _run(spec)
 
 
 if __name__ == "__main__":

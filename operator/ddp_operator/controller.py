@@ -24,9 +24,12 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from ddp_trainer.contract import parse_rfc3339
+
 from . import informer, kube, policy, render
 from . import plan as planner
 from .api import API_VERSION, KIND, PLURAL, DDPJob
+from .metrics import OperatorMetrics
 from .settings import Settings
 
 log = logging.getLogger("ddp_operator")
@@ -61,6 +64,9 @@ class Controller:
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    # Job uid -> start-up milestones still to time (policy.milestones_to_time).
+    ahead: dict[str, set[str]] = field(default_factory=dict)
 
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
@@ -91,6 +97,13 @@ class Controller:
         self.status_written_at.pop(uid, None)
         self.expected.pop(key, None)
         self.due.pop(key, None)
+        self.ahead.pop(uid, None)
+
+    def queue_depth(self) -> int:
+        """Jobs being reconciled, due for one, or waiting for the caches (a metric)."""
+        now = time.monotonic()
+        due = {k for k, t in self.due.items() if t <= now}
+        return len(self.active | self.again | self.waiting | due)
 
     # -- the work queue --------------------------------------------------------------------------
     async def enqueue(self, key: Key) -> None:
@@ -108,11 +121,13 @@ class Controller:
                 bodies = list(self.jobs.get(key, [])) if self.jobs is not None else []
                 if not bodies:
                     break
+                started = time.perf_counter()
                 try:
                     await self.reconcile(bodies[0])
                 except Exception:
                     log.exception("reconcile of %s/%s failed; retrying in 5s", *key)
                     self.due[key] = time.monotonic() + 5
+                self.metrics.reconcile.observe(time.perf_counter() - started)
                 if key not in self.again:
                     break
         finally:
@@ -146,16 +161,48 @@ class Controller:
             for o in p.create
             if o["metadata"]["name"] not in (services if o["kind"] == "Service" else pods)
         ]
+        store = render.store_name(meta["name"])
+        workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
+        workers_before |= {n for n in expected if n != store}
         made = await self.apply(body, job, status, p)
         for obj in made:
             if obj["kind"] == "Pod":
                 expected[obj["metadata"]["name"]] = time.monotonic()
+        if job is not None:
+            made_workers = {o["metadata"]["name"] for o in made if _is_worker(o)}
+            self._time_startup(meta, status, workers_before, made_workers, job.spec.nodes)
         if len(made) < len(p.create):
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
         if p.requeue_after is not None:
             self.due[key] = time.monotonic() + p.requeue_after
         else:
             self.due.pop(key, None)
+
+    def _time_startup(
+        self,
+        meta: dict[str, Any],
+        status: dict[str, Any],
+        before: set[str],
+        made: set[str],
+        nodes: int,
+    ) -> None:
+        """Observes the start-up histograms once per job, for milestones this process saw."""
+        uid = meta.get("uid", "")
+        if uid not in self.ahead:
+            self.ahead[uid] = policy.milestones_to_time(status, len(before))
+        ahead = self.ahead[uid]
+        if not ahead:
+            return
+        reached = policy.milestones_reached(ahead, status, len(before | made), nodes)
+        created = parse_rfc3339(meta.get("creationTimestamp"))
+        if not reached or created is None:
+            return
+        age = max(0.0, (dt.datetime.now(dt.UTC) - created).total_seconds())
+        if policy.PODS_CREATED in reached:
+            self.metrics.job_pods_created.observe(age)
+        if policy.FIRST_STEP in reached:
+            self.metrics.job_first_step.observe(age)
+        ahead -= reached
 
     async def apply(
         self, body: dict[str, Any], job: DDPJob | None, status: dict[str, Any], p: planner.Plan
@@ -188,13 +235,20 @@ class Controller:
         if job is not None and any(o["kind"] == "Pod" for o in p.create):
             await self._ensure_trainer_rbac(job)
         created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
+        self.metrics.pod_creates.inc(
+            sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
+        )
         await asyncio.gather(
             *(
                 self.api.must("DELETE", kube.core_path(ns, "pods", pod), ok=(404,))
                 for pod in p.delete
             )
         )
+        self.metrics.pod_deletes.inc(len(p.delete))
         await asyncio.gather(*(self._event(body, *e) for e in p.events))
+        for _, reason, _ in p.events:
+            if reason in policy.RESTART_REASONS:
+                self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()
         if p.delete_job:
@@ -288,6 +342,11 @@ class Controller:
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("creating the trainer's RBAC failed (tried again): %s", task.exception())
+
+
+def _is_worker(obj: dict[str, Any]) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return obj["kind"] == "Pod" and labels.get(render.LABEL_ROLE) == render.ROLE_WORKER
 
 
 def _name(obj: Any) -> str:

@@ -78,14 +78,27 @@ async def configure(**kw: Any) -> None:
     CONTROLLER.settings = Settings.from_env(os.environ)
     CONTROLLER.instance = os.environ.get("HOSTNAME", COMPONENT)
     CONTROLLER.jobs = kw["jobs_by_name"]
+    metrics = CONTROLLER.metrics
     CONTROLLER.start_watches(
-        kube.Kube(lambda: kube.login(settings=settings), CONTROLLER.settings.workers)
+        kube.Kube(
+            lambda: kube.login(settings=settings),
+            CONTROLLER.settings.workers,
+            on_error=lambda code: metrics.api_errors.labels(code).inc(),
+        )
     )
     CONTROLLER.spawn(CONTROLLER.clock())
+    metrics.watch_jobs(lambda: _indexed_jobs(kw["jobs_by_name"]))
+    metrics.track_queue(CONTROLLER.queue_depth)
+    metrics.serve(CONTROLLER.settings.metrics_port)
+
+
+def _indexed_jobs(index: kopf.Index[Any, Any]) -> list[Any]:
+    return [job for key in list(index) for job in index.get(key, [])]
 
 
 @kopf.on.cleanup()
 async def shutdown(**_: Any) -> None:
+    CONTROLLER.metrics.stop()
     for task in list(CONTROLLER.tasks):
         task.cancel()
     if CONTROLLER.watches is not None:
@@ -103,7 +116,8 @@ def _not_deleted(**kw: Any) -> bool:
 @kopf.index(GROUP, VERSION, PLURAL, when=_not_deleted)
 async def jobs_by_name(**kw: Any) -> Any:
     body = kw["body"]
-    meta = {k: body.metadata.get(k) for k in ("name", "namespace", "uid", "generation")}
+    keys = ("name", "namespace", "uid", "generation", "creationTimestamp")
+    meta = {k: body.metadata.get(k) for k in keys}
     snapshot = {"spec": body.get("spec") or {}, "status": body.get("status") or {}}
     return {(kw["namespace"], kw["name"]): {"metadata": meta, **copy.deepcopy(snapshot)}}
 

@@ -69,9 +69,15 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 class Kube:
     """An aiohttp session to the API server with at most ``concurrency`` requests in flight."""
 
-    def __init__(self, credentials: Callable[[], kopf.ConnectionInfo | None], concurrency: int):
+    def __init__(
+        self,
+        credentials: Callable[[], kopf.ConnectionInfo | None],
+        concurrency: int,
+        on_error: Callable[[str], None] = lambda code: None,
+    ):
         self._credentials = credentials
         self._concurrency = concurrency
+        self._on_error = on_error  # told each non-2xx status code, or "transport"
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self._lock = asyncio.Lock()
@@ -122,11 +128,14 @@ class Kube:
                     text = await r.text()
                     status, retry_after = r.status, r.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError) as e:
+                self._on_error("transport")
                 if attempt == RETRIES:
                     raise
                 log.warning("%s %s: %s; retrying", method, path, e)
                 await asyncio.sleep(retry_delay_s(attempt, None))
                 continue
+            if status >= 300:
+                self._on_error(str(status))
             if status == 401 and not relogged:
                 relogged = True
                 await self.close()  # a rotated token: log in again

@@ -105,3 +105,35 @@ def event_body(
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+# -- metrics: which start-up milestones of a job this process can time ---------------------------
+PODS_CREATED = "pods"  # all first node pods created
+FIRST_STEP = "step"  # the first training step seen in status.progress
+RESTART_REASONS = frozenset({"PodFailed", "PodDisrupted"})  # the Events of a counted restart
+
+
+def milestones_to_time(status: Mapping[str, Any], workers: int) -> set[str]:
+    """The milestones to time for a job seen for the first time: only those still ahead of it,
+    so an operator restarted mid-run never records a job's age as a start-up latency."""
+    phase = status.get("phase") or ""
+    if phase in ("Succeeded", "Failed", "Suspended") or status.get("restarts"):
+        return set()
+    ahead = set()
+    if workers == 0:
+        ahead.add(PODS_CREATED)
+    if not (status.get("progress") or {}).get("step"):
+        ahead.add(FIRST_STEP)
+    return ahead
+
+
+def milestones_reached(
+    ahead: Collection[str], status: Mapping[str, Any], workers: int, nodes: int
+) -> set[str]:
+    """Of the milestones still ``ahead`` of a job, those it has reached now."""
+    reached = set()
+    if PODS_CREATED in ahead and workers >= nodes:
+        reached.add(PODS_CREATED)
+    if FIRST_STEP in ahead and (status.get("progress") or {}).get("step"):
+        reached.add(FIRST_STEP)
+    return reached

@@ -22,6 +22,8 @@ PET_MAX_RESTARTS                ``workerRestarts``: worker restarts inside one p
 PET_MONITOR_INTERVAL            how often the agent checks its workers and the rendezvous
 DDPJOB_NAME/_NAMESPACE          where rank 0 reports ``status.progress``
 DDPJOB_NODE_INDEX               this pod's index (0-based)
+POD_NAME, POD_IP                the pod's name and IP (fieldRef); the trainer's metrics endpoint
+                                listens on IPv6 too when the IP is IPv6
 DDPJOB_CHECKPOINT_DIR           the checkpoint volume's mount path
 DDP_TRAINER_CONFIG              ``spec.trainer`` plus ``checkpointEverySteps``/``checkpointKeep``
                                 as JSON, for the bundled trainer
@@ -39,6 +41,10 @@ OMP_NUM_THREADS                 the container's CPUs (limit, else request) per w
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
 ``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out
 when it sets them.
+
+Container ports of a worker: ``c10d`` (29400), and ``metrics`` (``spec.trainer.metricsPort``,
+default 9400) where the bundled trainer's first process serves Prometheus metrics; not declared
+when the port is 0 or the pod runs the user's own command.
 """
 
 from __future__ import annotations
@@ -170,6 +176,24 @@ def trainer_config_json(job: DDPJob) -> str:
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
+def metrics_port(job: DDPJob) -> int | None:
+    """The port of the bundled trainer's Prometheus endpoint; None when it has none (the port
+    is 0, or the pod runs the user's own command)."""
+    s = job.spec
+    if s.command is not None:
+        return None
+    port = s.trainer.metrics_port if s.trainer else contract.DEFAULT_METRICS_PORT
+    return port or None
+
+
+def worker_ports(job: DDPJob) -> list[dict[str, Any]]:
+    ports: list[dict[str, Any]] = [{"name": "c10d", "containerPort": RDZV_PORT}]
+    port = metrics_port(job)
+    if port is not None:
+        ports.append({"name": contract.METRICS_PORT_NAME, "containerPort": port})
+    return ports
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -198,7 +222,7 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         {"name": contract.ENV_JOB_NAMESPACE, "value": ns},
         {"name": contract.ENV_NODE_INDEX, "value": str(index)},
         _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_IP", "status.podIP"),
+        _field_env(contract.ENV_POD_IP, "status.podIP"),
     ]
     if s.checkpoint is not None:
         env.append({"name": contract.ENV_CHECKPOINT_DIR, "value": s.checkpoint.path})
@@ -322,7 +346,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
         "command": command,
         "args": args,
         "env": worker_env(job, index, cfg),
-        "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
+        "ports": worker_ports(job),
         "volumeMounts": mounts,
         "securityContext": dict(RESTRICTED_CONTAINER),
     }

@@ -19,6 +19,7 @@ class Settings:
     backoff_base_s: float = 10.0  # first delay before a failed pod is recreated; doubles after
     resync_s: float = 30.0  # every job is reconciled at least this often
     workers: int = 48  # API requests in flight
+    metrics_port: int = 8081  # Prometheus /metrics; 0 serves none
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -48,4 +49,5 @@ class Settings:
             backoff_base_s=number("DDP_BACKOFF_BASE_S", defaults.backoff_base_s, 0),
             resync_s=number("DDP_RESYNC_S", defaults.resync_s, 1),
             workers=int(number("DDP_WORKERS", defaults.workers, 1)),
+            metrics_port=int(number("DDP_METRICS_PORT", defaults.metrics_port, 0)),
         )

@@ -8,6 +8,7 @@ it needed no more than that role, and used every verb of it.
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
@@ -369,6 +371,56 @@ def test_an_operator_killed_mid_creation_converges_without_duplicates(
     assert sorted(after) == sorted([*(f"big-node-{i}" for i in range(nodes)), "big-rdzv"])
     assert all(after[n] == uid for n, uid in before.items())  # none recreated or duplicated
     assert status["restarts"] == 0
+
+
+def scrape(op: OperatorProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The operator's /metrics, parsed by Prometheus' own text parser: (sample, labels) -> value."""
+    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        assert family.documentation, f"{family.name} has no help text"
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) -> None:
+    before = scrape(c.op)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return scrape(c.op).get(key, 0.0) - before.get(key, 0.0)
+
+    c.apply("metered", {"nodes": 2})
+    c.running("metered", 2)
+    running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
+    assert scrape(c.op)[running] == 1
+    # Rank 0 reports its first step, as the trainer does.
+    c.k(
+        "patch", "ddpjob", "metered", "--subresource=status", "--type=merge",
+        "-p", '{"status":{"progress":{"step":1,"totalSteps":10}}}',
+    )  # fmt: skip
+    c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
+    c.k("delete", "pod", "metered-node-1")
+    c.until("a restart", lambda: c.status("metered").get("restarts") == 1 or None)
+    c.running("metered", 2)
+    c.exit("metered-node-0", 0)
+    c.exit("metered-node-1", 0)
+    c.phase("metered", "Succeeded")
+    after = scrape(c.op)
+    assert after[("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Succeeded")))] == 1
+    assert after[running] == 0  # the other phases of a namespace stay, at 0
+    assert delta("ddp_operator_restarts_total", reason="PodDisrupted") == 1
+    assert delta("ddp_operator_pod_creates_total") >= 4  # the store, 2 nodes, 1 recreated
+    assert delta("ddp_operator_pod_deletes_total") >= 1  # the store, once the job ended
+    assert delta("ddp_operator_job_pods_created_seconds_count") == 1
+    assert delta("ddp_operator_job_first_step_seconds_count") == 1
+    assert delta("ddp_operator_reconcile_duration_seconds_count") >= 3
+    assert ("ddp_operator_workqueue_depth", ()) in after
+    assert all(
+        set(dict(labels)) <= {"namespace", "phase", "reason", "code", "le"} for _, labels in after
+    )
 
 
 def _rbac_rules() -> set[tuple[str, str, str]]:

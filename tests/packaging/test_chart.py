@@ -13,7 +13,7 @@ import yaml
 
 from ddp_devcluster.plane import binary
 from ddp_operator.crd import crd_yaml
-from ddp_operator.render import OperatorConfig
+from ddp_operator.render import LABEL_JOB, LABEL_ROLE, ROLE_WORKER, OperatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "ddp-operator"
@@ -65,6 +65,7 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Service",
         "ServiceAccount",
     ]
     binding = one(docs, "ClusterRoleBinding")
@@ -92,7 +93,18 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
     assert env["DDP_DEFAULT_IMAGE"] == OperatorConfig.default_image
     assert env["DDP_RESYNC_S"] == "30" and env["DDP_BACKOFF_BASE_S"] == "10"
     # The probes ask kopf's liveness endpoint, on the port the image's ENTRYPOINT serves.
-    assert c["ports"] == [{"name": "health", "containerPort": 8080}]
+    assert c["ports"] == [
+        {"name": "health", "containerPort": 8080},
+        {"name": "metrics", "containerPort": 8081},
+    ]
+    assert env["DDP_METRICS_PORT"] == "8081"
+    service = one(docs, "Service")
+    assert service["metadata"]["name"] == "ddp-operator-metrics"
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics"}]
+    assert (
+        service["spec"]["selector"].items()
+        <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert "--liveness=http://0.0.0.0:8080/healthz" in (REPO / "Dockerfile").read_text()
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -115,9 +127,42 @@ def test_watched_namespaces_bind_the_role_in_those_namespaces_only() -> None:
     )
 
 
+def test_monitors_are_behind_values_and_select_what_serves_metrics() -> None:
+    docs = render(
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.serviceMonitor.labels.release=prom",
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", "watchNamespaces={team-a}",
+    )  # fmt: skip
+    sm, pm = one(docs, "ServiceMonitor"), one(docs, "PodMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert (
+        sm["spec"]["selector"]["matchLabels"].items()
+        <= one(docs, "Service")["metadata"]["labels"].items()
+    )
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    # The trainer pods: node pods that declare the port `metrics` (render.py), in the watched
+    # namespaces.
+    assert pm["spec"]["selector"]["matchLabels"] == {LABEL_ROLE: ROLE_WORKER}
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert pm["spec"]["podTargetLabels"] == [LABEL_JOB]
+    off = render("--set", "metrics.port=0")
+    assert not [d for d in off if d["kind"] == "Service"]
+    (c,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [p["name"] for p in c["ports"]] == ["health"]
+
+
 @pytest.mark.parametrize(
     "bad",
-    ["logLevel=loud", "watchNamespaces={Not_A_Namespace}", "settings.workers=0", "replicas=2"],
+    [
+        "logLevel=loud",
+        "watchNamespaces={Not_A_Namespace}",
+        "settings.workers=0",
+        "replicas=2",
+        "metrics.port=70000",
+        "metrics.podMonitor.interval=often",
+    ],
 )
 def test_the_values_schema_refuses(bad: str) -> None:
     proc = helm("template", "x", str(CHART), "--set", bad, check=False)

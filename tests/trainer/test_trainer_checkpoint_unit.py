@@ -107,3 +107,21 @@ def test_async_writer_writes_a_snapshot_not_the_live_tensors(tmp_path: Path) -> 
     writer.close()
     _, loaded = CheckpointStore(tmp_path).latest() or (None, {})
     assert loaded["weights"][0] == 7.0
+
+
+def test_async_writer_reports_each_write_and_survives_a_failing_report(tmp_path: Path) -> None:
+    seen = []
+
+    def on_written(entry: Entry, seconds: float) -> None:
+        seen.append((entry.step, entry.size, seconds))
+        raise RuntimeError("a broken metrics hook")
+
+    writer = AsyncCheckpointWriter(CheckpointStore(tmp_path), on_written=on_written)
+    writer.submit(3, snapshot(state(3)))
+    writer.submit(6, snapshot(state(6)))  # waits for the first write: it must have gone well
+    writer.close()
+    assert [(step, size) for step, size, _ in seen] == [
+        (3, (tmp_path / "step-00000003.pt").stat().st_size),
+        (6, (tmp_path / "step-00000006.pt").stat().st_size),
+    ]
+    assert all(seconds > 0 for _, _, seconds in seen)

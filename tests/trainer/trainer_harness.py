@@ -32,6 +32,12 @@ RDZV_CONF = (
 )
 
 
+def trainer_settings(settings: dict[str, Any]) -> str:
+    """DDP_TRAINER_CONFIG of a started trainer: no Prometheus endpoint unless the test asks for
+    one, so that trainers on one host do not all reach for the default port."""
+    return json.dumps({"metricsPort": 0, **settings})
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment of started processes: sources on the path, one thread, no leftovers."""
     dropped = ("DDPJOB_", "DDP_TRAINER_", "PET_", "TORCHELASTIC_")
@@ -150,7 +156,7 @@ class Launcher:
             "--checkpoint-dir",
             str(checkpoint_dir),
         ]
-        env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings), **AGENT_ENV)
+        env = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **AGENT_ENV)
         return self.start(name, args, env)
 
     def standalone(
@@ -168,7 +174,7 @@ class Launcher:
             "--checkpoint-dir",
             str(checkpoint_dir),
         ]
-        env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings))
+        env = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings))
         return self.start(name, args, env)
 
     def alone(
@@ -180,7 +186,7 @@ class Launcher:
         extra_env: dict[str, str] | None = None,
     ) -> Proc:
         """`python -m ddp_trainer` in one process, without torchrun."""
-        env = subprocess_env(DDP_TRAINER_CONFIG=json.dumps(settings), **(extra_env or {}))
+        env = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **(extra_env or {}))
         return self.start(name, ["-m", "ddp_trainer", "--checkpoint-dir", str(checkpoint_dir)], env)
 
     def kill_all(self) -> None:

@@ -65,6 +65,16 @@ def test_the_trainer_reads_the_environment_the_operator_renders() -> None:
     } <= names
 
 
+@pytest.mark.parametrize("spec", [{}, {"trainer": {"metricsPort": 9100}}])
+def test_the_declared_metrics_port_is_the_one_the_trainer_serves(spec: dict) -> None:
+    job = DDPJob.model_validate({"metadata": {"name": "m", "namespace": "team"}, "spec": spec})
+    container = render.render_worker(job, 0, 0, CFG)["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config, _ = load_settings([], environ=env)
+    declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert declared[contract.METRICS_PORT_NAME] == config.metrics_port
+
+
 def test_both_sides_write_and_read_one_timestamp_format() -> None:
     when = dt.datetime(2026, 11, 22, 15, 4, 5, tzinfo=dt.UTC)
     assert plan.ts(when) == contract.rfc3339(when.timestamp()) == "2026-11-22T15:04:05Z"

@@ -123,3 +123,17 @@ def test_every_worker_line_carries_its_global_rank_unless_the_user_says_otherwis
     pod = render.render_worker(job(template=plain), 0, 0, CFG)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names.count("PET_TEE") == 1 and env_of(pod)["PET_TEE"] == "0"
+
+
+def test_the_bundled_trainer_declares_its_metrics_port() -> None:
+    def ports(**spec: object) -> dict[str, int]:
+        pod = render.render_worker(job(**spec), 0, 0, CFG)
+        return {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+
+    assert ports() == {"c10d": 29400, "metrics": 9400}  # the trainer's default
+    assert ports(trainer={"metricsPort": 9100}) == {"c10d": 29400, "metrics": 9100}
+    assert ports(trainer={"metricsPort": 0}) == {"c10d": 29400}  # off: nothing listens
+    # The user's own program may serve anything, or nothing: declare no port for it.
+    assert ports(command=["torchrun", "/scripts/train.py"]) == {"c10d": 29400}
+    store = render.render_store(job(), CFG)["spec"]["containers"][0]
+    assert [p["name"] for p in store["ports"]] == ["c10d"]

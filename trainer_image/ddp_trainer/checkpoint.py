@@ -24,7 +24,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -209,10 +209,17 @@ class AsyncCheckpointWriter:
     """Writes snapshots in a background thread so training waits only for the copy.
 
     At most one write is in flight: submitting while one runs first waits for it.
+    ``on_written(entry, seconds)`` is called in the writer thread after each complete write;
+    an error it raises is logged, never taken for a failed write.
     """
 
-    def __init__(self, store: CheckpointStore):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        on_written: Callable[[Entry, float], None] | None = None,
+    ):
         self.store = store
+        self.on_written = on_written
         self.last: Entry | None = None
         self.last_write_s = 0.0
         self._jobs: queue.Queue[tuple[int, dict[str, Any]] | None] = queue.Queue(maxsize=1)
@@ -226,12 +233,18 @@ class AsyncCheckpointWriter:
         while (job := self._jobs.get()) is not None:
             step, state = job
             started = time.perf_counter()
+            written = None
             try:
-                self.last = self.store.write(step, state)
-                log.info("checkpoint %s written", self.last.name)
+                written = self.last = self.store.write(step, state)
+                log.info("checkpoint %s written", written.name)
             except BaseException as error:
                 self._error = error
             self.last_write_s = time.perf_counter() - started
+            if written is not None and self.on_written is not None:
+                try:
+                    self.on_written(written, self.last_write_s)
+                except Exception:
+                    log.exception("on_written failed after checkpoint %s", written.name)
             self._idle.set()
 
     def wait(self) -> None:

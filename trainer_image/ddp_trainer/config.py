@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .contract import ENV_CHECKPOINT_DIR, ENV_TRAINER_CONFIG
+from .contract import DEFAULT_METRICS_PORT, ENV_CHECKPOINT_DIR, ENV_TRAINER_CONFIG
 
 BUILTIN_WORKLOADS = ("digits", "charlm", "synthetic")
 PLUGIN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -117,6 +117,15 @@ class TrainerConfig(BaseModel):
     checkpoint_keep: int = Field(3, ge=1, description="Newest checkpoints to keep.")
     log_every_steps: int = Field(
         10, ge=1, description="Log and append to metrics.jsonl every N optimizer steps."
+    )
+    metrics_port: int = Field(
+        DEFAULT_METRICS_PORT,
+        ge=0,
+        le=65535,
+        description="TCP port of the Prometheus endpoint (`/metrics`: step time, samples per "
+        "second, loss, learning rate, checkpoints, worker restarts) that the first process of "
+        "each node serves; the operator declares it as the container port `metrics`. "
+        "0: no endpoint. A port that cannot be bound is logged once; training goes on.",
     )
     evaluate: bool = Field(
         True, description="Evaluate on the test split at the end (loss, and accuracy)."

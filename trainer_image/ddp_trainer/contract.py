@@ -19,9 +19,15 @@ PLURAL = "ddpjobs"
 ENV_JOB_NAME = "DDPJOB_NAME"  # where rank 0 reports status.progress ...
 ENV_JOB_NAMESPACE = "DDPJOB_NAMESPACE"  # ... and in which namespace
 ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"
+ENV_POD_IP = "POD_IP"  # the pod's IP (fieldRef status.podIP): IPv6 in an IPv6-only cluster
 ENV_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
 ENV_TRAINER_CONFIG = "DDP_TRAINER_CONFIG"  # spec.trainer as a JSON object
 ENV_PROGRESS_INTERVAL = "DDPJOB_PROGRESS_INTERVAL_S"  # optional: seconds between reports
+
+# The trainer's Prometheus endpoint (`spec.trainer.metricsPort`): the name of the container port
+# the operator declares for it (what a PodMonitor selects), and the port when unset.
+METRICS_PORT_NAME = "metrics"
+DEFAULT_METRICS_PORT = 9400
 
 # Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"

@@ -21,6 +21,7 @@ from . import checkpoint as ckpt
 from . import hold
 from .batching import Position, advance, step_seed
 from .config import TrainerConfig
+from .metrics import TrainerMetrics, listen_address, serve
 from .parts import Parts, build_parts
 from .progress import MetricsLog, ProgressReporter, progress_patch
 from .schedule import lr_at
@@ -68,10 +69,12 @@ class Trainer:
         checkpoint_dir: Path,
         env: DistEnv | None = None,
         parts: Parts | None = None,
+        prometheus: TrainerMetrics | None = None,
     ):
         self.config = config
         self.env = env or DistEnv.from_env()
         self.is_main = self.env.rank == 0
+        self.prometheus = prometheus or process_metrics(self.env)
         self.distributed = dist.is_available() and dist.is_initialized()
         e = self.env
         self.parts = parts or build_parts(
@@ -92,7 +95,11 @@ class Trainer:
         self.state = parts.state
 
         self.store = ckpt.CheckpointStore(checkpoint_dir, keep=config.checkpoint_keep)
-        self.writer = ckpt.AsyncCheckpointWriter(self.store) if self.is_main else None
+        self.writer = (
+            ckpt.AsyncCheckpointWriter(self.store, on_written=self._checkpoint_written)
+            if self.is_main
+            else None
+        )
         self.metrics = MetricsLog(checkpoint_dir) if self.is_main else None
         self.reporter = ProgressReporter.from_env() if self.is_main else None
         self.resumed_from: str | None = None
@@ -176,12 +183,15 @@ class Trainer:
         step = self.position.step
         if wait:
             self.writer.wait()
+            writing = time.perf_counter()
             entry = self.store.write(step, self.state_dict())
             self.writer.last = entry
+            self._checkpoint_written(entry, time.perf_counter() - writing)
         else:
             self.writer.submit(step, ckpt.snapshot(self.state_dict()))
         self.saved_step = step
         blocked_ms = (time.perf_counter() - started) * 1000
+        self.prometheus.checkpoint_blocked(blocked_ms / 1000)
         self.metrics.write(
             "checkpoint",
             step=step,
@@ -190,6 +200,9 @@ class Trainer:
             synchronous=wait,
             rank=self.env.rank,
         )
+
+    def _checkpoint_written(self, entry: ckpt.Entry, seconds: float) -> None:
+        self.prometheus.checkpoint_written(step=entry.step, seconds=seconds, size=entry.size)
 
     # one step --------------------------------------------------------------------------
 
@@ -244,6 +257,7 @@ class Trainer:
         """Every rank joins the loss all-reduce; rank 0 then writes, logs and reports."""
         self.last_loss = self._mean_loss()
         self.last_rate = self._rate()
+        self.prometheus.progress(loss=self.last_loss, samples_per_second=self.last_rate)
         if self.is_main:
             self._write_step_line()
             self._report(final=False)
@@ -326,6 +340,12 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.resume()
+        self.prometheus.started(
+            step=self.position.step,
+            epoch=self.position.epoch,
+            total_steps=self.total_steps,
+            resumed_step=self.saved_step if self.resumed_from else None,
+        )
         if self.metrics is not None:
             self.metrics.write(
                 "start",
@@ -378,8 +398,15 @@ class Trainer:
             self.sampler.set_epoch(self.position.epoch)
             self.sampler.set_start(self.position.samples_in_epoch)
             for micro_batches in self.sampler.batches():
+                started = time.perf_counter()
                 self._train_step(micro_batches)
                 step = self.position.step
+                self.prometheus.step_done(
+                    seconds=time.perf_counter() - started,
+                    step=step,
+                    epoch=self.position.epoch,
+                    lr=self.lr,
+                )
                 if first or step % every_log == 0 or step == self.total_steps:
                     self._log_progress()
                     first = False
@@ -486,6 +513,13 @@ class Trainer:
             self.metrics = None
 
 
+def process_metrics(env: DistEnv) -> TrainerMetrics:
+    """The Prometheus metrics of this process (see :mod:`ddp_trainer.metrics`)."""
+    return TrainerMetrics(
+        is_main=env.rank == 0, world_size=env.world_size, restarts=env.restart_count
+    )
+
+
 def init_distributed(env: DistEnv, config: TrainerConfig) -> None:
     """Join the process group torchrun prepared: NCCL on CUDA, gloo on CPU."""
     if not env.launched or dist.is_initialized():
@@ -500,11 +534,14 @@ def init_distributed(env: DistEnv, config: TrainerConfig) -> None:
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train in this process (one of torchrun's workers, or alone); returns the exit code."""
     env = DistEnv.from_env()
+    prometheus = process_metrics(env)
+    if env.local_rank == 0:  # one process per node: the port is the pod's, bound once
+        serve(prometheus.registry, config.metrics_port, listen_address(os.environ))
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
     init_distributed(env, config)
-    trainer = Trainer(config, checkpoint_dir, env)
+    trainer = Trainer(config, checkpoint_dir, env, prometheus=prometheus)
     code = trainer.train()
     if code == 0 and dist.is_initialized():
         dist.destroy_process_group()
