@@ -2,8 +2,8 @@
 and watched to Succeeded with both ranks in its merged logs, and the digits example watched,
 its logs read and its loss and learning rate plotted from the checkpoint volume.
 
-Needs a test kubelet that serves pods/log (``kubectl logs``); the reader pod of ``plot``
-prints metrics.jsonl through it too.
+Logs come through the test kubelet's pods/log (``kubectl logs``), as does the output of
+``plot``'s reader pod.
 """
 
 from __future__ import annotations
