@@ -1,6 +1,6 @@
 """`DDPClient.logs` against a fake Kubernetes API: every node's log merged in time order, once
 or followed (pods that start later, a stream that breaks off, the end of the job), and the
-API's refusal as one line. The real pods/log path runs in tests/e2e/test_ddp_cli.py."""
+API's refusal as one line. The real pods/log path runs in tests/e2e/test_kubectl_ddp_e2e.py."""
 
 from __future__ import annotations
 
