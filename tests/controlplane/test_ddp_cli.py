@@ -1,6 +1,7 @@
 """``kubectl ddp`` (the installed plugin) and ``ddp_operator.client`` against a real API server
 and the operator, with kwok playing the pods (``kwok.ddp.dev/exit-code`` ends them). kwok's
-nodes serve no pods/log: merged logs and plots of real runs are in tests/e2e/test_kubectl_ddp_e2e.py."""
+nodes serve no pods/log: merged logs and plots of real runs are in
+tests/e2e/test_kubectl_ddp_e2e.py."""
 
 from __future__ import annotations
 
