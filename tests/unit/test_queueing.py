@@ -6,9 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
+
+from ddp_operator import informer, queueing, render
 from ddp_operator import plan as planner
-from ddp_operator import queueing, render
 from ddp_operator.api import DDPJob
+from ddp_operator.settings import Settings
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 STAMP = "2026-01-01T12:00:00Z"
@@ -303,3 +306,27 @@ def test_finish_marks_the_workload_finished_once() -> None:
 def test_the_queue_label_names_the_local_queue() -> None:
     assert queueing.queue_name({"labels": {queueing.QUEUE_LABEL: "team"}}) == "team"
     assert queueing.queue_name({}) == ""
+
+
+def test_the_integration_is_off_unless_ddp_kueue_is_true() -> None:
+    assert Settings.from_env({}).kueue is False
+    assert Settings.from_env({"DDP_KUEUE": "true"}).kueue is True
+    with pytest.raises(ValueError, match=r"DDP_KUEUE='yes' must be true or false"):
+        Settings.from_env({"DDP_KUEUE": "yes"})
+
+
+def test_workloads_are_listed_and_watched_at_kueues_api_path() -> None:
+    cache: informer.Cache[str] = informer.Cache(render.LABEL_JOB, lambda o: "")
+    api: Any = None  # no call is made
+
+    def collection(plural: str, ns: str | None, version: str = "v1") -> str:
+        return informer.Informer(api, plural, ns, cache, print, api_version=version).collection
+
+    assert collection("workloads", None, queueing.KUEUE_API) == (
+        "/apis/kueue.x-k8s.io/v1beta2/workloads"
+    )
+    assert collection("workloads", "ns", queueing.KUEUE_API) == (
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads"
+    )
+    assert collection("pods", "ns") == "/api/v1/namespaces/ns/pods"
+    assert collection("pods", None) == "/api/v1/pods"
