@@ -218,10 +218,13 @@ class Controller:
                 wl = queueing.render_workload(job, worker, queue, priority, render.LABEL_JOB)
                 await self.api.must("POST", _workloads_path(wl), wl, ok=(409,))
             return queueing.admission(None, queue)
+        path = _workloads_path(workload, workload["metadata"]["name"])
         patch = queueing.resize(job, workload, worker)
-        if patch is not None:  # spec.nodes changed while queued; 409: Kueue reserved meanwhile
-            path = _workloads_path(workload, workload["metadata"]["name"])
+        if patch is not None:  # spec.nodes changed while queued; 422: Kueue reserved meanwhile
             await self.api.must("PATCH", path, patch, kube.MERGE_PATCH, ok=(404, 409, 422))
+        patch = queueing.activation(job, workload)
+        if patch is not None:  # spec.suspend changed
+            await self.api.must("PATCH", path, patch, kube.MERGE_PATCH, ok=(404,))
         adm = queueing.admission(workload, queue)
         if adm.state == queueing.State.ADMITTED and adm.flavors:
             adm = queueing.with_flavors(adm, {f: await self._flavor(f) for f in adm.flavors})

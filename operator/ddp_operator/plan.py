@@ -251,6 +251,8 @@ def plan(
     if prev_phase in TERMINAL:
         return _finished(st, prev_phase)
     if job.spec.suspend:
+        if admission is not None and admission.state != queueing.State.ADMITTED:
+            st.new["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
         return _suspended(st, prev_phase)
     if admission is not None:
         st.new["queue"] = admission.queue

@@ -182,6 +182,16 @@ def resize(job: DDPJob, wl: Mapping[str, Any], worker: Mapping[str, Any]) -> dic
     return {"spec": {"podSets": merged}}
 
 
+def activation(job: DDPJob, wl: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A merge patch of the Workload's ``spec.active`` when it differs from ``not
+    spec.suspend``: a suspended job gives its quota back (Kueue evicts an inactive Workload,
+    reason Deactivated) and does not queue again until it is resumed; else None."""
+    active = not job.spec.suspend
+    if (wl.get("spec") or {}).get("active", True) == active or finished(wl):
+        return None
+    return {"spec": {"active": active}}
+
+
 def admission(wl: Mapping[str, Any] | None, queue: str) -> Admission:
     """What Kueue decided, read from the Workload's conditions and ``status.admission``."""
     if wl is None:

@@ -392,6 +392,24 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
     q2.succeed("later")
 
 
+def test_suspending_an_admitted_job_gives_its_quota_back_until_it_is_resumed(q2: Queues) -> None:
+    q2.apply("pausing")
+    q2.running("pausing", 2)
+    q2.apply("next")
+    q2.phase("next", "Queued")
+    q2.k("patch", "ddpjob", "pausing", "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    q2.phase("pausing", "Suspended")
+    q2.running("next", 2)  # the suspended job's Workload is inactive: its quota went to next
+    assert q2.workloads("pausing")[0]["spec"]["active"] is False
+    assert "clusterQueue" not in q2.status("pausing")
+    q2.k("patch", "ddpjob", "pausing", "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    q2.phase("pausing", "Queued")
+    q2.succeed("next")
+    q2.running("pausing", 2)
+    assert q2.status("pausing")["admissions"] == 2
+    q2.succeed("pausing")
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_the_kueue_examples_pass_a_server_side_dry_run(
     control_plane: ControlPlane, kueue: KueueProcess, example: Path

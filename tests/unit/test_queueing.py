@@ -330,3 +330,20 @@ def test_workloads_are_listed_and_watched_at_kueues_api_path() -> None:
     )
     assert collection("pods", "ns") == "/api/v1/namespaces/ns/pods"
     assert collection("pods", None) == "/api/v1/pods"
+
+
+def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it() -> None:
+    assert queueing.activation(job(), ADMITTED) is None
+    assert queueing.activation(job(suspend=True), ADMITTED) == {"spec": {"active": False}}
+    inactive = {**ADMITTED, "spec": {**ADMITTED["spec"], "active": False}}
+    assert queueing.activation(job(suspend=True), inactive) is None
+    assert queueing.activation(job(), inactive) == {"spec": {"active": True}}
+    # Deactivated: released like any eviction once the pods are gone, and not requeued.
+    deactivated = workload(
+        cond("QuotaReserved"), cond("Admitted"), cond("Evicted", reason="Deactivated"),
+        admission=ADMISSION,
+    )  # fmt: skip
+    body = queueing.release(deactivated, STAMP)
+    assert body is not None
+    requeued = {c["type"]: c for c in body["status"]["conditions"]}["Requeued"]
+    assert (requeued["status"], requeued["reason"]) == ("False", "Deactivated")
