@@ -10,6 +10,7 @@ checks.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +19,11 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from ddp_devcluster.kueue import API, KueueProcess, operator_rbac
+from ddp_devcluster.kueue import API, METRICS_CERTS, KueueProcess, operator_rbac
 from ddp_devcluster.operator_process import NAMESPACE, OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
+from ddp_devcluster.pytest_plugin import unavailable
 
 pytestmark = pytest.mark.controlplane
 T = TypeVar("T")
@@ -41,6 +43,8 @@ def chart_rbac() -> list[dict[str, Any]]:
 def kueue(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KueueProcess]:
+    if os.geteuid() != 0 and not (METRICS_CERTS / "tls.crt").is_file():
+        unavailable(f"Kueue reads a certificate at {METRICS_CERTS}: run as root (kueue.py)")
     install(control_plane)  # the DDPJob CRD first: Kueue registers it as an external framework
     k = KueueProcess(control_plane, tmp_path_factory.mktemp("kueue"))
     with k:
