@@ -383,6 +383,17 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
     (wl,) = q2.workloads("wide")
     assert (wl["spec"]["podSets"][0]["count"], wl["spec"]["podSets"][0]["minCount"]) == (3, 1)
     assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 2
+    # Admitted for 2: scaling up stays at 2 (no quota for more), scaling down removes pods.
+    q2.k("scale", "ddpjob", "wide", "--replicas=4")
+    generation = json.loads(q2.k("get", "ddpjob", "wide", "-o", "json"))["metadata"]["generation"]
+    q2.until(
+        "the scale seen by the operator",
+        lambda: q2.status("wide").get("observedGeneration") == generation,
+    )
+    assert q2.workers("wide") == ["wide-node-0", "wide-node-1"]
+    q2.k("scale", "ddpjob", "wide", "--replicas=1")
+    q2.until("wide down to 1 node", lambda: q2.workers("wide") == ["wide-node-0"])
+    q2.running("wide", 1)
 
     q2.apply("later", nodes=2, minNodes=1, maxNodes=4)
     q2.phase("later", "Queued")

@@ -347,3 +347,14 @@ def test_a_suspended_job_deactivates_its_workload_and_a_resumed_one_activates_it
     assert body is not None
     requeued = {c["type"]: c for c in body["status"]["conditions"]}["Requeued"]
     assert (requeued["status"], requeued["reason"]) == ("False", "Deactivated")
+
+
+def test_scaling_an_admitted_job_up_is_capped_at_the_admitted_count() -> None:
+    adm = queueing.admission(ADMITTED, "team")  # 2 admitted
+    status = {"phase": "Running", "queue": "team", "clusterQueue": "cq", "admissions": 1}
+    pods = [running(0), running(1)]
+    up = planner.plan(job(nodes=4, minNodes=1, maxNodes=4), status, pods, NOW, CFG, admission=adm)
+    assert "j-node-2" not in up.created_pods() and up.delete == []
+    assert up.status["ready"] == "2/2"
+    down = planner.plan(job(nodes=1, minNodes=1, maxNodes=4), status, pods, NOW, CFG, admission=adm)
+    assert down.delete == ["j-node-1"]
