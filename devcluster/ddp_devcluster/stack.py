@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .kubelet import TestKubelet
-from .operator_process import REPO, OperatorProcess, install
+from .kueue import KueueProcess, operator_rbac
+from .operator_process import NAMESPACE, REPO, SERVICE_ACCOUNT, OperatorProcess, install
 from .plane import ControlPlane
 
 EXAMPLES = REPO / "manifests" / "examples"
@@ -30,10 +31,13 @@ class LocalStack:
     workdir: Path | None = None
     operator_env: dict[str, str] = field(default_factory=dict)
     log: Callable[[str], None] = print
+    # Real Kueue beside the operator, which runs with the chart's kueue.enabled RBAC.
+    kueue: bool = False
 
     plane: ControlPlane | None = field(default=None, init=False)
     kubelet: TestKubelet | None = field(default=None, init=False)
     operator: OperatorProcess | None = field(default=None, init=False)
+    queues: KueueProcess | None = field(default=None, init=False)
     _own_workdir: bool = field(default=False, init=False)
 
     def start(self) -> LocalStack:
@@ -52,6 +56,11 @@ class LocalStack:
                 log=self.log,
             ).start()
             env = {"DDP_DEFAULT_IMAGE": "ddp-trainer:local", **self.operator_env}
+            if self.kueue:
+                self.queues = KueueProcess(self.plane, self.workdir / "kueue").start()
+                for doc in operator_rbac(SERVICE_ACCOUNT, NAMESPACE):
+                    self.plane.kubectl("apply", "-f", "-", input=json.dumps(doc))
+                env["DDP_KUEUE"] = "true"
             self.operator = OperatorProcess(self.plane, self.workdir / "operator", env).start()
         except BaseException:
             self.stop()
@@ -59,7 +68,7 @@ class LocalStack:
         return self
 
     def stop(self) -> None:
-        for part in (self.operator, self.kubelet, self.plane):
+        for part in (self.operator, self.queues, self.kubelet, self.plane):
             if part is not None:
                 part.stop()
         if self._own_workdir and self.workdir is not None:

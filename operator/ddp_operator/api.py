@@ -188,6 +188,7 @@ class DDPJobPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"  # waiting for Kueue to admit it (or to admit it again after an eviction)
 
 
 class ConditionStatus(StrEnum):
@@ -638,7 +639,8 @@ class DDPJobStatus(_Model):
 
     phase: DDPJobPhase | None = Field(
         default=None,
-        description="Pending, Running, Scaling, Restarting, Succeeded, Failed or Suspended.",
+        description="Pending, Running, Scaling, Restarting, Succeeded, Failed, Suspended, or"
+        " Queued (waiting for Kueue to admit the job).",
     )
     conditions: list[Condition] | None = Field(
         default=None,
@@ -682,6 +684,18 @@ class DDPJobStatus(_Model):
         json_schema_extra={"format": "date-time"},
         description="When the operator last counted a failed or disrupted pod (RFC 3339); the"
         " restart backoff counts from it.",
+    )
+    queue: str | None = Field(
+        default=None,
+        description="The Kueue LocalQueue the job waits in or was admitted from (its"
+        " kueue.x-k8s.io/queue-name label).",
+    )
+    cluster_queue: str | None = Field(
+        default=None,
+        description="The Kueue ClusterQueue that admitted the job; unset while queued.",
+    )
+    admissions: int | None = Field(
+        default=None, description="Times Kueue admitted the job (more than 1 after evictions)."
     )
     handled_failures: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None,

@@ -33,6 +33,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.progress.lastCheckpoint",
         "priority": 1,
     },
+    {"name": "Queue", "type": "string", "jsonPath": ".status.queue", "priority": 1},
+    {"name": "ClusterQueue", "type": "string", "jsonPath": ".status.clusterQueue", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -116,8 +116,8 @@ def _not_deleted(**kw: Any) -> bool:
 @kopf.index(GROUP, VERSION, PLURAL, when=_not_deleted)
 async def jobs_by_name(**kw: Any) -> Any:
     body = kw["body"]
-    keys = ("name", "namespace", "uid", "generation", "creationTimestamp")
-    meta = {k: body.metadata.get(k) for k in keys}
+    keys = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels")
+    meta = {k: copy.deepcopy(body.metadata.get(k)) for k in keys}
     snapshot = {"spec": body.get("spec") or {}, "status": body.get("status") or {}}
     return {(kw["namespace"], kw["name"]): {"metadata": meta, **copy.deepcopy(snapshot)}}
 

@@ -124,10 +124,20 @@ class Informer(Generic[T]):
         on_change: Callable[[Key], None],
         on_synced: Callable[[Informer[Any]], None] = lambda _: None,
         watch_s: int = WATCH_S,
+        api_version: str = "v1",
     ):
         self.api, self.plural, self.namespace, self.cache = api, plural, namespace, cache
         self.on_change, self.on_synced, self.watch_s = on_change, on_synced, watch_s
-        self.collection = kube.core_path(namespace, plural) if namespace else f"/api/v1/{plural}"
+        if api_version != "v1":
+            self.collection = (
+                kube.group_path(api_version, namespace, plural)
+                if namespace
+                else f"/apis/{api_version}/{plural}"
+            )
+        else:
+            self.collection = (
+                kube.core_path(namespace, plural) if namespace else f"/api/v1/{plural}"
+            )
         self.synced = asyncio.Event()  # set after the first LIST
         self.resource_version = ""  # "" means: LIST first
         self.lists = 0  # how many LISTs and WATCHes, for tests and logs
@@ -213,9 +223,8 @@ class Informer(Generic[T]):
 
 
 class Watches:
-    """The pod and Service informers: cluster-wide, or per namespace when that is forbidden."""
-
-    PLURALS = ("pods", "services")
+    """The pod and Service informers (and Kueue's Workloads when the integration is on):
+    cluster-wide, or per namespace when that is forbidden."""
 
     def __init__(
         self,
@@ -223,15 +232,24 @@ class Watches:
         caches: Mapping[str, Cache[Any]],  # by plural
         on_change: Callable[[Key], None],
         on_synced: Callable[[str | None], None],  # a namespace (None: all) can be reconciled
+        api_versions: Mapping[str, str] | None = None,  # by plural; "v1" when not named
     ):
         self.api, self.caches, self.on_change, self._on_synced = api, caches, on_change, on_synced
-        self.cluster = [self._informer(p, None) for p in self.PLURALS]
+        self.api_versions = dict(api_versions or {})
+        self.plurals = tuple(caches)
+        self.cluster = [self._informer(p, None) for p in self.plurals]
         self.namespaced: dict[str, list[Informer[Any]]] | None = None  # None: cluster-wide
         self.tasks: set[asyncio.Task[None]] = set()
 
     def _informer(self, plural: str, namespace: str | None) -> Informer[Any]:
         return Informer(
-            self.api, plural, namespace, self.caches[plural], self.on_change, self._synced
+            self.api,
+            plural,
+            namespace,
+            self.caches[plural],
+            self.on_change,
+            self._synced,
+            api_version=self.api_versions.get(plural, "v1"),
         )
 
     def start(self) -> None:
@@ -244,7 +262,7 @@ class Watches:
             return _filled(self.cluster)
         if namespace not in self.namespaced:
             watches = self.namespaced[namespace] = [
-                self._informer(p, namespace) for p in self.PLURALS
+                self._informer(p, namespace) for p in self.plurals
             ]
             log.info("watching pods and Services of namespace %s", namespace)
             for w in watches:

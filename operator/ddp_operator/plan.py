@@ -27,7 +27,7 @@ from typing import Any
 
 from ddp_trainer.contract import parse_rfc3339, rfc3339
 
-from . import render
+from . import queueing, render
 from .api import DDPJob, DDPJobPhase, RestartPolicy
 
 TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
@@ -36,6 +36,7 @@ HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
 DISRUPTION_WINDOW_S = 60.0
 SAME_DELETION_S = 5.0
+ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class _State:
     new: dict[str, Any] = field(default_factory=dict)
     handled: list[str] = field(default_factory=list)
     restarts: int = 0
+    admitted: dict[str, Any] | None = None  # the Admitted condition, for a job Kueue queues
 
     @property
     def name(self) -> str:
@@ -199,9 +201,17 @@ class _State:
         new, desired = self.new, self.job.spec.nodes
         if phase is not None:
             new["phase"] = phase
-            new["conditions"] = conditions(
-                self.status.get("conditions") or [], phase, reason, message, ts(self.now)
-            )
+            previous = self.status.get("conditions") or []
+            if self.admitted is None:
+                new["conditions"] = conditions(previous, phase, reason, message, ts(self.now))
+            else:  # Admitted sits beside the one-per-phase conditions
+                kept = [c for c in previous if c.get("type") != ADMITTED]
+                new["conditions"] = conditions(kept, phase, reason, message, ts(self.now))
+                old: dict[str, Any] = next((c for c in previous if c.get("type") == ADMITTED), {})
+                cond = {**old, **self.admitted}
+                if old.get("status") != cond["status"] or "lastTransitionTime" not in old:
+                    cond["lastTransitionTime"] = ts(self.now)
+                new["conditions"].append(cond)
         alive = [x for x in self.workers if not x.deleting and not x.done]
         ready = [x for x in alive if x.ready]
         new["nodes"] = len(alive)
@@ -224,10 +234,12 @@ def plan(
     cfg: render.OperatorConfig,
     backoff_base_s: float = 10.0,
     pending: Collection[str] = (),
+    admission: queueing.Admission | None = None,
 ) -> Plan:
     """Decides what to do for one observation of a job; see the module docstring.
 
-    ``pending`` names pods created moments ago that the watch has not shown yet.
+    ``pending`` names pods created moments ago that the watch has not shown yet; ``admission``
+    is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual).
     """
     st = _State(job, status, list(pods), now, pending=set(pending))
     st.handled = list(status.get("handledFailures") or [])
@@ -239,7 +251,15 @@ def plan(
     if prev_phase in TERMINAL:
         return _finished(st, prev_phase)
     if job.spec.suspend:
+        if admission is not None and admission.state != queueing.State.ADMITTED:
+            st.new["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
         return _suspended(st, prev_phase)
+    if admission is not None:
+        st.new["queue"] = admission.queue
+        if admission.state != queueing.State.ADMITTED:
+            return _queued(st, prev_phase, admission)
+        st.job = job = queueing.admitted_job(job, admission)
+        _admitted(st, admission)
     if prev_phase == DDPJobPhase.SUSPENDED:
         st.plan.info("Resumed", "spec.suspend is false: recreating pods, resuming from checkpoint")
 
@@ -297,6 +317,61 @@ def _suspended(st: _State, prev_phase: str) -> Plan:
         )
     st.new["startTime"] = None  # activeDeadlineSeconds counts time since the last resume
     return st.result(DDPJobPhase.SUSPENDED, "Suspended", "spec.suspend is true")
+
+
+def _queued(st: _State, prev_phase: str, adm: queueing.Admission) -> Plan:
+    """Not admitted by Kueue (yet, or again after an eviction): no pods."""
+    live = st.live
+    st.delete(live)
+    reason = adm.reason or adm.state.value
+    if adm.state == queueing.State.EVICTED:
+        cq = st.status.get("clusterQueue")
+        if cq:  # the first reconcile that sees this eviction
+            st.plan.warn(
+                "Evicted",
+                f"Kueue evicted the job from ClusterQueue {cq} ({reason}: {adm.message});"
+                f" deleting {len(live)} pods: rank 0 checkpoints on SIGTERM, and training"
+                " resumes from that checkpoint when Kueue admits the job again",
+            )
+        message = (
+            f"evicted ({reason}): {adm.message}; waiting for Kueue to admit it again from"
+            f" LocalQueue {adm.queue}"
+        )
+    else:
+        if prev_phase != DDPJobPhase.QUEUED and not st.status.get("admissions"):
+            st.plan.info("Queued", f"waiting for Kueue to admit it from LocalQueue {adm.queue}")
+        message = f"waiting in LocalQueue {adm.queue}: {adm.message}"
+    st.admitted = {"type": ADMITTED, "status": "False", "reason": reason, "message": message}
+    st.new["clusterQueue"] = None
+    st.new["startTime"] = None  # activeDeadlineSeconds counts time since the last admission
+    return st.result(DDPJobPhase.QUEUED, reason, message)
+
+
+def _admitted(st: _State, adm: queueing.Admission) -> None:
+    """Admitted by Kueue: an Event the first time this admission is seen."""
+    cq = adm.cluster_queue
+    nodes = st.job.spec.nodes
+    flavors = f" on flavor {', '.join(adm.flavors)}" if adm.flavors else ""
+    message = f"admitted by ClusterQueue {cq}: {nodes} nodes{flavors}"
+    st.admitted = {
+        "type": ADMITTED,
+        "status": "True",
+        "reason": adm.reason or ADMITTED,
+        "message": message,
+    }
+    if st.status.get("clusterQueue") == cq:
+        return
+    n = int(st.status.get("admissions") or 0) + 1
+    st.new["admissions"] = n
+    st.new["clusterQueue"] = cq
+    if n == 1:
+        st.plan.info("Admitted", f"Kueue {message} ({adm.reason}: {adm.message})")
+    else:
+        st.plan.info(
+            "Readmitted",
+            f"Kueue {message} ({adm.reason}: {adm.message}); admission {n}: training resumes"
+            " from the newest checkpoint",
+        )
 
 
 def _completion(st: _State) -> Plan | None:

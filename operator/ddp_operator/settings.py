@@ -20,6 +20,9 @@ class Settings:
     resync_s: float = 30.0  # every job is reconciled at least this often
     workers: int = 48  # API requests in flight
     metrics_port: int = 8081  # Prometheus /metrics; 0 serves none
+    # Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission (needs the chart's
+    # kueue.enabled RBAC); off, the operator never reads or writes Kueue's objects.
+    kueue: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -39,6 +42,12 @@ class Settings:
                 raise ValueError(f"{name}={text!r} must be at least {minimum:g}")
             return value
 
+        def flag(name: str) -> bool:
+            text = (environ.get(name) or "false").strip().lower()
+            if text not in ("true", "false"):
+                raise ValueError(f"{name}={environ.get(name)!r} must be true or false")
+            return text == "true"
+
         return cls(
             render=OperatorConfig(
                 default_image=environ.get("DDP_DEFAULT_IMAGE") or rendering.default_image,
@@ -50,4 +59,5 @@ class Settings:
             resync_s=number("DDP_RESYNC_S", defaults.resync_s, 1),
             workers=int(number("DDP_WORKERS", defaults.workers, 1)),
             metrics_port=int(number("DDP_METRICS_PORT", defaults.metrics_port, 0)),
+            kueue=flag("DDP_KUEUE"),
         )

@@ -65,7 +65,12 @@ def test_every_example_passes_a_server_side_dry_run(plane: ControlPlane, example
 
 
 @pytest.mark.parametrize(
-    "values", [[], ["--set", "watchNamespaces={default}", "--set", "logLevel=debug"]]
+    "values",
+    [
+        [],
+        ["--set", "watchNamespaces={default}", "--set", "logLevel=debug"],
+        ["--set", "kueue.enabled=true"],
+    ],
 )
 def test_the_rendered_chart_passes_a_server_side_dry_run(
     plane: ControlPlane, values: list[str]

@@ -128,8 +128,11 @@ def test_names_subresources_and_printer_columns(schema: dict[str, Any]) -> None:
     for path in scale.values():
         resolve(schema, path)
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Ready", "Epoch", "Step", "Loss", "Checkpoint", "Age"]
-    assert columns["Checkpoint"]["priority"] == 1
+    assert list(columns) == [
+        "Phase", "Ready", "Epoch", "Step", "Loss", "Checkpoint", "Queue", "ClusterQueue", "Age"
+    ]  # fmt: skip
+    for wide in ("Checkpoint", "Queue", "ClusterQueue"):
+        assert columns[wide]["priority"] == 1
     for column in columns.values():
         if not column["jsonPath"].startswith(".metadata"):
             assert resolve(schema, column["jsonPath"])["type"] == column["type"]

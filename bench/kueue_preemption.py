@@ -1,0 +1,159 @@
+"""How long Kueue's preemption of a training DDPJob takes to free its quota, with real pods.
+
+Runs on the end-to-end stack with real Kueue (``LocalStack(kueue=True)``: embedded control
+plane, Kueue, operator, test kubelet running torchrun; needs root). Prints one JSON object::
+
+    python bench/kueue_preemption.py [--rounds 3]
+
+Each round, in a fresh namespace with a ClusterQueue that has quota for one digits job, applies
+``manifests/examples/digits.yaml`` at low priority held after step 25 (``holdAtSteps``), then
+the same job at high priority, and polls the API (every 50 ms) and the checkpoint folder:
+
+- ``evicted_to_pods_gone_s``: from the low job's Workload seen Evicted until none of its pods
+  is left and its checkpoint of step 25 (written by rank 0 on SIGTERM) is in the folder;
+- ``evicted_to_high_admitted_s``: until the high job's Workload is Admitted (the operator has
+  released the low one's quota and Kueue admitted the high one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import yaml
+
+from ddp_devcluster.kueue import API
+from ddp_devcluster.stack import EXAMPLES, LocalStack
+
+HOLD = 25
+
+
+def _true(wl: dict[str, Any], ctype: str) -> bool:
+    conds = (wl.get("status") or {}).get("conditions") or []
+    return any(c["type"] == ctype and c["status"] == "True" for c in conds)
+
+
+def one_round(s: LocalStack) -> dict[str, float]:
+    assert s.plane is not None
+    cp, ns = s.plane, f"bench-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", ns)
+    queues: list[dict[str, Any]] = [
+        {"kind": "ResourceFlavor", "metadata": {"name": ns}},
+        {
+            "kind": "ClusterQueue",
+            "metadata": {"name": ns},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": ns,
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "1"},
+                                    {"name": "memory", "nominalQuota": "8Gi"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "kind": "LocalQueue",
+            "metadata": {"name": "team", "namespace": ns},
+            "spec": {"clusterQueue": ns},
+        },
+    ]
+    for q in queues:
+        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": API, **q}))
+    for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
+        cp.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "checkpoint-pvc.yaml").read_text()) if d]
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+    digits = yaml.safe_load((EXAMPLES / "digits.yaml").read_text())
+
+    def job(name: str, priority: str, claim: str, hold: list[int]) -> str:
+        d = json.loads(json.dumps(digits))
+        d["metadata"] = {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team"}}
+        d["spec"]["template"] = {"priorityClassName": priority}
+        d["spec"]["trainer"]["holdAtSteps"] = hold
+        d["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = claim
+        return yaml.safe_dump(d)
+
+    cp.kubectl(
+        "apply", "-n", ns, "-f", "-", input=job("low", "ddp-low", "digits-checkpoints", [HOLD])
+    )
+    deadline = time.monotonic() + 300
+    while (s.job("low", ns).get("status") or {}).get("progress", {}).get("heldAtStep") != HOLD:
+        if time.monotonic() > deadline:
+            raise TimeoutError(s.diagnostics(ns))
+        time.sleep(0.5)
+
+    ckpt = s.claim_dir("digits-checkpoints", ns) / f"step-{HOLD:08d}.pt"
+    assert not ckpt.exists()
+    cp.kubectl(
+        "apply", "-n", ns, "-f", "-", input=job("high", "ddp-high", "charlm-checkpoints", [])
+    )
+    path = f"/apis/{API}/namespaces/{ns}/workloads"
+    pods = f"/api/v1/namespaces/{ns}/pods?labelSelector=ddp.dev/job-name%3Dlow"
+    evicted = gone = high = 0.0
+    deadline = time.monotonic() + 300
+    while not (gone and high):
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(s.diagnostics(ns))
+        wls = {
+            w["metadata"]["labels"]["ddp.dev/job-name"]: w for w in cp.request("GET", path)["items"]
+        }
+        if not evicted and "low" in wls and _true(wls["low"], "Evicted"):
+            evicted = now
+        if evicted and not gone and not cp.request("GET", pods)["items"] and ckpt.exists():
+            gone = now
+        if evicted and not high and "high" in wls and _true(wls["high"], "Admitted"):
+            high = now
+        time.sleep(0.05)
+    cp.kubectl("delete", "namespace", ns, "--wait=false")
+    cp.kubectl("delete", "clusterqueue", ns, "--wait=false", check=False)
+    return {"evicted_to_pods_gone_s": gone - evicted, "evicted_to_high_admitted_s": high - evicted}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    rounds = []
+    with LocalStack(nodes=2, kueue=True, log=log) as s:
+        for i in range(args.rounds):
+            r = one_round(s)
+            log(f"round {i + 1}/{args.rounds}: {r}")
+            rounds.append(r)
+
+    def med(key: str) -> float:
+        return round(statistics.median(r[key] for r in rounds), 2)
+
+    print(
+        json.dumps(
+            {
+                "rounds": args.rounds,
+                "evicted_to_pods_gone_s_median": med("evicted_to_pods_gone_s"),
+                "evicted_to_high_admitted_s_median": med("evicted_to_high_admitted_s"),
+                "evicted_to_pods_gone_s": [round(r["evicted_to_pods_gone_s"], 2) for r in rounds],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

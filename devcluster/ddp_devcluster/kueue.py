@@ -1,0 +1,251 @@
+"""Kueue, the real one, as a process against the embedded control plane (development and tests).
+
+Its CRDs and webhook manifests come from the pinned module itself (``go mod download``, the way
+``ddp-devcluster build`` fetched it), never from copies in this repository. It runs with a
+cluster-admin client certificate, a Configuration naming DDPJob as an external framework, no
+internal certificate management, and a webhook serving certificate from the plane's CA. Its
+webhooks for Kueue's own kinds are registered with ``clientConfig.url`` on loopback, so the API
+server reaches them without a Service; the webhooks of the job integrations it is not asked to
+manage (batch Jobs, pods, ...) are left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import certs, versions
+from .paths import cache_dir
+from .plane import MARKER_ENV, ControlPlane, Process
+from .plane import binary as plane_binary
+from .procs import free_port
+
+MODULE = "sigs.k8s.io/kueue"
+EXTERNAL_FRAMEWORK = "DDPJob.v1alpha1.ddp.dev"
+NAMESPACE = "kueue-system"
+API = "kueue.x-k8s.io/v1beta2"
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+# The visibility API server (an aggregated API with a certificate of its own) is not needed.
+FEATURE_GATES = ["--feature-gates=VisibilityOnDemand=false"]
+
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "ddp-operator"
+
+
+def operator_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
+    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled."""
+    argv = [str(plane_binary("helm")), "template", release, str(CHART), "--namespace", namespace]
+    argv += ["--set", "kueue.enabled=true"]
+    argv += ["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def binary() -> Path:
+    path = cache_dir() / "bin" / f"kueue-{versions.KUEUE}" / "kueue"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `make binaries` first")
+    return path
+
+
+def module_dir() -> Path:
+    """The pinned Kueue module's source in the Go module cache (downloaded if need be)."""
+    with tempfile.TemporaryDirectory() as cwd:
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", f"{MODULE}@v{versions.KUEUE}"],
+            cwd=cwd,
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def configuration(webhook_port: int, health_port: int, cert_dir: Path) -> dict:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the embedded plane."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": NAMESPACE,
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "integrations": {"frameworks": [], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+    }
+
+
+def webhook_configurations(manifests: str, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations, only the webhooks of its own kinds, each pointed at
+    ``https://127.0.0.1:port<its path>`` and trusting ``ca_pem``."""
+    out = []
+    for doc in yaml.safe_load_all(manifests):
+        if not doc or not doc.get("kind", "").endswith("WebhookConfiguration"):
+            continue
+        hooks = []
+        for hook in doc.get("webhooks") or []:
+            groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
+            if groups != {"kueue.x-k8s.io"}:
+                continue
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}{path}",
+                "caBundle": base64.b64encode(ca_pem).decode(),
+            }
+            hooks.append(hook)
+        doc["metadata"] = {"name": f"kueue-{doc['metadata']['name']}"}
+        doc["webhooks"] = hooks
+        out.append(doc)
+    return out
+
+
+@dataclass
+class KueueProcess:
+    """``kueue`` (the controller manager) in a child process; ``start()`` installs its CRDs."""
+
+    plane: ControlPlane
+    workdir: Path
+    process: Process | None = None
+    startup_s: float = 0.0
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "kueue.log"
+
+    def start(self, timeout_s: float = 180.0) -> KueueProcess:
+        t0 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        source = module_dir()
+        bases = source / "config" / "components" / "crd" / "bases"
+        self.plane.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(bases), timeout=180
+        )
+        crds = [f"crd/{p.stem.split('_', 1)[1]}.kueue.x-k8s.io" for p in sorted(bases.glob("*"))]
+        self.plane.kubectl("wait", "--for=condition=Established", *crds, "--timeout=120s")
+        self.plane.kubectl("create", "namespace", NAMESPACE, check=False)
+
+        ca_key, ca_cert = certs.load_ca(
+            self.plane.ca_file.read_bytes(), self.plane.ca_key_file.read_bytes()
+        )
+        cert_dir = self.workdir / "certs"
+        cert_dir.mkdir(exist_ok=True)
+        serving = certs.issue(
+            ca_key, ca_cert, "kueue-webhook", dns=("localhost",), ips=("127.0.0.1",)
+        )
+        (cert_dir / "tls.crt").write_bytes(serving.cert_pem)
+        (cert_dir / "tls.key").write_bytes(serving.key_pem)
+        client = certs.issue(ca_key, ca_cert, "system:kueue", ("system:masters",))
+        kubeconfig = self.workdir / "kueue.kubeconfig"
+        kubeconfig.write_text(
+            certs.kubeconfig(
+                self.plane.server, self.plane.ca_file.read_bytes(), "kueue", client=client
+            )
+        )
+        self.webhook_port, self.health_port = free_port(), free_port()
+        config = self.workdir / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(configuration(self.webhook_port, self.health_port, cert_dir))
+        )
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), MARKER_ENV: self.plane.marker}
+        argv = self._with_metrics_cert(
+            [str(binary()), f"--config={config}", "--zap-log-level=2", *FEATURE_GATES],
+            ca_key,
+            ca_cert,
+        )
+        self.process = Process("kueue", argv, self.log, env)
+        self.process.start()
+        self._wait(self._ready, "kueue /readyz", timeout_s)
+
+        manifests = (source / "config" / "components" / "webhook" / "manifests.yaml").read_text()
+        for hook in webhook_configurations(manifests, self.webhook_port, self.plane.ca_pem):
+            self.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(hook))
+        self._wait(self._webhook_answers, "Kueue's webhooks through the API server", 60)
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _with_metrics_cert(self, argv: list[str], ca_key: Any, ca_cert: Any) -> list[str]:
+        """``argv`` run where Kueue finds a metrics certificate at METRICS_CERTS.
+
+        With internal certificate management off, Kueue reads one from that fixed path (its
+        chart mounts a Secret there) even when, as here, its metrics server is off. Rather than
+        write into this machine's /etc, Kueue gets a private mount namespace in which /etc is
+        an overlay holding that certificate (needs root, as the test kubelet does).
+        """
+        if (METRICS_CERTS / "tls.crt").is_file():
+            return argv
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            raise RuntimeError(
+                f"Kueue needs a certificate at {METRICS_CERTS} (internal certificate management"
+                " is off): run as root, or put a tls.crt and tls.key there"
+            )
+        upper, work = self.workdir / "etc-upper", self.workdir / "etc-work"
+        certs_dir = upper / METRICS_CERTS.relative_to("/etc")
+        certs_dir.mkdir(parents=True, exist_ok=True)
+        work.mkdir(exist_ok=True)
+        pair = certs.issue(ca_key, ca_cert, "kueue-metrics", dns=("localhost",), ips=("127.0.0.1",))
+        (certs_dir / "tls.crt").write_bytes(pair.cert_pem)
+        (certs_dir / "tls.key").write_bytes(pair.key_pem)
+        mount = f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc"
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                f'{mount} && exec "$@"', "sh", *argv]  # fmt: skip
+
+    def _ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/readyz"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _webhook_answers(self) -> bool:
+        """A server-side dry run of a ResourceFlavor passes the mutating and validating hooks."""
+        flavor = {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": "probe"}}
+        out = self.plane.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(flavor), check=False
+        )
+        return out.returncode == 0
+
+    def _wait(self, ok: Any, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and not self.process.alive():
+                raise RuntimeError(f"kueue exited while waiting for {what}:\n{self.tail()}")
+            if ok():
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}:\n{self.tail()}")
+
+    def stop(self) -> None:
+        """Stops Kueue and removes its webhook configurations (they would refuse every request
+        for Kueue's kinds with Kueue gone)."""
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            name = f"kueue-{kind.removesuffix('webhookconfiguration')}-webhook-configuration"
+            self.plane.kubectl("delete", kind, name, "--ignore-not-found", check=False)
+        if self.process is not None:
+            self.process.stop()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> KueueProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

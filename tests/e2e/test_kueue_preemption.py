@@ -1,0 +1,151 @@
+"""Kueue preemption end to end: real Kueue, the operator with ``DDP_KUEUE=true``, and the
+pods of both jobs running torchrun for real on the test kubelet.
+
+A low-priority job holds after a known step (``holdAtSteps``) when a high-priority job arrives:
+Kueue evicts the low one, its pods get SIGTERM (rank 0 saves the held step), the high one
+runs to Succeeded, and the low one, admitted again, resumes right after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2e_scenario import Scenario, holding_at, resumed_at, resumes
+
+from ddp_devcluster.kueue import API
+from ddp_devcluster.pytest_plugin import unavailable
+from ddp_devcluster.stack import LocalStack
+from ddp_trainer.progress import read_metrics
+
+pytestmark = pytest.mark.e2e
+HELD = 25  # the low job's step when the high one arrives
+
+
+@pytest.fixture(scope="module")
+def kueue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    with LocalStack(
+        nodes=2,
+        workdir=tmp_path_factory.mktemp("kueue-stack"),
+        operator_env={"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "5"},
+        log=lambda m: print(f"\n[kueue-stack] {m}"),
+        kueue=True,
+    ) as s:
+        if s.kubelet is not None and s.kubelet.mode != "netns":
+            unavailable("the test kubelet has no network namespaces here (needs root)")
+        yield s
+
+
+def queues(sc: Scenario) -> None:
+    """A ClusterQueue with quota for one digits job (2 nodes x 500m), preempting by priority."""
+    objs: list[dict[str, Any]] = [
+        {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": f"f-{sc.ns}"}},
+        {
+            "apiVersion": API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"cq-{sc.ns}"},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": sc.ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": f"f-{sc.ns}",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "1"},
+                                    {"name": "memory", "nominalQuota": "8Gi"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": API,
+            "kind": "LocalQueue",
+            "metadata": {"name": "team", "namespace": sc.ns},
+            "spec": {"clusterQueue": f"cq-{sc.ns}"},
+        },
+    ]
+    for obj in objs:
+        sc.k("apply", "-f", "-", input=json.dumps(obj))
+    for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
+        sc.s.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
+
+
+def queued(priority: str, *more: Any) -> Any:
+    def edit(job: dict[str, Any]) -> None:
+        job["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "team"
+        job["spec"]["template"] = {"priorityClassName": priority}
+        for e in more:
+            e(job)
+
+    return edit
+
+
+def every_step_logged(job: dict[str, Any]) -> None:
+    job["spec"]["trainer"]["logEverySteps"] = 1
+
+
+def renamed(name: str, claim: str) -> Any:
+    def edit(job: dict[str, Any]) -> None:
+        job["metadata"]["name"] = name
+        job["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = claim
+
+    return edit
+
+
+def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpoint(
+    kueue_stack: LocalStack,
+) -> None:
+    sc = Scenario(kueue_stack)
+    queues(sc)
+    sc.apply(
+        "checkpoint-pvc.yaml",
+        "digits.yaml",
+        edit=queued("ddp-low", holding_at(HELD), every_step_logged),
+    )
+    sc.held("digits", HELD)
+    assert sc.status("digits")["admissions"] == 1
+
+    sc.apply("digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints")))
+    evicted = sc.until(
+        "digits evicted by Kueue",
+        lambda: [e for e in _events(sc, "digits") if e[1] == "Evicted"] or None,
+    )
+    assert "Preempted" in evicted[0][2]
+    low = sc.until(
+        "digits Queued with its pods gone",
+        lambda: (
+            (
+                (st := sc.status("digits")).get("phase") == "Queued"
+                and not sc.workers("digits")
+                and st
+            )
+            or None
+        ),
+    )
+    assert low["restarts"] == 0
+    sc.succeeded("urgent")
+    status = sc.succeeded("digits")
+    assert status["admissions"] == 2 and status["restarts"] == 0
+    assert "Readmitted" in [e[1] for e in _events(sc, "digits")]
+
+    rows = read_metrics(sc.claim("digits-checkpoints"))
+    # SIGTERM made rank 0 save the held step; the new run started from exactly there.
+    assert resumed_at(rows) == [HELD]
+    assert resumes(rows) == [(HELD, HELD + 1)]
+    steps = [int(r["step"]) for r in rows if r.get("event") == "step"]
+    assert steps == list(range(1, status["progress"]["totalSteps"] + 1))  # none twice or skipped
+
+
+def _events(sc: Scenario, job: str) -> list[tuple[str, str, str]]:
+    out = json.loads(
+        sc.k("get", "events", "-o", "json", "--field-selector", f"involvedObject.name={job}")
+    )
+    return [(e["type"], e["reason"], e["message"]) for e in out["items"]]
