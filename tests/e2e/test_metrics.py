@@ -1,6 +1,6 @@
 """Both metrics endpoints in a real run, read as Prometheus reads them: the operator's and every
-trainer pod's, scraped while the job is held at a known step and parsed with Prometheus' own text
-parser (prometheus_client.parser)."""
+trainer pod's, scraped while the job is held at a known step, parsed with Prometheus' own text
+parser (prometheus_client.parser), and scraped by a real Prometheus server and queried back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import urllib.request
 import pytest
 from e2e_scenario import Scenario, holding_at
 from prometheus_client.parser import text_string_to_metric_families
+
+from ddp_devcluster.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.e2e
 
@@ -65,6 +67,25 @@ def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Sce
     # Only global rank 0 writes checkpoints; step 20's (everySteps: 20) is written in the
     # background, so its metric may follow the hold by a moment.
     sc.until("rank 0's metrics show the checkpoint of step 20", checkpointed)
+
+    # The same through a real Prometheus server: both pods and the operator as scrape targets.
+    assert sc.s.workdir is not None
+    targets = {
+        "ddp-operator": [f"127.0.0.1:{sc.s.operator.metrics_port}"],
+        "ddp-trainers": [u.removeprefix("http://").removesuffix("/metrics") for u in urls],
+    }
+    with PrometheusServer(sc.s.workdir / f"prometheus-{sc.ns}", targets) as prom:
+        steps = sc.until(
+            "Prometheus has scraped both trainer pods",
+            lambda: (found := prom.query("ddp_trainer_step")) and len(found) == 2 and found,
+        )
+        assert sorted(value for _, value in steps) == [20, 20]
+        assert {labels["job"] for labels, _ in steps} == {"ddp-trainers"}
+        running = f'ddp_operator_jobs{{namespace="{sc.ns}",phase="Running"}}'
+        jobs = sc.until("Prometheus has scraped the operator", lambda: prom.query(running))
+        assert [value for _, value in jobs] == [1]
+        up = prom.query("up")
+        assert len(up) == 3 and all(value == 1 for _, value in up)
 
     sc.release("digits-checkpoints", 20)
     sc.succeeded("digits")

@@ -1,0 +1,102 @@
+"""A real Prometheus server on loopback, scraping given targets (development and tests).
+
+Built from the Go module proxy like the control plane (``ddp-devcluster build``), without the
+optional service discoveries. It scrapes static targets every second and answers PromQL on
+``/api/v1/query``, so a test reads metrics as a user's Prometheus stores them.
+
+    with PrometheusServer(workdir, {"operator": ["127.0.0.1:8081"]}) as prom:
+        prom.query('ddp_operator_jobs{phase="Running"}')
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .plane import Process, binary
+from .procs import free_port
+
+
+def scrape_config(targets: Mapping[str, Sequence[str]], interval_s: int = 1) -> dict[str, Any]:
+    """prometheus.yml scraping each job's ``host:port`` targets at ``/metrics``."""
+    return {
+        "global": {"scrape_interval": f"{interval_s}s", "scrape_timeout": f"{interval_s}s"},
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": list(hosts)}]}
+            for job, hosts in targets.items()
+        ],
+    }
+
+
+def samples(answer: Mapping[str, Any]) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each series of an instant query's JSON answer."""
+    if answer.get("status") != "success":
+        raise RuntimeError(f"Prometheus refused the query: {answer}")
+    return [(dict(r["metric"]), float(r["value"][1])) for r in answer["data"]["result"]]
+
+
+class PrometheusServer:
+    """``prometheus`` scraping ``targets`` (job name -> ``host:port`` list), on a free port."""
+
+    def __init__(self, workdir: Path, targets: Mapping[str, Sequence[str]]):
+        self.workdir = workdir
+        self.targets = targets
+        self.port = 0
+        self.process: Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> PrometheusServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "prometheus.yml"
+        config.write_text(yaml.safe_dump(scrape_config(self.targets)))
+        self.port = free_port()
+        argv = [
+            str(binary("prometheus")),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        self.process = Process("prometheus", argv, self.workdir / "prometheus.log", {})
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._ready():
+            if not self.process.alive():
+                raise RuntimeError(f"prometheus exited:\n{self.process.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prometheus not ready in {timeout_s}s:\n{self.process.tail()}")
+            time.sleep(0.2)
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query: (labels, value) per series."""
+        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return samples(json.loads(r.read()))
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
