@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_devcluster.procs import free_port
+from ddp_devcluster.pytest_plugin import unavailable
 from ddp_trainer.config import ConfigError, TrainerConfig, build_config
 from ddp_trainer.contract import DEFAULT_METRICS_PORT
 from ddp_trainer.metrics import PREFIX, TrainerMetrics, listen_address, serve
@@ -131,13 +132,14 @@ def test_the_endpoint_listens_on_ipv6_too_where_the_pod_ip_is_ipv6() -> None:
     assert listen_address({"POD_IP": "fd00:10:244::7"}) == "::"
 
 
-@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
 def test_listening_on_ipv6_serves_ipv4_clients_too() -> None:
+    if not socket.has_ipv6:
+        unavailable("no IPv6 on this machine")
     metrics = TrainerMetrics(is_main=True, world_size=1, restarts=0)
     port = free_port()
     server = serve(metrics.registry, port, address="::")
     if server is None:
-        pytest.skip("IPv6 cannot be bound here")
+        unavailable("IPv6 cannot be bound here")
     try:
         for host in ("127.0.0.1", "[::1]"):
             with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
