@@ -480,6 +480,11 @@ def _failures(st: _State) -> Plan | None:
     return None
 
 
+def _all_present(workers: list[PodView], nodes: int) -> bool:
+    """Every index below spec.nodes has a pod that is not being deleted."""
+    return {x.index for x in workers if not x.deleting} >= set(range(nodes))
+
+
 def _converge(
     st: _State, prev_phase: str, cfg: render.OperatorConfig, backoff_base_s: float
 ) -> Plan:
@@ -525,6 +530,10 @@ def _converge(
             message += f"; recreating in {wait:.0f}s"
     elif len(running) == s.nodes and not extra:
         phase, reason, message = DDPJobPhase.RUNNING, "AllNodesRunning", f"{target} running"
+    elif prev_phase == DDPJobPhase.RUNNING and _all_present(workers, s.nodes) and not extra:
+        # A kubelet reports a finishing container not ready a moment before its pod ends:
+        # no pod is coming or going, so the job is not scaling.
+        phase, reason, message = DDPJobPhase.RUNNING, "NodesNotReady", f"{target}, not all ready"
     elif prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
         phase, reason, message = DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
     else:

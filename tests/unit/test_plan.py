@@ -91,6 +91,23 @@ def test_scale_up_adds_the_next_indices_and_scale_down_removes_the_highest() -> 
     assert created_pods(down) == []
 
 
+def test_a_pod_not_ready_for_a_moment_is_no_scaling() -> None:
+    # What a real kubelet reports as a node's torchrun exits: the container is not ready a
+    # moment before the pod's phase becomes Succeeded. Seen on the real node as a spurious
+    # "Scaling" at the end of every job.
+    status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
+    finishing = dataclasses.replace(pod(1), ready=False)
+    p = planner.plan(job(), status, [STORE, pod(0), finishing], NOW, CFG)
+    assert p.status["phase"] == "Running"
+    assert [c["reason"] for c in p.status["conditions"] if c["type"] == "Running"] == [
+        "NodesNotReady"
+    ]
+    assert created_pods(p) == [] and p.delete == []
+    # A missing pod is still a change of size.
+    p = planner.plan(job(), status, [STORE, pod(0)], NOW, CFG)
+    assert p.status["phase"] == "Scaling" and created_pods(p) == ["j-node-1"]
+
+
 def test_a_failed_pod_is_counted_once_deleted_and_recreated_with_growing_backoff() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     failed = pod(1, "Failed", uid="f1", exit_code=137)
