@@ -41,6 +41,10 @@ class GoTool:
     # `go mod tidy -e`: tidy resolves imports under every build tag, and some that the tags
     # leave out (Prometheus' Nomad discovery) are refused by the module proxy.
     tidy_lenient: bool = False
+    # Go files of the wrapper module itself (path -> source), for a tool whose main package we
+    # write: CoreDNS with a chosen plugin list. A binary built from one names its package as
+    # ``ddp-operator.local/build/<name>/<dir>``.
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def install_dir(self) -> Path:
@@ -119,7 +123,79 @@ def tools() -> list[GoTool]:
             tags=["remove_all_sd"],
             tidy_lenient=True,
         ),
+        # The real node (tests/cluster): kubelet and kube-proxy of the plane's version, built
+        # apart from the plane so that the plane's binaries stay cached.
+        GoTool(
+            name="kubernetes-node",
+            version=k,
+            module="k8s.io/kubernetes",
+            module_version=f"v{k}",
+            binaries={b: f"k8s.io/kubernetes/cmd/{b}" for b in ("kubelet", "kube-proxy")},
+            ldflags=_k8s_version_flags("k8s.io/component-base/version", k)
+            + _k8s_version_flags("k8s.io/client-go/pkg/version", k),
+            staging_replaces=True,
+        ),
+        GoTool(
+            name="containerd",
+            version=versions.CONTAINERD,
+            module="github.com/containerd/containerd/v2",
+            module_version=f"v{versions.CONTAINERD}",
+            binaries={
+                b: f"github.com/containerd/containerd/v2/cmd/{b}"
+                for b in ("containerd", "containerd-shim-runc-v2", "ctr")
+            },
+            ldflags=[
+                f"-X github.com/containerd/containerd/v2/version.Version=v{versions.CONTAINERD}"
+            ],
+            # Snapshotters and plugins that need cgo or headers this machine lacks.
+            tags=["no_btrfs", "no_zfs", "no_devmapper"],
+            upstream_sums=True,
+        ),
+        GoTool(
+            name="coredns",
+            version=versions.COREDNS,
+            module="github.com/coredns/coredns",
+            module_version=f"v{versions.COREDNS}",
+            binaries={"coredns": "ddp-operator.local/build/coredns/cmd/coredns"},
+            ldflags=[f"-X github.com/coredns/coredns/coremain.GitCommit=v{versions.COREDNS}"],
+            sources={"cmd/coredns/main.go": COREDNS_MAIN},
+            upstream_sums=True,
+        ),
+        GoTool(
+            name="local-path-provisioner",
+            version=versions.LOCAL_PATH_PROVISIONER,
+            module="github.com/rancher/local-path-provisioner",
+            module_version=f"v{versions.LOCAL_PATH_PROVISIONER}",
+            binaries={"local-path-provisioner": "github.com/rancher/local-path-provisioner"},
+            upstream_sums=True,
+        ),
     ]
+
+
+# CoreDNS with the plugins a cluster's DNS uses (upstream's main links ~60, with every cloud
+# SDK). The directive order is upstream's plugin.cfg order restricted to these plugins: it is
+# the order in which a query passes through them.
+COREDNS_PLUGINS = [
+    "reload",
+    "ready",
+    "health",
+    "errors",
+    "log",
+    "loadbalance",
+    "cache",
+    "kubernetes",
+    "loop",
+    "forward",
+]
+COREDNS_MAIN = (
+    "package main\n\nimport (\n"
+    '\t"github.com/coredns/coredns/core/dnsserver"\n'
+    '\t"github.com/coredns/coredns/coremain"\n'
+    + "".join(f'\t_ "github.com/coredns/coredns/plugin/{p}"\n' for p in COREDNS_PLUGINS)
+    + ")\n\nfunc init() {\n\tdnsserver.Directives = []string{\n"
+    + "".join(f'\t\t"{p}",\n' for p in COREDNS_PLUGINS)
+    + "\t}\n}\n\nfunc main() { coremain.Run() }\n"
+)
 
 
 def staging_modules(upstream_gomod: str) -> list[str]:
@@ -132,7 +208,7 @@ def staging_modules(upstream_gomod: str) -> list[str]:
 def wrapper_gomod(tool: GoTool, staging: list[str], go_version: str) -> str:
     """The go.mod of the wrapper module that builds ``tool``."""
     lines = [
-        f"module ddp-operator.local/build/{tool.name}",
+        f"module {local_module(tool)}",
         "",
         f"go {go_version}",
         "",
@@ -146,9 +222,14 @@ def wrapper_gomod(tool: GoTool, staging: list[str], go_version: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def local_module(tool: GoTool) -> str:
+    return f"ddp-operator.local/build/{tool.name}"
+
+
 def wrapper_tools_go(tool: GoTool) -> str:
     """A build-tagged file importing the main packages, so ``go mod tidy`` resolves them."""
-    imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(tool.binaries.values())))
+    upstream = {p for p in tool.binaries.values() if not p.startswith(local_module(tool) + "/")}
+    imports = "\n".join(f'\t_ "{p}"' for p in sorted(upstream))
     return f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n"
 
 
@@ -222,6 +303,9 @@ def build(tool: GoTool) -> float:
             shutil.copyfile(Path(info["Dir"]) / "go.sum", src / "go.sum")
     (src / "go.mod").write_text(wrapper_gomod(tool, staging, _go_version()))
     (src / "tools.go").write_text(wrapper_tools_go(tool))
+    for rel, text in tool.sources.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
     tidy = ["mod", "tidy", *(["-e"] if tool.tidy_lenient else [])]
     _checked(_go(tidy, src, capture_output=True), f"go mod tidy for {tool.name}")
 

@@ -152,6 +152,10 @@ class ControlPlane:
     # can find whatever that subprocess leaves behind.
     marker: str = field(default_factory=lambda: os.environ.get(MARKER_ENV) or uuid.uuid4().hex)
     log: Callable[[str], None] = print
+    # Where pods and a real node reach the API server (the host end of a real node's link):
+    # the server then listens on every address and advertises this one as the endpoint of
+    # the `kubernetes` Service. None: loopback only (kwok nodes).
+    advertise_address: str | None = None
 
     procs: dict[str, Process] = field(default_factory=dict, init=False)
     server: str = field(default="", init=False)
@@ -169,7 +173,7 @@ class ControlPlane:
 
     @property
     def ca_key_file(self) -> Path:
-        """The CA's key: test kubelets sign their serving certificates with it."""
+        """The CA's key: a real node's kubelet certificates are signed with it."""
         return self._dir / "pki" / "ca.key"
 
     @property
@@ -249,7 +253,11 @@ class ControlPlane:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1", certs.KUBERNETES_SERVICE_IP),
+            ips=(
+                "127.0.0.1",
+                certs.KUBERNETES_SERVICE_IP,
+                *([self.advertise_address] if self.advertise_address else []),
+            ),
         )
         certs.write_pair(pki, "apiserver", serving)
         certs.write_pair(pki, "sa", certs.service_account_keys())
@@ -310,8 +318,8 @@ class ControlPlane:
             [
                 str(binary("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={'0.0.0.0' if self.advertise_address else '127.0.0.1'}",
+                f"--advertise-address={self.advertise_address or '127.0.0.1'}",
                 f"--secure-port={self.apiserver_port}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -322,7 +330,8 @@ class ControlPlane:
                 f"--kubelet-certificate-authority={pki / 'ca.crt'}",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-                "--authorization-mode=RBAC",
+                # Node: a real kubelet reads only what its own pods need (NodeRestriction).
+                "--authorization-mode=Node,RBAC",
                 "--anonymous-auth=false",
                 f"--service-account-key-file={pki / 'sa.crt'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
