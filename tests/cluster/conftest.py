@@ -1,0 +1,47 @@
+"""Fixtures of the cluster suite: ``cluster`` (one per module, from the provider that
+``DDP_CLUSTER`` names: see cluster_env.py) and ``ns`` (a restricted namespace per test)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from cluster_env import LOGS, PROVIDER, PROVIDERS, Cluster
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    if outcome.get_result().failed:
+        item.cluster_failed = True  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if PROVIDER not in PROVIDERS:
+        pytest.fail(f"DDP_CLUSTER={PROVIDER!r}: pick one of {', '.join(PROVIDERS)}")
+    yield from PROVIDERS[PROVIDER](tmp_path_factory.mktemp(f"cluster-{PROVIDER}"))
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace enforcing the restricted Pod Security Standard. Its state and logs
+    are collected when the test fails; it is deleted afterwards (the node has two cores)."""
+    name = "e2e-" + request.node.name.removeprefix("test_")[:20].replace("_", "-").strip("-")
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            },
+        },
+    }
+    cluster.k("apply", "-f", "-", input=json.dumps(namespace))
+    yield name
+    if getattr(request.node, "cluster_failed", False):
+        cluster.collect(name, LOGS / request.node.name)
+    cluster.k("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
