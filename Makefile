@@ -40,7 +40,7 @@ $(BIN_STAMP): | $(VENV)/.ok
 
 .PHONY: venv binaries deps
 venv: $(VENV)/.ok ## the pinned Python environment (cached)
-binaries: $(BIN_STAMP) ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, kueue, prometheus (cached)
+binaries: $(BIN_STAMP) ## the control plane, kwok, helm, kueue, prometheus and the real node's kubelet, kube-proxy, containerd, CoreDNS, local-path-provisioner (cached)
 deps: venv binaries ## everything the tests and the demo need
 
 # One lock per image and one for development, all from pyproject.toml's extras. The images
@@ -53,6 +53,29 @@ lock: | $(UV) ## re-resolve requirements/*.lock (dev, operator image, trainer im
 	$(COMPILE) --extra dev -o $(LOCK)
 	$(COMPILE) --extra operator -o requirements/operator.lock
 	$(COMPILE) --extra trainer -o requirements/trainer.lock
+
+# The container tools of `make images` (and of the node work), from apt, only when missing.
+HOST_PACKAGES := podman buildah runc containernetworking-plugins debootstrap iptables conntrack
+.PHONY: host-packages
+host-packages: ## podman, buildah, runc, debootstrap, ... from apt (only what is missing; root)
+	@missing=0; \
+	for c in podman buildah runc debootstrap iptables conntrack; do \
+	  command -v $$c >/dev/null || { echo ">> $$c is missing"; missing=1; }; \
+	done; \
+	[ -x /usr/lib/cni/bridge ] || { echo ">> the CNI plugins are missing"; missing=1; }; \
+	if [ $$missing = 1 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(HOST_PACKAGES); \
+	fi
+
+.PHONY: images
+images: venv host-packages ## build both images with buildah from local stand-in bases (docs/images.md)
+	$(PY) -m ddp_devcluster images
+
+# The Go builds use both cores, the image builds mostly the network and the disk: on a cold
+# machine they overlap; warm, both are no-ops within seconds.
+.PHONY: deps-and-images
+deps-and-images: venv host-packages
+	$(MAKE) --no-print-directory -j2 binaries images
 
 .PHONY: lint
 lint: venv ## ruff, mypy and hadolint
@@ -71,12 +94,12 @@ crd: venv ## regenerate the CRD (manifests/crd/ and the chart's crds/) from the 
 manifests: deps ## regenerate manifests/ (RBAC, Deployment) from the Helm chart (a test fails on drift)
 	$(PY) helm/render_manifests.py
 
-test: deps lint ## everything CI runs: lint, type check, and the test suite
+test: deps-and-images lint ## everything CI runs: lint, type check, the images, and the test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: e2e-kind
-e2e-kind: deps ## kind cluster: build both images, helm install, run the examples (needs docker and kind)
-	$(PY) -m pytest tests/kind -v -rs $(PYTEST_ARGS)
+e2e-kind: deps ## the cluster suite on kind: docker build, kind load, helm install, the examples (needs docker and kind)
+	DDP_CLUSTER=kind $(PY) -m pytest tests/cluster -v -rs $(PYTEST_ARGS)
 
 .PHONY: cluster-up cluster-down
 cluster-up: deps ## start the embedded control plane in the background; prints the KUBECONFIG to export
@@ -86,7 +109,7 @@ cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
 .PHONY: demo
-demo: deps ## the operator runs the digits example on a local cluster (as root; about a minute)
+demo: deps-and-images ## the chart's operator runs the digits example on a real node here (as root)
 	$(PY) -m ddp_devcluster demo
 
 .PHONY: clean

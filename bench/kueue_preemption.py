@@ -1,7 +1,8 @@
 """How long Kueue's preemption of a training DDPJob takes to free its quota, with real pods.
 
 Runs on the end-to-end stack with real Kueue (``LocalStack(kueue=True)``: embedded control
-plane, Kueue, operator, test kubelet running torchrun; needs root). Prints one JSON object::
+plane, Kueue, operator, a real node running torchrun in containers; needs root). Prints one
+JSON object::
 
     python bench/kueue_preemption.py [--rounds 3]
 
@@ -134,7 +135,7 @@ def main() -> None:
         print(msg, file=sys.stderr, flush=True)
 
     rounds = []
-    with LocalStack(nodes=2, kueue=True, log=log) as s:
+    with LocalStack(kueue=True, log=log) as s:
         for i in range(args.rounds):
             r = one_round(s)
             log(f"round {i + 1}/{args.rounds}: {r}")

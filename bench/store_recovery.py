@@ -1,7 +1,7 @@
 """How long a job takes to train again after its rendezvous store pod is deleted.
 
-Runs on the end-to-end stack (embedded control plane, operator, test kubelet: real torchrun
-pods in network namespaces; needs root). Prints one JSON object and writes a PNG::
+Runs on the end-to-end stack (embedded control plane, operator, a real node: torchrun in the
+trainer image's containers; needs root). Prints one JSON object and writes a PNG::
 
     python bench/store_recovery.py [--rounds 3] [--plot out/store_recovery.png]
 
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plot", type=Path, default=Path("out/store_recovery.png"))
     args = ap.parse_args()
-    with LocalStack(nodes=3, log=lambda m: print(f"[stack] {m}", file=sys.stderr)) as stack:
+    with LocalStack(log=lambda m: print(f"[stack] {m}", file=sys.stderr)) as stack:
         rounds = []
         for i in range(args.rounds):
             rounds.append(one_round(stack))

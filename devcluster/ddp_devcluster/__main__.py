@@ -1,11 +1,11 @@
 """ddp-devcluster: the embedded control plane from the command line.
 
 build                 build the pinned binaries into the cache (once per version)
+images [operator|trainer] [--save-dir D]
+                      build both images with buildah from local stand-in bases (images.py)
 up [--nodes N]        start the plane in the background; prints the KUBECONFIG to export
 down                  stop the plane that `up` started, leaving no process behind
 serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
-kubelet --kubeconfig K --node N [--node N2 ...] --state-dir D
-                      run the test kubelet (real processes for pods; development only)
 """
 
 from __future__ import annotations
@@ -149,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
     sub.add_parser("down")
     sub.add_parser("demo", help="run a real training job on this machine", add_help=False)
-    sub.add_parser("kubelet", help="run the test kubelet (kubelet --help)", add_help=False)
+    sub.add_parser("images", help="build both images with buildah (images --help)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["kubelet"]:
-        from .kubelet import main as kubelet_main
+    if argv[:1] == ["images"]:
+        from .images import main as images_main
 
-        return kubelet_main(argv[1:])
+        return images_main(argv[1:])
     if argv[:1] == ["demo"]:
         from .demo import main as demo_main
 

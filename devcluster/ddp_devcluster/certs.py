@@ -122,27 +122,6 @@ def load_ca(cert_pem: bytes, key_pem: bytes) -> tuple[ec.EllipticCurvePrivateKey
     return key, x509.load_pem_x509_certificate(cert_pem)
 
 
-def self_signed(cn: str, dns: tuple[str, ...] = (), ips: tuple[str, ...] = ()) -> KeyPair:
-    """A serving certificate that signs itself (what a kubelet makes without a CA)."""
-    key = _key()
-    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    cert = (
-        _validity(x509.CertificateBuilder())
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key))
-
-
 def service_account_keys() -> KeyPair:
     """The key pair that signs and verifies ServiceAccount tokens (public key as 'cert')."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)

@@ -1,16 +1,16 @@
 """``make demo``: the operator runs a real training job on this machine, with live progress.
 
-1/4 starts a whole cluster here (:class:`~ddp_devcluster.stack.LocalStack`): the embedded
-control plane, the operator and the test kubelet, which runs pods as real processes in
-network namespaces. 2/4 applies ``manifests/examples/checkpoint-pvc.yaml`` and
-``digits.yaml``. 3/4 follows the DDPJob: one line per change of its ``status.progress`` (as
-rank 0 reports it) and of its phase. 4/4 prints ``kubectl get ddpj digits``, copies the
-checkpoint volume and the pods' logs to ``--out`` (so they outlive the cluster), prints the
-test accuracy and draws the loss curve; then everything is torn down.
+1/4 starts a whole cluster here (:class:`~ddp_devcluster.stack.LocalStack`, ``chart=True``):
+both images built by `make images`, the embedded control plane, one real node (kubelet,
+containerd, runc, CNI, CoreDNS, kube-proxy, a volume provisioner) and the Helm chart with the
+operator image. 2/4 applies ``manifests/examples/checkpoint-pvc.yaml`` and ``digits.yaml``.
+3/4 follows the DDPJob: one line per change of its ``status.progress`` (as rank 0 reports it)
+and of its phase. 4/4 prints ``kubectl get ddpj digits``, copies the checkpoint volume and the
+pods' logs to ``--out`` (so they outlive the cluster), prints the test accuracy and draws the
+loss curve; then everything is torn down.
 
-Needs root (network namespaces): without them the test kubelet's pods share the host
-network, so the job's rendezvous Service name does not resolve and its checkpoint volume is
-not mounted, and the job cannot run.
+Needs root (the node's namespaces, cgroups and mounts) and the container tools from Debian's
+packages that `make host-packages` installs.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import yaml
 from ddp_operator.follow import LiveView
 from ddp_trainer.progress import read_metrics
 
-from . import netns
+from . import node
 from .operator_process import REPO
+from .stack import LocalStack
 
 JOB, CLAIM, NAMESPACE = "digits", "digits-checkpoints", "default"
 EXAMPLES = REPO / "manifests" / "examples"
@@ -103,16 +104,15 @@ def indent(text: str) -> str:
     return "\n".join("  " + line for line in text.rstrip().splitlines())
 
 
-def copy_logs(logs_dir: Path, out: Path) -> list[Path]:
-    """The job's container logs, ``<ns>_<pod>_<uid>/<container>/<n>.log`` in the test
-    kubelet's state, to ``out/<pod>.<container>.<n>.log``."""
+def copy_logs(stack: LocalStack, out: Path) -> list[Path]:
+    """The job's container logs (``kubectl logs``) to ``out/<pod>.<container>.0.log``."""
     copied = []
     out.mkdir(parents=True, exist_ok=True)
-    for f in sorted(logs_dir.glob(f"{NAMESPACE}_{JOB}-*/*/*.log")):
-        pod = f.parent.parent.name.split("_")[1]
-        dest = out / f"{pod}.{f.parent.name}.{f.stem}.log"
-        shutil.copyfile(f, dest)
-        copied.append(dest)
+    for pod, container in stack.pod_containers(NAMESPACE):
+        if pod.startswith(f"{JOB}-"):
+            dest = out / f"{pod}.{container}.0.log"
+            dest.write_text(stack.logs(NAMESPACE, pod, container))
+            copied.append(dest)
     return copied
 
 
@@ -127,31 +127,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    ok, why = netns.netns_supported()
-    if not ok:
+    why = node.requirements()
+    if why:
         print(
-            f"make demo needs network namespaces, and they are unavailable here: {why}.\n"
-            "Without them the test kubelet runs pods on the host network: the job's "
-            f"rendezvous Service ({JOB}-rdzv.{NAMESPACE}.svc) does not resolve and its "
-            "checkpoint volume is not mounted, so the DDPJob cannot run. Run it as root "
-            "(e.g. `sudo make demo`) on Linux with iproute2 and unshare.",
+            f"make demo runs the job on a real node of this machine, which it cannot start "
+            f"here: {why}. Run it as root (e.g. `sudo make demo`) on Linux; `make demo` "
+            "installs the container tools (podman, buildah, runc, CNI plugins) from apt.",
             file=sys.stderr,
         )
         return 2
-
-    from .stack import LocalStack
 
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t_start = time.monotonic()
 
-    header("1/4 cluster up: embedded control plane + operator + test kubelet")
-    stack = LocalStack(nodes=3, log=lambda m: print("  " + m, flush=True))
+    header("1/4 cluster up: images, embedded control plane, a real node, helm install")
+    stack = LocalStack(chart=True, log=lambda m: print("  " + m, flush=True))
     try:
         stack.start()
-        assert stack.kubelet is not None
-        print(f"  up in {time.monotonic() - t_start:.0f}s ({stack.kubelet.mode} pod network)")
+        print(f"  up in {time.monotonic() - t_start:.0f}s")
         print(indent(stack.kubectl("get", "nodes").stdout), flush=True)
 
         header(f"2/4 kubectl apply -f manifests/examples/{{{','.join(EXAMPLE_FILES)}}}")
@@ -180,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             said = [
                 line.strip()
                 for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
-                for line in stack.kubelet.logs(NAMESPACE, pod, "trainer").splitlines()
+                for line in stack.logs(NAMESPACE, pod, "trainer").splitlines()
                 if "progress" in line and "WARNING" in line
             ]
             print(
@@ -196,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(indent(stack.kubectl("get", "ddpj", JOB).stdout))
         ckpt = out / "checkpoints"
         shutil.copytree(stack.claim_dir(CLAIM), ckpt)
-        logs = copy_logs(stack.kubelet.state_dir / "logs", out / "logs")
+        logs = copy_logs(stack, out / "logs")
         rows = read_metrics(ckpt)
         end = end_event(rows)
         if "testAccuracy" in end:

@@ -1,8 +1,13 @@
-"""A whole cluster on this machine: the embedded control plane with no kwok nodes, the test
-kubelet running pods as real processes, and the operator (development, tests, ``make demo``).
+"""A whole cluster on this machine (development, tests and ``make demo``; root): the embedded
+control plane, one real node (kubelet, containerd, runc: :mod:`ddp_devcluster.node`) with both
+images that `make images` builds imported into it, and the operator.
 
-    with LocalStack(nodes=3) as s:
-        s.kubectl("apply", "-f", "manifests/examples/checkpoint-pvc.yaml", ...)
+The operator runs either as the Helm chart installs it (``chart=True``: its image, in a pod;
+``make demo`` and tests/cluster), or as a process of the checkout's code beside the plane,
+under the manifests' RBAC (tests/e2e, which kill and restart it and read its metrics).
+
+    with LocalStack(chart=True) as s:
+        s.kubectl("apply", "-f", "manifests/examples/digits.yaml")
 """
 
 from __future__ import annotations
@@ -17,70 +22,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .kubelet import TestKubelet
 from .kueue import KueueProcess, operator_rbac
+from .node import RealNode
 from .operator_process import NAMESPACE, REPO, SERVICE_ACCOUNT, OperatorProcess, install
-from .plane import ControlPlane
+from .plane import ControlPlane, binary
 
 EXAMPLES = REPO / "manifests" / "examples"
+CHART = REPO / "helm" / "ddp-operator"
 
 
-@dataclass
-class LocalStack:
-    nodes: int = 3
-    workdir: Path | None = None
-    operator_env: dict[str, str] = field(default_factory=dict)
-    log: Callable[[str], None] = print
-    # Real Kueue beside the operator, which runs with the chart's kueue.enabled RBAC.
-    kueue: bool = False
+def helm_install_args(
+    operator_ref: str, trainer_ref: str, pull_policy: str, kueue: bool = False
+) -> list[str]:
+    """``helm install`` of the chart with these images (pure: the tests check the flags)."""
+    repo, tag = operator_ref.rsplit(":", 1)
+    return [
+        "install", "ddp-operator", str(CHART), "--namespace", NAMESPACE,
+        "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+        "--set", f"image.pullPolicy={pull_policy}", "--set", f"trainerImage={trainer_ref}",
+        "--set", "settings.backoffBaseSeconds=2", "--set", f"kueue.enabled={str(kueue).lower()}",
+        "--wait", "--timeout", "5m",
+    ]  # fmt: skip
 
-    plane: ControlPlane | None = field(default=None, init=False)
-    kubelet: TestKubelet | None = field(default=None, init=False)
-    operator: OperatorProcess | None = field(default=None, init=False)
-    queues: KueueProcess | None = field(default=None, init=False)
-    _own_workdir: bool = field(default=False, init=False)
 
-    def start(self) -> LocalStack:
-        if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="ddp-stack-"))
-            self._own_workdir = True
-        try:
-            self.plane = ControlPlane(nodes=0, workdir=self.workdir / "plane", log=self.log)
-            self.plane.start()
-            install(self.plane)
-            self.kubelet = TestKubelet(
-                self.plane,
-                nodes=[f"node-{i}" for i in range(self.nodes)],
-                state_dir=self.workdir / "kubelet",
-                python_path=[REPO / d for d in ("operator", "trainer_image", "devcluster")],
-                log=self.log,
-            ).start()
-            env = {"DDP_DEFAULT_IMAGE": "ddp-trainer:local", **self.operator_env}
-            if self.kueue:
-                self.queues = KueueProcess(self.plane, self.workdir / "kueue").start()
-                for doc in operator_rbac(SERVICE_ACCOUNT, NAMESPACE):
-                    self.plane.kubectl("apply", "-f", "-", input=json.dumps(doc))
-                env["DDP_KUEUE"] = "true"
-            self.operator = OperatorProcess(self.plane, self.workdir / "operator", env).start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+def helm() -> str:
+    return shutil.which("helm") or str(binary("helm"))
 
-    def stop(self) -> None:
-        for part in (self.operator, self.queues, self.kubelet, self.plane):
-            if part is not None:
-                part.stop()
-        if self._own_workdir and self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> LocalStack:
-        return self.start()
+def install_chart(
+    kubeconfig: Path, operator_ref: str, trainer_ref: str, pull_policy: str, kueue: bool = False
+) -> str:
+    argv = [helm(), "--kubeconfig", str(kubeconfig)]
+    argv += helm_install_args(operator_ref, trainer_ref, pull_policy, kueue)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"helm install failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return proc.stdout
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
-    # -- conveniences ------------------------------------------------------------------------
+class JobWatch:
+    """kubectl and waiting on DDPJobs, for any stack with a ``plane``."""
+
+    plane: ControlPlane | None
+
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
@@ -90,11 +74,6 @@ class LocalStack:
     def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
         out = self.kubectl("get", "ddpjob", name, "-n", namespace, "-o", "json", check=False)
         return json.loads(out.stdout) if out.returncode == 0 else {}
-
-    def claim_dir(self, claim: str, namespace: str = "default") -> Path:
-        """The host folder behind a PersistentVolumeClaim (shared by all pods that mount it)."""
-        assert self.kubelet is not None
-        return self.kubelet.state_dir / "pvc" / namespace / claim
 
     def wait_for_phase(
         self,
@@ -131,28 +110,7 @@ class LocalStack:
             f" {stall_s:.0f}s; status: {status}"
         )
 
-    def diagnostics(self, namespace: str = "default") -> str:
-        """What to read when something failed: pods, events, operator and kubelet logs."""
-        parts = [
-            self.kubectl("get", "ddpj,pods", "-n", namespace, "-o", "wide", check=False).stdout,
-            self.kubectl(
-                "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
-            ).stdout[-4000:],
-        ]
-        if self.operator is not None:
-            parts.append("operator log:\n" + self.operator.tail(20))
-        if self.kubelet is not None:
-            try:
-                agent = self.kubelet.agent_log.read_text(errors="replace").splitlines()[-20:]
-            except OSError:
-                agent = []
-            parts.append("test kubelet log:\n" + "\n".join(agent))
-            parts += self._pod_log_tails(namespace)
-        return "\n".join(parts)
-
-    def _pod_log_tails(self, namespace: str, lines: int = 25) -> list[str]:
-        """The last lines of every container of the namespace's pods (what the trainer said)."""
-        assert self.kubelet is not None
+    def pod_containers(self, namespace: str) -> list[tuple[str, str]]:
         out = self.kubectl(
             "get",
             "pods",
@@ -162,10 +120,121 @@ class LocalStack:
             'jsonpath={range .items[*]}{.metadata.name} {.spec.containers[*].name}{"\\n"}{end}',
             check=False,
         ).stdout
-        tails = []
-        for row in str(out).splitlines():
-            pod, *containers = row.split()
-            for c in containers:
-                text = self.kubelet.logs(namespace, pod, c).splitlines()[-lines:]
-                tails.append(f"log of {pod}/{c} (last {lines} lines):\n" + "\n".join(text))
-        return tails
+        rows = [row.split() for row in str(out).splitlines() if row.strip()]
+        return [(pod, c) for pod, *containers in rows for c in containers]
+
+
+@dataclass
+class LocalStack(JobWatch):
+    workdir: Path | None = None
+    # The operator from `helm install` of the chart with the built operator image; else a
+    # process of the checkout's code, with ``operator_env`` added to its environment.
+    chart: bool = False
+    operator_env: dict[str, str] = field(default_factory=dict)
+    log: Callable[[str], None] = print
+    # Real Kueue beside the operator, which runs with the chart's kueue.enabled RBAC.
+    kueue: bool = False
+
+    plane: ControlPlane | None = field(default=None, init=False)
+    node: RealNode | None = field(default=None, init=False)
+    operator: OperatorProcess | None = field(default=None, init=False)
+    queues: KueueProcess | None = field(default=None, init=False)
+    refs: dict[str, str] = field(default_factory=dict, init=False)
+    _own_workdir: bool = field(default=False, init=False)
+
+    def start(self) -> LocalStack:
+        from . import images
+
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="ddp-stack-"))
+            self._own_workdir = True
+        self.refs = images.ensure_images(log=self.log)
+        self.node = RealNode(
+            images=[self.refs["operator"], self.refs["trainer"]],
+            helper_image=images.PYTHON_BASE,
+            log=self.log,
+        )
+        try:
+            lay = self.node.prepare()
+            self.plane = ControlPlane(
+                nodes=0,
+                workdir=self.workdir / "plane",
+                advertise_address=lay.host_ip,
+                log=self.log,
+            )
+            self.plane.start()
+            self.node.start(self.plane)
+            if self.kueue:
+                self.queues = KueueProcess(self.plane, self.workdir / "kueue").start()
+            if self.chart:
+                self.log("helm install ddp-operator (the chart, with the built operator image)")
+                install_chart(
+                    self.plane.kubeconfig,
+                    self.refs["operator"],
+                    self.refs["trainer"],
+                    "Never",
+                    self.kueue,
+                )
+            else:
+                self._start_operator_process()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_operator_process(self) -> None:
+        assert self.plane is not None and self.workdir is not None
+        install(self.plane)
+        env = {"DDP_DEFAULT_IMAGE": self.refs["trainer"], **self.operator_env}
+        if self.kueue:
+            for doc in operator_rbac(SERVICE_ACCOUNT, NAMESPACE):
+                self.plane.kubectl("apply", "-f", "-", input=json.dumps(doc))
+            env["DDP_KUEUE"] = "true"
+        self.operator = OperatorProcess(self.plane, self.workdir / "operator", env).start()
+
+    def stop(self) -> None:
+        for part in (self.operator, self.queues, self.node, self.plane):
+            if part is not None:
+                part.stop()
+        if self._own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- conveniences ------------------------------------------------------------------------
+    def claim_dir(self, claim: str, namespace: str = "default") -> Path:
+        """The node's folder behind a bound PersistentVolumeClaim (local-path-provisioner's),
+        which the host sees as it is."""
+        volume = self.kubectl(
+            "get", "pvc", claim, "-n", namespace, "-o", "jsonpath={.spec.volumeName}"
+        ).stdout.strip()
+        pv = json.loads(self.kubectl("get", "pv", volume, "-o", "json").stdout)["spec"]
+        return Path((pv.get("hostPath") or pv.get("local") or {})["path"])
+
+    def logs(self, namespace: str, pod: str, container: str) -> str:
+        return self.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
+
+    def operator_tail(self, lines: int = 20) -> str:
+        if self.operator is not None:
+            return self.operator.tail(lines)
+        return self.kubectl(
+            "logs", "-n", NAMESPACE, "deploy/ddp-operator", f"--tail={lines}", check=False
+        ).stdout
+
+    def diagnostics(self, namespace: str = "default", lines: int = 25) -> str:
+        """What to read when something failed: pods, events, the operator's and pods' logs."""
+        parts = [
+            self.kubectl("get", "ddpj,pods", "-n", namespace, "-o", "wide", check=False).stdout,
+            self.kubectl(
+                "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
+            ).stdout[-4000:],
+            "operator log:\n" + self.operator_tail(),
+        ]
+        for pod, c in self.pod_containers(namespace):
+            text = self.logs(namespace, pod, c).splitlines()[-lines:]
+            parts.append(f"log of {pod}/{c} (last {lines} lines):\n" + "\n".join(text))
+        return "\n".join(parts)

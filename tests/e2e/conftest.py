@@ -1,29 +1,21 @@
-"""The end-to-end stack, one for the session: the embedded control plane (no kwok nodes), the
-operator under its manifests' RBAC, and the test kubelet, which runs every pod the operator
-creates as real processes in their own network namespaces."""
+"""The end-to-end stack, one per test module (one real node at a time: the node's image store
+is shared only by nodes that do not overlap): the embedded control plane, one real node whose
+containerd runs every pod the operator creates from the trainer image that `make images`
+built, and the operator as a process of the checkout's code under its manifests' RBAC."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from e2e_scenario import Scenario
+from e2e_scenario import Scenario, local_stack
 
-from ddp_devcluster.pytest_plugin import unavailable
 from ddp_devcluster.stack import LocalStack
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with LocalStack(
-        nodes=3,
-        workdir=tmp_path_factory.mktemp("stack"),
-        operator_env={"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "5"},
-        log=lambda m: print(f"\n[stack] {m}"),
-    ) as s:
-        if s.kubelet is not None and s.kubelet.mode != "netns":
-            unavailable("the test kubelet has no network namespaces here (needs root)")
-        yield s
+    yield from local_stack(tmp_path_factory, "stack")
 
 
 @pytest.fixture

@@ -1,20 +1,41 @@
-"""A scenario's view of the end-to-end stack: one namespace, kubectl, polling and holds."""
+"""The end-to-end stack, and a scenario's view of it: one namespace, kubectl, polling and holds."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
+from ddp_devcluster import node
 from ddp_devcluster.polling import until
+from ddp_devcluster.pytest_plugin import unavailable
 from ddp_devcluster.stack import EXAMPLES, LocalStack
 from ddp_trainer import hold
 
 T = TypeVar("T")
+# Restarts at once and resyncs often: the scenarios wait on what the operator does next.
+OPERATOR_ENV = {"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "5"}
+
+
+def local_stack(
+    factory: pytest.TempPathFactory, name: str, kueue: bool = False
+) -> Iterator[LocalStack]:
+    """A LocalStack with the operator as a process (killed and restarted by the scenarios)."""
+    why = node.requirements()
+    if why:
+        unavailable(f"the end-to-end stack needs a real node: {why}")
+    with LocalStack(
+        workdir=factory.mktemp(name),
+        operator_env=OPERATOR_ENV,
+        log=lambda m: print(f"\n[{name}] {m}", flush=True),
+        kueue=kueue,
+    ) as s:
+        yield s
 
 
 class Scenario:
@@ -77,8 +98,7 @@ class Scenario:
         return self.s.claim_dir(name, self.ns)
 
     def logs(self, pod: str, container: str = "trainer") -> str:
-        assert self.s.kubelet is not None
-        return self.s.kubelet.logs(self.ns, pod, container)
+        return self.s.logs(self.ns, pod, container)
 
 
 def holding_at(*steps: int) -> Callable[[dict[str, Any]], None]:

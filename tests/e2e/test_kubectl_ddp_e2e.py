@@ -2,7 +2,7 @@
 and watched to Succeeded with both ranks in its merged logs, and the digits example watched,
 its logs read and its loss and learning rate plotted from the checkpoint volume.
 
-Logs come through the test kubelet's pods/log (``kubectl logs``), as does the output of
+Logs come through the real kubelet's pods/log (``kubectl logs``), as does the output of
 ``plot``'s reader pod.
 """
 

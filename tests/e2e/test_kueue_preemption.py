@@ -1,5 +1,5 @@
 """Kueue preemption end to end: real Kueue, the operator with ``DDP_KUEUE=true``, and the
-pods of both jobs running torchrun for real on the test kubelet.
+pods of both jobs running torchrun for real in containers on the real node.
 
 A low-priority job holds after a known step (``holdAtSteps``) when a high-priority job arrives:
 Kueue evicts the low one, its pods get SIGTERM (rank 0 saves the held step), the high one
@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, holding_at, resumed_at, resumes
+from e2e_scenario import Scenario, holding_at, local_stack, resumed_at, resumes
 
 from ddp_devcluster.kueue import API
-from ddp_devcluster.pytest_plugin import unavailable
 from ddp_devcluster.stack import LocalStack
 from ddp_trainer.progress import read_metrics
 
@@ -26,16 +25,7 @@ HELD = 25  # the low job's step when the high one arrives
 
 @pytest.fixture(scope="module")
 def kueue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with LocalStack(
-        nodes=2,
-        workdir=tmp_path_factory.mktemp("kueue-stack"),
-        operator_env={"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "5"},
-        log=lambda m: print(f"\n[kueue-stack] {m}"),
-        kueue=True,
-    ) as s:
-        if s.kubelet is not None and s.kubelet.mode != "netns":
-            unavailable("the test kubelet has no network namespaces here (needs root)")
-        yield s
+    yield from local_stack(tmp_path_factory, "kueue-stack", kueue=True)
 
 
 def queues(sc: Scenario) -> None:
