@@ -26,6 +26,7 @@ from .kueue import KueueProcess, operator_rbac
 from .node import RealNode
 from .operator_process import NAMESPACE, REPO, SERVICE_ACCOUNT, OperatorProcess, install
 from .plane import ControlPlane, binary
+from .polling import until
 
 EXAMPLES = REPO / "manifests" / "examples"
 CHART = REPO / "helm" / "ddp-operator"
@@ -206,12 +207,20 @@ class LocalStack(JobWatch):
         self.stop()
 
     # -- conveniences ------------------------------------------------------------------------
-    def claim_dir(self, claim: str, namespace: str = "default") -> Path:
-        """The node's folder behind a bound PersistentVolumeClaim (local-path-provisioner's),
-        which the host sees as it is."""
-        volume = self.kubectl(
-            "get", "pvc", claim, "-n", namespace, "-o", "jsonpath={.spec.volumeName}"
-        ).stdout.strip()
+    def claim_dir(self, claim: str, namespace: str = "default", timeout_s: float = 180) -> Path:
+        """The node's folder behind a PersistentVolumeClaim (local-path-provisioner's), which
+        the host sees as it is. The default class binds a claim when its first pod is
+        scheduled, so this waits for that."""
+
+        def bound() -> str | None:
+            return (
+                self.kubectl(
+                    "get", "pvc", claim, "-n", namespace, "-o", "jsonpath={.spec.volumeName}"
+                ).stdout.strip()
+                or None
+            )
+
+        volume = until(f"claim {namespace}/{claim} bound", bound, timeout_s, 0.5)
         pv = json.loads(self.kubectl("get", "pv", volume, "-o", "json").stdout)["spec"]
         return Path((pv.get("hostPath") or pv.get("local") or {})["path"])
 
