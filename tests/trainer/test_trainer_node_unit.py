@@ -1,10 +1,20 @@
-"""The node supervisor's decisions: restart torchrun only after losing the store; its flags."""
+"""The node supervisor's decisions: restart torchrun only after losing the store; its flags;
+its store probe against a real TCPStore; torchrun's exit codes from the forked child."""
 
 from __future__ import annotations
 
+import socket
+import uuid
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
 from ddp_trainer.node import (
+    STORE_ID_KEY,
     Outcome,
     after_exit,
+    exit_code,
+    read_store_id,
     restarts_allowed,
     split_endpoint,
     torchrun_setting,
@@ -37,3 +47,26 @@ def test_node_reads_torchrun_flags_like_torchrun() -> None:
     assert split_endpoint("job-rdzv.ns.svc:29400") == ("job-rdzv.ns.svc", 29400)
     assert split_endpoint("[::1]:29400") == ("::1", 29400)
     assert split_endpoint("store") == ("store", 29400)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_probe_reads_the_store_id_and_says_none_when_nothing_listens() -> None:
+    port = free_port()
+    assert read_store_id(f"127.0.0.1:{port}", 1.0) is None  # refused: no TCPStore backoff
+    store = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5))
+    store_id = uuid.uuid4().hex
+    store.set(STORE_ID_KEY, store_id)
+    assert read_store_id(f"127.0.0.1:{port}", 1.0) == store_id
+    del store
+    assert read_store_id(f"127.0.0.1:{port}", 1.0) is None  # the store went
+
+
+def test_torchruns_exit_is_passed_on_as_python_would_exit() -> None:
+    assert exit_code(SystemExit()) == 0 and exit_code(SystemExit(None)) == 0
+    assert exit_code(SystemExit(3)) == 3
+    assert exit_code(SystemExit("usage: torchrun ...")) == 1  # a message: Python exits 1

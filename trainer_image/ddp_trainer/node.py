@@ -9,27 +9,36 @@ only if the store is still the one torchrun joined: every store publishes a rand
 at all, means the store pod was replaced: wait until the new one answers and start torchrun
 again; the workers re-rendezvous and resume from the newest checkpoint. At most
 ``PET_MAX_RESTARTS`` such restarts per pod; any other exit is passed on as it is.
+
+torchrun runs in a child forked from this process, which has imported torch already (the
+store probe needs it): starting it costs no second torch import (2-3 s on two cores), on
+every start and in every store-loss recovery. Forking with torch imported is what
+DataLoader workers do; the workers torchrun starts are fresh interpreters, as always.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
-import subprocess
+import socket
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger("ddp_trainer.node")
 
 STORE_ID_KEY = "ddp.dev/store-id"
 DEFAULT_RESTARTS = 3
 STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes apart
-PROBE_TIMEOUT_S = 5.0
+PROBE_TIMEOUT_S = 5.0  # after torchrun failed: is the store it joined still there?
+WAIT_PROBE_TIMEOUT_S = 1.0  # while waiting for a store: short tries, so none sleeps past it
+STORE_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -68,10 +77,18 @@ def split_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
 
 
 def read_store_id(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """The id the store at ``endpoint`` published, or None when none answers in time."""
+    """The id the store at ``endpoint`` published, or None when none answers in time.
+
+    A plain TCP connect first: TCPStore's client backs off for seconds after a refused
+    connection, longer than ``timeout_s``, which would start torchrun seconds after the new
+    store answers."""
     from torch.distributed import TCPStore
 
     host, port = split_endpoint(endpoint)
+    try:
+        socket.create_connection((host, port), timeout=min(timeout_s, 1.0)).close()
+    except OSError:
+        return None
     try:
         store = TCPStore(
             host,
@@ -90,7 +107,7 @@ def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | Non
     started = time.monotonic()
     said = 0.0
     while not stopping():
-        found = read_store_id(endpoint)
+        found = read_store_id(endpoint, WAIT_PROBE_TIMEOUT_S)
         if found is not None:
             return found
         waited = time.monotonic() - started
@@ -99,8 +116,63 @@ def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | Non
         if waited - said >= 10:
             said = waited
             log.info("waiting for the rendezvous store at %s (%.0fs)", endpoint, waited)
-        time.sleep(1.0)
+        time.sleep(STORE_POLL_S)
     return None
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The status a Python process exits with for ``exc``."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def run_torchrun(args: Sequence[str]) -> NoReturn:
+    """In the forked child: torchrun's main, exiting as ``python -m torch.distributed.run``
+    would (0, its SystemExit's code, or 1 with the traceback)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)  # torchrun installs its own while it runs
+    code = 1
+    try:
+        from torch.distributed.run import main as torchrun
+
+        torchrun(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class Torchrun:
+    """torchrun in a forked child of this (torch-importing) process."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            run_torchrun(args)
+        self.pid = pid
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self) -> int:
+        while self.code is None:
+            _, status = os.waitpid(self.pid, 0)  # PEP 475: retried after our handler ran
+            self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def send_signal(self, signum: int) -> None:
+        if self.code is None:
+            with contextlib.suppress(ProcessLookupError):  # reaped already
+                os.kill(self.pid, signum)
 
 
 def torchrun_setting(args: Sequence[str], environ: Any, flag: str) -> str | None:
@@ -129,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     endpoint = torchrun_setting(args, os.environ, "rdzv-endpoint") or ""
     left = restarts_allowed(args, os.environ)
-    child: subprocess.Popen[bytes] | None = None
+    child: Torchrun | None = None
     stopping = False
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -140,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    command = [sys.executable, "-m", "torch.distributed.run", *args]
+    import torch.distributed.run  # noqa: F401  imported once, here: each start forks warm
+
     while True:
         joined = wait_for_store(endpoint, STORE_WAIT_S, lambda: stopping) if endpoint else None
         if stopping:
@@ -148,9 +221,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if endpoint and joined is None:
             log.error("no rendezvous store answered at %s in %.0fs", endpoint, STORE_WAIT_S)
             return 1
-        child = subprocess.Popen(command)
+        child = Torchrun(args)
+        if stopping:  # a signal between the fork and the line above found no child to pass on to
+            child.send_signal(signal.SIGTERM)
         code = child.wait()
-        now = read_store_id(endpoint) if endpoint and code != 0 and not stopping else joined
+        now = (
+            wait_for_store(endpoint, PROBE_TIMEOUT_S, lambda: stopping)
+            if endpoint and code != 0 and not stopping
+            else joined
+        )
         outcome = after_exit(code, joined, now, left, stopping)
         if not outcome.restart:
             if code != 0:
