@@ -80,7 +80,7 @@ class OperatorConfig:
     """Settings of the operator itself (from its environment), used when a spec is silent."""
 
     default_image: str = "ghcr.io/ddp-operator/trainer:0.1.0"
-    monitor_interval_s: float = 5.0
+    monitor_interval_s: float = 1.0  # how soon a lost store or worker is noticed
     termination_grace_s: int = 60
 
 
@@ -143,7 +143,11 @@ def render_services(job: DDPJob) -> list[dict[str, Any]]:
         "kind": "Service",
         "metadata": _meta(job, store_name(name), ROLE_STORE),
         "spec": {
-            "clusterIP": "None",
+            # A ClusterIP, not headless: the name keeps resolving while the store pod is
+            # replaced (a headless name vanishes with the pod, and resolvers cache that for the
+            # zone's negative TTL, 5 to 30 s); kube-proxy refuses connections until the new pod
+            # has an IP, then routes to it.
+            "type": "ClusterIP",
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_STORE},
             "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}],

@@ -86,6 +86,8 @@ def test_rendezvous_service_is_published_before_pods_are_ready() -> None:
     assert rdzv["metadata"]["name"] == "digits-rdzv"
     assert rdzv["spec"]["publishNotReadyAddresses"] is True
     assert rdzv["spec"]["selector"][render.LABEL_ROLE] == render.ROLE_STORE
+    # The store's name must resolve while its pod is replaced: a virtual IP, not headless.
+    assert rdzv["spec"]["type"] == "ClusterIP" and "clusterIP" not in rdzv["spec"]
     assert workers["spec"]["clusterIP"] == "None"
 
 

@@ -89,7 +89,7 @@ def test_settings_are_read_once_from_the_environment_and_bad_values_say_which() 
         {"DDP_DEFAULT_IMAGE": "t:1", "DDP_BACKOFF_BASE_S": "1", "DDP_WORKERS": "8"}
     )
     assert s.render.default_image == "t:1" and s.backoff_base_s == 1.0 and s.workers == 8
-    assert s.resync_s == 30.0 and s.render.monitor_interval_s == 5.0  # the defaults
+    assert s.resync_s == 30.0 and s.render.monitor_interval_s == 1.0  # the defaults
     assert Settings.from_env({}) == Settings()
     with pytest.raises(ValueError, match=r"DDP_RESYNC_S='often' is not a number"):
         Settings.from_env({"DDP_RESYNC_S": "often"})
