@@ -10,6 +10,8 @@ Each round applies ``manifests/examples/digits.yaml`` in a fresh namespace, held
 from ``metrics.jsonl`` and the API:
 
 - ``store_running_s``: deletion until the operator's new store pod is Running;
+- ``store_listening_s``: deletion until the new store process listens (its log line's
+  timestamp: the store's Python and torch imports);
 - ``resumed_s``: deletion until rank 0's resumed run started (torchrun restarted by
   ``ddp_trainer.node``, rendezvous on the new store, checkpoint loaded);
 - ``recovery_s``: deletion until the first step completed after the resume (target < 15 s).
@@ -25,6 +27,7 @@ import statistics
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +86,26 @@ def one_round(stack: LocalStack) -> dict[str, float]:
         return (starts[-1]["time"], after[0]["time"]) if after else None
 
     resumed, stepped = until("a step after the resume", first_step_after_resume, timeout_s=300)
+    store_log = stack.kubectl("logs", "--timestamps", "digits-rdzv", "-n", ns).stdout
+    listening = store_listening(store_log)
     stack.kubectl("delete", "namespace", ns, "--wait=false")
     return {
         "store_running_s": round(store_running - deleted, 2),
+        "store_listening_s": round(listening - deleted, 2),
         "resumed_s": round(resumed - deleted, 2),
         "recovery_s": round(stepped - deleted, 2),
     }
+
+
+def store_listening(log: str) -> float:
+    """When the store said it listens: the kubelet's timestamp on that line (this host's clock)."""
+    for line in log.splitlines():
+        if "rendezvous store listening" in line:
+            stamp = line.split()[0]  # RFC 3339 with nanoseconds
+            whole, _, frac = stamp.rstrip("Z").partition(".")
+            parsed = datetime.fromisoformat(whole).replace(tzinfo=UTC)
+            return parsed.timestamp() + float("0." + (frac or "0"))
+    raise AssertionError(f"the new store never said it listens:\n{log}")
 
 
 def plot(rounds: list[dict[str, float]], path: Path) -> None:
@@ -102,7 +119,8 @@ def plot(rounds: list[dict[str, float]], path: Path) -> None:
     for i, r in enumerate(rounds):
         spans = [
             (0, r["store_running_s"], "new store pod Running", "#8fb3d9"),
-            (r["store_running_s"], r["resumed_s"], "torchrun again, rendezvous, resume", "#f2b36f"),
+            (r["store_running_s"], r["store_listening_s"], "store process starts", "#c9a0dc"),
+            (r["store_listening_s"], r["resumed_s"], "torchrun, rendezvous, resume", "#f2b36f"),
             (r["resumed_s"], r["recovery_s"], "first step", "#7bbf7b"),
         ]
         for start, end, label, color in spans:
@@ -129,7 +147,7 @@ def main() -> None:
     plot(rounds, args.plot)
     summary: dict[str, Any] = {
         key + "_p50": statistics.median(r[key] for r in rounds)
-        for key in ("store_running_s", "resumed_s", "recovery_s")
+        for key in ("store_running_s", "store_listening_s", "resumed_s", "recovery_s")
     }
     summary["recovery_s_max"] = max(r["recovery_s"] for r in rounds)
     summary["rounds"] = rounds
