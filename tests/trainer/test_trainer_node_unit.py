@@ -3,12 +3,12 @@ its store probe against a real TCPStore; torchrun's exit codes from the forked c
 
 from __future__ import annotations
 
-import socket
 import uuid
 from datetime import timedelta
 
 from torch.distributed import TCPStore
 
+from ddp_devcluster.procs import free_port
 from ddp_trainer.node import (
     STORE_ID_KEY,
     Outcome,
@@ -47,12 +47,6 @@ def test_node_reads_torchrun_flags_like_torchrun() -> None:
     assert split_endpoint("job-rdzv.ns.svc:29400") == ("job-rdzv.ns.svc", 29400)
     assert split_endpoint("[::1]:29400") == ("::1", 29400)
     assert split_endpoint("store") == ("store", 29400)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_probe_reads_the_store_id_and_says_none_when_nothing_listens() -> None:

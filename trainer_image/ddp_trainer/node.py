@@ -36,8 +36,8 @@ log = logging.getLogger("ddp_trainer.node")
 STORE_ID_KEY = "ddp.dev/store-id"
 DEFAULT_RESTARTS = 3
 STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes apart
-PROBE_TIMEOUT_S = 5.0  # after torchrun failed: is the store it joined still there?
-WAIT_PROBE_TIMEOUT_S = 1.0  # while waiting for a store: short tries, so none sleeps past it
+LOST_CHECK_S = 5.0  # after torchrun failed: how long to look for the store it joined
+PROBE_TIMEOUT_S = 1.0  # one try at the store: short, so none sleeps past a new store
 STORE_POLL_S = 0.25
 
 
@@ -107,7 +107,7 @@ def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | Non
     started = time.monotonic()
     said = 0.0
     while not stopping():
-        found = read_store_id(endpoint, WAIT_PROBE_TIMEOUT_S)
+        found = read_store_id(endpoint)
         if found is not None:
             return found
         waited = time.monotonic() - started
@@ -160,9 +160,6 @@ class Torchrun:
         self.pid = pid
         self.code: int | None = None
 
-    def poll(self) -> int | None:
-        return self.code
-
     def wait(self) -> int:
         while self.code is None:
             _, status = os.waitpid(self.pid, 0)  # PEP 475: retried after our handler ran
@@ -207,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_signal(signum: int, frame: Any) -> None:
         nonlocal stopping
         stopping = True
-        if child is not None and child.poll() is None:
+        if child is not None:
             child.send_signal(signum)  # torchrun passes it on to its workers
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -226,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             child.send_signal(signal.SIGTERM)
         code = child.wait()
         now = (
-            wait_for_store(endpoint, PROBE_TIMEOUT_S, lambda: stopping)
+            wait_for_store(endpoint, LOST_CHECK_S, lambda: stopping)
             if endpoint and code != 0 and not stopping
             else joined
         )
