@@ -185,6 +185,8 @@ def direct_objects(ns: str, jobs: list[str], nodes: int) -> list[dict[str, Any]]
         body["metadata"].update({"namespace": ns, "uid": f"bench-{i}", "generation": 1})
         job = DDPJob.model_validate(body)
         objs = [
+            *render.render_trainer_identity(job),
+            render.render_progress_configmap(job),
             *render.render_services(job),
             render.render_store(job, cfg),
             *(render.render_worker(job, n, 0, cfg) for n in range(nodes)),
@@ -197,13 +199,19 @@ def direct_objects(ns: str, jobs: list[str], nodes: int) -> list[dict[str, Any]]
 
 def create_direct(api: kubernetes.client.ApiClient, ns: str, obj: dict[str, Any]) -> None:
     core = kubernetes.client.CoreV1Api(api)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
     body: Any = obj
+    create = {
+        "Service": core.create_namespaced_service,
+        "ServiceAccount": core.create_namespaced_service_account,
+        "ConfigMap": core.create_namespaced_config_map,
+        "Role": rbac.create_namespaced_role,
+        "RoleBinding": rbac.create_namespaced_role_binding,
+        "Pod": core.create_namespaced_pod,
+    }[obj["kind"]]
     for attempt in range(1, 7):
         try:
-            if obj["kind"] == "Service":
-                core.create_namespaced_service(ns, body)
-            else:
-                core.create_namespaced_pod(ns, body)
+            create(ns, body)
             return
         except ApiException as e:
             if e.status == 409:
@@ -420,13 +428,16 @@ def direct_burst(
     want: set[str],
 ) -> dict[str, Any]:
     """The same objects straight from a concurrent client, as the operator's ServiceAccount
-    (the same API priority and fairness class), the trainer's ServiceAccount made first."""
-    cp.kubectl("create", "serviceaccount", render.TRAINER_SERVICE_ACCOUNT, "-n", ns)
+    (the same API priority and fairness class), in the order the operator needs: each job's
+    trainer ServiceAccount (admission requires it) and Role before the pods and RoleBinding."""
     objs = direct_objects(ns, jobs, n)
+    first = [o for o in objs if o["kind"] in ("ServiceAccount", "Role")]
+    then = [o for o in objs if o["kind"] not in ("ServiceAccount", "Role")]
     watch = PodWatch(api, ns)
     t0 = time.time()
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(lambda o: create_direct(as_operator, ns, o), objs))
+        for wave in (first, then):
+            list(pool.map(lambda o: create_direct(as_operator, ns, o), wave))
     watch.wait_for(want)
     watch.stop()
     times = [t - t0 for t in created_at(cp.audit_log, ns, want).values()]

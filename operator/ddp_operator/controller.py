@@ -24,9 +24,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from ddp_trainer import contract
 from ddp_trainer.contract import parse_rfc3339
 
-from . import informer, kube, policy, queueing, render
+from . import informer, kube, policy, queueing, render, reports
 from . import plan as planner
 from .api import API_VERSION, KIND, PLURAL, DDPJob
 from .metrics import OperatorMetrics
@@ -50,8 +51,10 @@ class Controller:
     # Pods created but not yet seen by the watch: name -> when created.
     expected: dict[Key, dict[str, float]] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next check
-    # ("account" or "role", namespace) -> the create of the trainer's ServiceAccount, Role+binding
-    trainer_rbac: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
+    # (what, job uid) -> the create of a job's trainer ServiceAccount, Role+binding, ConfigMap
+    trainer_objects: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)  # job uid -> last progress refused
+    legacy_retired: set[str] = field(default_factory=set)  # namespaces without 0.1.0's account
     api: kube.Kube | None = None
     jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
     pods: informer.Cache[planner.PodView] = field(
@@ -59,6 +62,9 @@ class Controller:
     )
     services: informer.Cache[str] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
+    )
+    progress: informer.Cache[reports.Record] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, reports.record_of, reports.job_of)
     )
     workloads: informer.Cache[dict[str, Any]] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, _workload_view)
@@ -76,7 +82,11 @@ class Controller:
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
         self.api = api
-        caches: dict[str, informer.Cache[Any]] = {"pods": self.pods, "services": self.services}
+        caches: dict[str, informer.Cache[Any]] = {
+            "pods": self.pods,
+            "services": self.services,
+            "configmaps": self.progress,
+        }
         if self.settings.kueue:
             caches[queueing.WORKLOADS] = self.workloads
         self.watches = informer.Watches(
@@ -111,6 +121,9 @@ class Controller:
         self.expected.pop(key, None)
         self.due.pop(key, None)
         self.ahead.pop(uid, None)
+        self.rejected.pop(uid, None)
+        for what in ("account", "rbac", "progress"):
+            self.trainer_objects.pop((what, uid), None)
 
     def queue_depth(self) -> int:
         """Jobs being reconciled, due for one, or waiting for the caches (a metric)."""
@@ -170,6 +183,7 @@ class Controller:
                     (w for w in self.workloads.get(key) if w["metadata"]["name"] == name), None
                 )
                 admission = await self._admission(job, queue, workload, status)
+            progress, refused = self._progress(key, meta.get("uid", ""))
             p = planner.plan(
                 job,
                 status,
@@ -179,7 +193,10 @@ class Controller:
                 self.settings.backoff_base_s,
                 pending=expected.keys(),
                 admission=admission,
+                progress=progress,
             )
+            if refused:
+                p.warn("ProgressRejected", refused)
         p.create = [
             o
             for o in p.create
@@ -199,6 +216,8 @@ class Controller:
             await self._sync_workload(workload, observed, {**status, **p.status})
         if len(made) < len(p.create):
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
+        if meta["namespace"] not in self.legacy_retired:
+            await self.retire_legacy_trainer(meta["namespace"])
         if p.requeue_after is not None:
             self.due[key] = time.monotonic() + p.requeue_after
         else:
@@ -324,7 +343,7 @@ class Controller:
         if changed and counted and not await write_status():
             return []
         if job is not None and any(o["kind"] == "Pod" for o in p.create):
-            await self._ensure_trainer_rbac(job)
+            await self._ensure_trainer_objects(job)
         created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
         self.metrics.pod_creates.inc(
             sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
@@ -362,26 +381,52 @@ class Controller:
             )
         return False
 
-    async def _ensure_trainer_rbac(self, job: DDPJob) -> None:
-        """The ServiceAccount that lets rank 0 patch ``status.progress``, and nothing more.
+    def _progress(self, key: Key, uid: str) -> tuple[dict[str, Any] | None, str]:
+        """Rank 0's newest valid progress record of the job (None: none yet, or refused), and
+        why it was refused when that is news (an Event once per refused record)."""
+        record = next(iter(self.progress.get(key)), None)
+        if record is None or record.owner != uid:  # none, or a namesake's not yet collected
+            return None, ""
+        try:
+            progress = reports.parse(record)
+        except reports.Rejected as e:
+            if record.text is None and not record.chars:
+                return None, ""  # the empty ConfigMap the operator made: nothing reported yet
+            seen = record.text or str(record.chars)
+            if self.rejected.get(uid) == seen:
+                return None, ""
+            self.rejected[uid] = seen
+            name = contract.progress_configmap(key[1])
+            why = f"ignored the progress in ConfigMap {name}: {e}"
+            return None, f"{why}; status.progress keeps the last valid report"
+        self.rejected.pop(uid, None)
+        return progress, ""
 
-        Made once per namespace and operator process; concurrent reconciles share one attempt,
-        and a failed one is tried again by the next reconcile. Only the ServiceAccount is
-        awaited (admission refuses a pod whose ServiceAccount does not exist); its Role and
-        RoleBinding are needed only once rank 0 reports progress, so they follow meanwhile.
+    async def _ensure_trainer_objects(self, job: DDPJob) -> None:
+        """The job's progress ConfigMap, and the ServiceAccount that may patch it and nothing else
+        (render.render_trainer_identity), for a job whose rank 0 reports progress.
+
+        Made once per job and operator process (a repeat after a restart meets 409); concurrent
+        reconciles share one attempt, and a failed one is tried again by the next reconcile.
+        Only the ServiceAccount is awaited (admission refuses a pod whose ServiceAccount does
+        not exist); the rest is needed only once rank 0 reports, so it follows meanwhile.
         """
-        t = job.spec.template
-        ns = render.job_key(job)[0]
-        if t is not None and t.service_account_name:
+        if not render.reports_progress(job):
             return
-        self._once(("role", ns), lambda: self._make_trainer_role(ns))
-        account = render.trainer_service_account(ns)
-        await asyncio.shield(self._once(("account", ns), lambda: self._post(account)))
+        uid = render.job_key(job)[2]
+        self._once(("progress", uid), lambda: self._post(render.render_progress_configmap(job)))
+        t = job.spec.template
+        if t is not None and t.service_account_name:
+            return  # the user's own account: theirs to grant
+        account, role, binding = render.render_trainer_identity(job)
+        # RBAC checks a new binding against its Role, so the Role must exist first.
+        self._once(("rbac", uid), lambda: self._post_all(role, binding))
+        await asyncio.shield(self._once(("account", uid), lambda: self._post(account)))
 
     def _once(self, key: tuple[str, str], make: Any) -> asyncio.Future[None]:
-        task = self.trainer_rbac.get(key)
+        task = self.trainer_objects.get(key)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self.trainer_rbac[key] = asyncio.ensure_future(make())
+            task = self.trainer_objects[key] = asyncio.ensure_future(make())
             task.add_done_callback(_log_failure)
         return task
 
@@ -389,10 +434,34 @@ class Controller:
         assert self.api is not None
         await self.api.must("POST", kube.path_of(obj), obj, ok=(409,))  # 409: already there
 
-    async def _make_trainer_role(self, ns: str) -> None:
-        # RBAC checks a new binding against its Role, so the Role must exist first.
-        await self._post(render.trainer_role(ns))
-        await self._post(render.trainer_role_binding(ns))
+    async def _post_all(self, *objs: dict[str, Any]) -> None:
+        for obj in objs:
+            await self._post(obj)
+
+    async def retire_legacy_trainer(self, ns: str) -> None:
+        """Removes release 0.1.0's namespace-wide trainer account (its Role could patch the
+        status of any DDPJob of the namespace) once no pod of ``ns`` runs as it any more.
+
+        Until then its pods keep reporting through it: the old path is accepted only as long as
+        the pods the old release started live (a pod is replaced with the job's own account).
+        """
+        assert self.api is not None
+        if any(v.account == render.LEGACY_TRAINER_ACCOUNT for v in self.pods.in_namespace(ns)):
+            return
+        name = render.LEGACY_TRAINER_ACCOUNT
+        rbac = "rbac.authorization.k8s.io/v1"
+        for path in (
+            kube.group_path(rbac, ns, "rolebindings", name),
+            kube.group_path(rbac, ns, "roles", name),
+            kube.core_path(ns, "serviceaccounts", name),
+        ):
+            r = await self.api.call("DELETE", path)
+            if r.ok:
+                log.info("deleted %s: no pod of %s runs as %s any more", path, ns, name)
+            elif r.status != 404:  # a cleanup: tried again by the namespace's next reconcile
+                log.warning("could not delete %s: %s", path, r.message)
+                return
+        self.legacy_retired.add(ns)
 
     async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
         assert self.api is not None
@@ -432,7 +501,7 @@ class Controller:
 
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("creating the trainer's RBAC failed (tried again): %s", task.exception())
+        log.warning("creating a trainer's objects failed (tried again): %s", task.exception())
 
 
 def _is_worker(obj: dict[str, Any]) -> bool:

@@ -1,4 +1,5 @@
-"""List-and-watch caches of the operator's own pods and Services, kept outside kopf.
+"""List-and-watch caches of the operator's own pods, Services and progress ConfigMaps, kept
+outside kopf.
 
 kopf handles every watch event of every object with its full machinery (memories, handler
 selection, patch bookkeeping, logging contexts); at hundreds of pods coming up at once that was
@@ -46,10 +47,12 @@ class Expired(Exception):
 
 @dataclass
 class Cache(Generic[T]):
-    """What is kept of each object (``extract`` of its body), grouped by its job's label."""
+    """What is kept of each object (``extract`` of its body), grouped by its job: the value of
+    its ``label`` (which also selects what is watched), or what ``job_name`` says of it."""
 
     label: str
     extract: Callable[[Mapping[str, Any]], T]
+    job_name: Callable[[Mapping[str, Any]], str | None] | None = None
     by_job: dict[Key, dict[str, T]] = field(default_factory=dict)
     job_of: dict[Ref, Key] = field(default_factory=dict)
 
@@ -59,6 +62,10 @@ class Cache(Generic[T]):
     def names(self, key: Key) -> set[str]:
         return set(self.by_job.get(key, {}))
 
+    def in_namespace(self, namespace: str) -> list[T]:
+        """Everything kept of ``namespace`` (a scan of the whole cache: for rare questions)."""
+        return [v for k, kept in self.by_job.items() if k[0] == namespace for v in kept.values()]
+
     def __len__(self) -> int:
         return len(self.job_of)
 
@@ -67,6 +74,8 @@ class Cache(Generic[T]):
         meta = obj.get("metadata") or {}
         ref: Ref = (meta.get("namespace", ""), meta.get("name", ""))
         job = (meta.get("labels") or {}).get(self.label)
+        if job is not None and self.job_name is not None:
+            job = self.job_name(obj)
         if event_type == "DELETED" or job is None:  # gone, or no longer ours
             return self._remove(ref)
         key: Key = (ref[0], job)
@@ -82,7 +91,7 @@ class Cache(Generic[T]):
     def replace(self, objs: Iterable[Mapping[str, Any]], namespace: str | None = None) -> set[Key]:
         """A full LIST (of one namespace, or of all) -> the jobs whose objects differ from what
         was kept."""
-        fresh: Cache[T] = Cache(self.label, self.extract)
+        fresh: Cache[T] = Cache(self.label, self.extract, self.job_name)
         for obj in objs:
             fresh.apply("ADDED", obj)
         ours = {k for k in self.by_job if namespace is None or k[0] == namespace}

@@ -206,6 +206,7 @@ def path_of(obj: dict[str, Any]) -> str:
         "Pod": "pods",
         "Service": "services",
         "ServiceAccount": "serviceaccounts",
+        "ConfigMap": "configmaps",
         "Event": "events",
         "Role": "roles",
         "RoleBinding": "rolebindings",

@@ -27,7 +27,7 @@ from typing import Any
 
 from ddp_trainer.contract import parse_rfc3339, rfc3339
 
-from . import queueing, render
+from . import queueing, render, reports
 from .api import DDPJob, DDPJobPhase, RestartPolicy
 
 TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
@@ -53,6 +53,7 @@ class PodView:
     exit_code: int | None = None
     reason: str = ""
     created: str = ""  # metadata.creationTimestamp (RFC 3339, seconds)
+    account: str = ""  # spec.serviceAccountName ("" when it has none, or no credential)
 
     @property
     def done(self) -> bool:
@@ -84,6 +85,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
         exit_code=exit_code,
         reason=reason,
         created=meta.get("creationTimestamp") or "",
+        account=(pod.get("spec") or {}).get("serviceAccountName") or "",
     )
 
 
@@ -219,7 +221,7 @@ class _State:
         new["ready"] = f"{len(ready)}/{desired}"
         new["restarts"] = self.restarts
         new["handledFailures"] = self.handled[-HANDLED_KEPT:]
-        world = (self.status.get("progress") or {}).get("worldSize")
+        world = (self.new.get("progress") or self.status.get("progress") or {}).get("worldSize")
         if world:
             new["worldSize"] = world
         self.plan.status = new
@@ -235,17 +237,24 @@ def plan(
     backoff_base_s: float = 10.0,
     pending: Collection[str] = (),
     admission: queueing.Admission | None = None,
+    progress: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Decides what to do for one observation of a job; see the module docstring.
 
     ``pending`` names pods created moments ago that the watch has not shown yet; ``admission``
-    is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual).
+    is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual);
+    ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
+    into ``status.progress`` when it differs.
     """
     st = _State(job, status, list(pods), now, pending=set(pending))
     st.handled = list(status.get("handledFailures") or [])
     st.restarts = int(status.get("restarts") or 0)
     st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
     st.new["selector"] = render.selector(st.name)
+    if progress is not None and reports.without_unset(progress) != reports.without_unset(
+        status.get("progress")
+    ):
+        st.new["progress"] = dict(progress)  # None values: fields the merge patch removes
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL:

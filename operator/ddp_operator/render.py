@@ -20,7 +20,9 @@ PET_LOCAL_ADDR                  the pod IP (fieldRef): pod hostnames may not res
 PET_MAX_RESTARTS                ``workerRestarts``: worker restarts inside one pod, and restarts
                                 of torchrun after losing the store (``ddp_trainer.node``)
 PET_MONITOR_INTERVAL            how often the agent checks its workers and the rendezvous
-DDPJOB_NAME/_NAMESPACE          where rank 0 reports ``status.progress``
+DDPJOB_NAME/_NAMESPACE          whose progress rank 0 reports, into the ConfigMap
+                                ``<job>-progress``: the only object the pod's ServiceAccount
+                                ``<job>-trainer`` may change (see "Identity" below)
 DDPJOB_NODE_INDEX               this pod's index (0-based)
 POD_NAME, POD_IP                the pod's name and IP (fieldRef); the trainer's metrics endpoint
                                 listens on IPv6 too when the IP is IPv6
@@ -42,6 +44,13 @@ The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
 ``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out
 when it sets them.
 
+Identity: a pod of the bundled trainer runs as the job's own ServiceAccount ``<job>-trainer``,
+whose Role may patch the ConfigMap ``<job>-progress`` and nothing else; the operator validates
+what rank 0 writes there and copies it into ``status.progress`` (it is the only writer of a
+DDPJob's status). A pod running the user's own command gets no Kubernetes credential at all
+(``automountServiceAccountToken: false``), nor does the store pod; ``spec.template``'s
+``serviceAccountName`` replaces all this with the user's own account.
+
 Container ports of a worker: ``c10d`` (29400), and ``metrics`` (``spec.trainer.metricsPort``,
 default 9400) where the bundled trainer's first process serves Prometheus metrics; not declared
 when the port is 0 or the pod runs the user's own command.
@@ -55,7 +64,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from .api import API_VERSION, GROUP, KIND, PLURAL, DDPJob
+from .api import API_VERSION, KIND, DDPJob
 
 LABEL_JOB = "ddp.dev/job-name"
 LABEL_ROLE = "ddp.dev/role"
@@ -66,7 +75,9 @@ ROLE_STORE = "rdzv-store"
 RDZV_PORT = 29400
 CONTAINER = "trainer"
 STORE_CONTAINER = "store"
-TRAINER_SERVICE_ACCOUNT = "ddp-trainer"
+# The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
+# of its namespace: its pods keep it until they end (see Controller.retire_legacy_trainer).
+LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
 SHM_SIZE = "2Gi"
 
 # torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
@@ -90,6 +101,11 @@ def worker_name(job: str, index: int) -> str:
 
 def store_name(job: str) -> str:
     return f"{job}-rdzv"
+
+
+def trainer_account(job: str) -> str:
+    """The ServiceAccount (and its Role and RoleBinding) of a job's trainer pods."""
+    return f"{job}-trainer"
 
 
 def rdzv_endpoint(job: str, namespace: str) -> str:
@@ -116,6 +132,17 @@ def _owner(job: DDPJob) -> dict[str, Any]:
         "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
+    }
+
+
+def _owned(job: DDPJob, name: str) -> dict[str, Any]:
+    """The metadata of an object that belongs to ``job`` and goes with it, pods aside."""
+    ns, job_name, _ = job_key(job)
+    return {
+        "name": name,
+        "namespace": ns,
+        "labels": {LABEL_JOB: job_name},
+        "ownerReferences": [_owner(job)],
     }
 
 
@@ -370,9 +397,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
             "hostname": worker_name(name, index),
             "subdomain": name,
             "restartPolicy": "Never",  # torchrun restarts workers; the operator, pods
-            "serviceAccountName": (
-                t.service_account_name if t and t.service_account_name else TRAINER_SERVICE_ACCOUNT
-            ),
+            **_identity(job),
             "terminationGracePeriodSeconds": cfg.termination_grace_s,
             "securityContext": dict(RESTRICTED_POD),
             "containers": [container],
@@ -411,40 +436,59 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     }
 
 
-# -- the trainer's narrow permission: rank 0 patches status.progress of its own job -------------
-TRAINER_ROLE_RULES = [
-    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
-]
+def _identity(job: DDPJob) -> dict[str, Any]:
+    """Who a worker pod is to the API server: the user's account when ``spec.template`` names
+    one; the job's own trainer account when rank 0 reports progress; else no credential."""
+    t = job.spec.template
+    if t is not None and t.service_account_name:
+        return {"serviceAccountName": t.service_account_name}
+    if reports_progress(job):
+        return {"serviceAccountName": trainer_account(job_key(job)[1])}
+    return {"automountServiceAccountToken": False}
 
 
-def trainer_service_account(namespace: str) -> dict[str, Any]:
+# -- the trainer's narrow permission: rank 0 patches its own job's progress ConfigMap ------------
+def reports_progress(job: DDPJob) -> bool:
+    """Whether the job's pods run the bundled trainer, whose rank 0 reports progress."""
+    return job.spec.command is None
+
+
+def render_progress_configmap(job: DDPJob) -> dict[str, Any]:
+    """The ConfigMap that rank 0 writes its progress record to (empty until it does)."""
+    _, name, _ = job_key(job)
     return {
         "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
+        "kind": "ConfigMap",
+        "metadata": _owned(job, contract.progress_configmap(name)),
     }
 
 
-def trainer_role(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
-        "rules": TRAINER_ROLE_RULES,
+def render_trainer_identity(job: DDPJob) -> list[dict[str, Any]]:
+    """The job's trainer ServiceAccount, and the Role and RoleBinding that let it patch the
+    job's progress ConfigMap and nothing else (``resourceNames``: not even another job's)."""
+    _, name, _ = job_key(job)
+    account = trainer_account(name)
+    rbac = "rbac.authorization.k8s.io"
+    rule = {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [contract.progress_configmap(name)],
+        "verbs": ["patch"],
     }
-
-
-def trainer_role_binding(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": job_key(job)[0]}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _owned(job, account)},
+        {
+            "apiVersion": f"{rbac}/v1",
             "kind": "Role",
-            "name": TRAINER_SERVICE_ACCOUNT,
+            "metadata": _owned(job, account),
+            "rules": [rule],
         },
-        "subjects": [
-            {"kind": "ServiceAccount", "name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace}
-        ],
-    }
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": _owned(job, account),
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": account},
+            "subjects": [subject],
+        },
+    ]

@@ -171,7 +171,7 @@ def test_watch_shows_progress_and_phases_and_exits_0_on_succeeded(
     ns.workers(name, 2)
     watch = Lines(ns.plugin.start("watch", name, "-n", ns.name))
     assert watch.next() == "phase Running: 2 nodes running"
-    for step, loss in ((5, 1.25), (10, 0.5)):  # as rank 0 reports it
+    for step, loss in ((5, 1.25), (10, 0.5)):  # as the operator writes rank 0's reports
         patch = progress(step, loss)
         ns.k("patch", "ddpjob", name, "--subresource=status", "--type=merge", "-p", patch)
         line = watch.next()

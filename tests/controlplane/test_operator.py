@@ -8,6 +8,10 @@ it needed no more than that role, and used every verb of it.
 from __future__ import annotations
 
 import json
+import ssl
+import tempfile
+import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,6 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
+from ddp_operator import render
+from ddp_operator.api import DDPJob
+from ddp_trainer.progress import InClusterProgressClient
 
 pytestmark = pytest.mark.controlplane
 T = TypeVar("T")
@@ -41,6 +48,40 @@ def operator(
     with op:
         yield op
     print(op.tail(30))
+
+
+class Account:
+    """Requests as one ServiceAccount, with a real token: what code in a pod could send."""
+
+    def __init__(self, cp: ControlPlane, token: str):
+        self.cp, self.token = cp, token
+
+    def call(self, method: str, path: str, body: Any = None, merge: bool = False) -> int:
+        """The HTTP status of one request."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.cp.server}{path}", data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        ctype = "application/merge-patch+json" if merge else "application/json"
+        req.add_header("Content-Type", ctype)
+        context = ssl.create_default_context(cafile=str(self.cp.ca_file))
+        try:
+            with urllib.request.urlopen(req, context=context, timeout=30) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    def report(self, ns: str, job: str, text: str) -> bool | None:
+        """``text`` as the progress record, sent by the trainer's client; None if refused."""
+        sa = Path(tempfile.mkdtemp())
+        (sa / "token").write_text(self.token)
+        (sa / "ca.crt").write_bytes(self.cp.ca_file.read_bytes())
+        host, port = urllib.parse.urlsplit(self.cp.server).netloc.rsplit(":", 1)
+        client = InClusterProgressClient(host, port, sa)
+        try:
+            client.patch_configmap(ns, job, {"data": {"progress": text}})
+        except urllib.error.HTTPError:
+            return None
+        return True
 
 
 class Cluster:
@@ -80,6 +121,20 @@ class Cluster:
     def exit(self, pod: str, code: int) -> None:
         """kwok ends the pod with this exit code (Succeeded for 0, else Failed)."""
         self.k("annotate", "pod", pod, f"{EXIT}={code}")
+
+    def account(self, name: str) -> Account:
+        """A real token of ServiceAccount ``name`` of this namespace, as a pod would hold it."""
+        token = self.until(
+            f"a token of {name}", lambda: self.k("create", "token", name, check=False)
+        )
+        return Account(self.cp, token.strip())
+
+    def report(self, job: str, record: Any) -> None:
+        """Writes a progress record as rank 0 of ``job`` does, with the trainer's own client and
+        a token of the job's ServiceAccount, once the operator has made the ConfigMap."""
+        text = record if isinstance(record, str) else json.dumps(record)
+        trainer = self.account(f"{job}-trainer")
+        self.until(f"{job}'s progress reported", lambda: trainer.report(self.ns, job, text))
 
     def events(self, job: str) -> list[tuple[str, str, str]]:
         out = json.loads(
@@ -169,7 +224,7 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in ctr["volumeMounts"]
-    assert spec["serviceAccountName"] == "ddp-trainer"
+    assert spec["serviceAccountName"] == "digits-trainer"  # the job's own, owned by it
 
     # `kubectl get ddpj` shows the phase and ready/desired nodes.
     table = c.k("get", "ddpj", "digits")
@@ -177,12 +232,20 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
     assert table.split("\n")[1].split()[:3] == ["digits", "Running", "2/2"]
     assert any(r == "CreatingPods" for _, r, _ in c.events("digits"))
 
-    # The trainer's ServiceAccount may patch the job's status, and nothing else.
-    who = f"--as=system:serviceaccount:{c.ns}:ddp-trainer"
-    can = c.k("auth", "can-i", "patch", "ddpjobs.ddp.dev", "--subresource=status", who)
-    assert can.strip() == "yes"
-    for verb, what in (("patch", "ddpjobs.ddp.dev"), ("get", "pods"), ("get", "secrets")):
-        assert c.k("auth", "can-i", verb, what, who, check=False).strip() == "no"
+    # The trainer's ServiceAccount may patch the job's progress ConfigMap, and nothing else.
+    who = f"--as=system:serviceaccount:{c.ns}:digits-trainer"
+    yes = c.k("auth", "can-i", "patch", "configmaps/digits-progress", who)
+    assert yes.strip() == "yes"
+    for verb, what in (
+        ("patch", "ddpjobs.ddp.dev"),
+        ("patch", "ddpjobs.ddp.dev/digits --subresource=status"),
+        ("get", "configmaps/digits-progress"),
+        ("create", "configmaps"),
+        ("patch", "configmaps/other-progress"),
+        ("get", "pods"),
+        ("get", "secrets"),
+    ):
+        assert c.k("auth", "can-i", verb, *what.split(), who, check=False).strip() == "no"
 
 
 def test_user_overrides_and_own_command_are_merged_into_the_pods(c: Cluster) -> None:
@@ -212,6 +275,9 @@ def test_user_overrides_and_own_command_are_merged_into_the_pods(c: Cluster) -> 
     assert pod["spec"]["tolerations"][0]["key"] == "gpu"
     assert env_of(pod)["EXTRA"] == "1" and "DDP_TRAINER_CONFIG" not in env_of(pod)
     assert {"name": "scripts", "mountPath": "/scripts"} in ctr["volumeMounts"]
+    # The user's own command reports nothing through the API: no credential at all.
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["serviceAccountName"] == "default"
 
 
 def test_scale_up_adds_and_scale_down_removes_the_highest_indices(c: Cluster) -> None:
@@ -396,11 +462,7 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.running("metered", 2)
     running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
     assert scrape(c.op)[running] == 1
-    # Rank 0 reports its first step, as the trainer does.
-    c.k(
-        "patch", "ddpjob", "metered", "--subresource=status", "--type=merge",
-        "-p", '{"status":{"progress":{"step":1,"totalSteps":10}}}',
-    )  # fmt: skip
+    c.report("metered", {"step": 1, "totalSteps": 10})  # rank 0's first step, as it reports it
     c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
     c.k("delete", "pod", "metered-node-1")
     c.until("a restart", lambda: c.status("metered").get("restarts") == 1 or None)
@@ -421,6 +483,149 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     assert all(
         set(dict(labels)) <= {"namespace", "phase", "reason", "code", "le"} for _, labels in after
     )
+
+
+GOOD_PROGRESS = {
+    "epoch": 0, "step": 30, "totalSteps": 88, "loss": 0.5, "samplesPerSecond": 9.0,
+    "lastCheckpoint": "step-00000030.pt", "updatedAt": "2026-11-24T10:00:00Z", "worldSize": 1,
+}  # fmt: skip
+
+
+def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: Cluster) -> None:
+    for name in ("a", "b"):
+        c.apply(name, {"nodes": 1})
+        c.running(name, 1)
+    pod_a = c.account("a-trainer")
+    jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
+    maps = f"/api/v1/namespaces/{c.ns}/configmaps"
+    forged = {"status": {"phase": "Succeeded"}}
+    job_b = c.job("b")
+    for method, path, body in (
+        ("PATCH", f"{jobs}/b/status", forged),
+        ("PATCH", f"{jobs}/a/status", forged),
+        ("PATCH", f"{jobs}/a", {"spec": {"nodes": 2}}),
+        ("PUT", f"{jobs}/b", job_b),
+        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+        ("GET", f"{jobs}/a", None),
+        ("GET", f"{maps}/a-progress", None),
+        ("GET", f"{maps}/b-progress", None),
+        ("PATCH", f"{maps}/b-progress", {"data": {"progress": "{}"}}),
+        ("POST", maps, {"metadata": {"name": "c-progress"}}),
+    ):
+        assert pod_a.call(method, path, body, merge=method == "PATCH") == 403, (method, path)
+    assert pod_a.call("PATCH", f"{maps}/a-progress", {"data": {}}, merge=True) == 200
+    assert c.status("b")["phase"] == "Running"
+
+    # A valid record reaches status.progress (and `kubectl get`); job B's stays empty.
+    c.report("a", GOOD_PROGRESS)
+    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 30 or None)
+    assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
+
+    # Forged or malformed records change nothing but an Event each.
+    for record, why in (
+        ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
+        ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
+        ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
+        ("x" * 10_000, "10000 characters, over 4096"),
+    ):
+        c.report("a", record)
+
+        def rejected(why: str = why) -> bool | None:
+            return any(r == "ProgressRejected" and why in m for _, r, m in c.events("a")) or None
+
+        c.until(f"an Event: {why}", rejected)
+    status = c.status("a")
+    assert status["phase"] == "Running" and status["progress"]["step"] == 30
+
+    # Relabelling its ConfigMap as job B's moves nothing into B: the name says whose it is.
+    record = json.dumps({**GOOD_PROGRESS, "step": 77})
+    relabel = {"metadata": {"labels": {"ddp.dev/job-name": "b"}}, "data": {"progress": record}}
+    assert pod_a.call("PATCH", f"{maps}/a-progress", relabel, merge=True) == 200
+    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 77 or None)
+    assert "progress" not in c.status("b")
+
+
+# What release 0.1.0 made in a namespace: one ServiceAccount for every job, whose Role could patch
+# the status of any DDPJob there.
+LEGACY = "ddp-trainer"
+LEGACY_OBJECTS = [
+    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": LEGACY}},
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": LEGACY},
+        "rules": [{"apiGroups": ["ddp.dev"], "resources": ["ddpjobs/status"], "verbs": ["patch"]}],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": LEGACY},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEGACY},
+        "subjects": [{"kind": "ServiceAccount", "name": LEGACY}],
+    },
+]
+
+
+def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goes(
+    c: Cluster,
+) -> None:
+    """An upgrade with a job running: its pods, started by release 0.1.0 under the namespace's
+    ddp-trainer account, keep running and reporting; once the last of them is replaced, the
+    account and its Role are deleted and the old path is closed."""
+    for obj in LEGACY_OBJECTS:
+        obj["metadata"]["namespace"] = c.ns
+        for subject in obj.get("subjects", []):
+            subject["namespace"] = c.ns
+    c.k("apply", "-f", "-", input=yaml.safe_dump_all(LEGACY_OBJECTS))
+    job = DDPJob.model_validate(
+        {"metadata": {"name": "old", "namespace": c.ns}, "spec": {"nodes": 2}}
+    )
+    cfg = render.OperatorConfig(default_image="trainer:test")
+    pods = [render.render_store(job, cfg)] + [render.render_worker(job, i, 0, cfg) for i in (0, 1)]
+    for pod in pods:  # as the old release made them (their owner is set below)
+        pod["metadata"].pop("ownerReferences")
+        if pod["metadata"]["labels"][render.LABEL_ROLE] == render.ROLE_WORKER:
+            pod["spec"]["serviceAccountName"] = LEGACY
+    c.k("create", "-f", "-", input=yaml.safe_dump_all(pods))
+    c.apply("old", {"nodes": 2})
+    c.running("old", 2)
+    uids = {n: p["metadata"]["uid"] for n, p in c.workers("old").items()}
+    assert {p["spec"]["serviceAccountName"] for p in c.workers("old").values()} == {LEGACY}
+
+    # The old path: rank 0 patches the job's status itself, and it still may.
+    old_pod = c.account(LEGACY)
+    status = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs/old/status"
+    old_report = {"status": {"progress": {"step": 5, "totalSteps": 88}}}
+    assert old_pod.call("PATCH", status, old_report, merge=True) == 200
+    c.until("the old report", lambda: c.status("old").get("progress", {}).get("step") == 5 or None)
+    c.k("delete", "pod", "old-node-1")  # replaced with the job's own account
+
+    def replaced(name: str) -> dict[str, Any] | None:
+        pod = c.workers("old").get(name)
+        return pod if pod and pod["metadata"]["uid"] != uids[name] else None
+
+    new = c.until("node-1 replaced", lambda: replaced("old-node-1"))
+    assert new["spec"]["serviceAccountName"] == "old-trainer"
+    assert c.workers("old")["old-node-0"]["metadata"]["uid"] == uids["old-node-0"]
+    # node-0 still runs as the old account: its path stays open
+    assert old_pod.call("PATCH", status, old_report, merge=True) == 200
+    assert (
+        c.k("get", "role", LEGACY, "-o", "name").strip()
+        == f"role.rbac.authorization.k8s.io/{LEGACY}"
+    )
+
+    c.k("delete", "pod", "old-node-0")
+    legacy = (
+        "get",
+        "serviceaccount,role,rolebinding",
+        "--field-selector",
+        f"metadata.name={LEGACY}",
+    )
+    c.until("the old account deleted", lambda: not c.k(*legacy, "-o", "name").strip() or None)
+    assert old_pod.call("PATCH", status, old_report, merge=True) in (401, 403)
+    c.report("old", {**GOOD_PROGRESS, "step": 40})  # the new path
+    c.until("the new report", lambda: c.status("old")["progress"].get("step") == 40 or None)
+    assert c.status("old")["phase"] in ("Running", "Restarting")
 
 
 def _rbac_rules() -> set[tuple[str, str, str]]:
@@ -457,4 +662,6 @@ def test_the_operator_used_exactly_the_rbac_in_manifests(
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
     granted = _rbac_rules()
     assert used <= granted
-    assert granted - used == set(), "rules in manifests/rbac/operator.yaml that nothing used"
+    # Held only to be granted: RBAC lets the operator give a trainer's Role only what it holds.
+    held_to_grant = {("", "configmaps", "patch")}
+    assert granted - used == held_to_grant, "rules in manifests/rbac/operator.yaml nothing used"

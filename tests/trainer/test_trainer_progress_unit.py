@@ -1,7 +1,8 @@
-"""Progress: the status patch and its rate limit (pure), metrics lines, best-effort reporting."""
+"""Progress: the record and its rate limit (pure), metrics lines, best-effort reporting."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -12,15 +13,15 @@ from ddp_trainer.progress import (
     MetricsLog,
     ProgressReporter,
     interval_from_env,
-    progress_patch,
+    progress_record,
     read_metrics,
     reporting_target,
     should_report,
 )
 
 
-def test_patch_body_has_the_status_progress_fields() -> None:
-    patch = progress_patch(
+def test_the_record_has_the_status_progress_fields() -> None:
+    record = progress_record(
         epoch=2,
         step=40,
         total_steps=100,
@@ -30,21 +31,19 @@ def test_patch_body_has_the_status_progress_fields() -> None:
         world_size=4,
         now=0.0,
     )
-    assert patch == {
-        "status": {
-            "progress": {
-                "epoch": 2,
-                "step": 40,
-                "totalSteps": 100,
-                "loss": 0.5,
-                "samplesPerSecond": 1234.568,
-                "lastCheckpoint": "step-00000040.pt",
-                "updatedAt": "1970-01-01T00:00:00Z",
-                "worldSize": 4,
-                "heldAtStep": None,
-            }
-        }
+    assert record == {
+        "epoch": 2,
+        "step": 40,
+        "totalSteps": 100,
+        "loss": 0.5,
+        "samplesPerSecond": 1234.568,
+        "lastCheckpoint": "step-00000040.pt",
+        "updatedAt": "1970-01-01T00:00:00Z",
+        "worldSize": 4,
+        "heldAtStep": None,
     }
+    sent = json.loads(progress.configmap_patch(record)["data"]["progress"])
+    assert sent == record  # the ConfigMap carries it whole, nulls included
 
 
 def test_rate_limit() -> None:
@@ -78,28 +77,28 @@ def test_reporting_without_a_cluster_never_blocks(monkeypatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     reporter = ProgressReporter("job", "default", interval_s=0.0)
     for step in range(100):
-        reporter.offer({"status": {"progress": {"step": step}}})
+        reporter.offer({"step": step})
     reporter.close(timeout_s=60)
     assert reporter.sent == 0 and not reporter.running  # gave up at once: nothing to send to
     assert reporter.sent == 0
 
 
 class RecordingClient:
-    """Stands in for the API server's status endpoint: records what the reporter sends."""
+    """Stands in for the API server's ConfigMap endpoint: records what the reporter sends."""
 
     def __init__(self, fail_first: int = 0) -> None:
         self.sent: list[dict] = []
         self.fail_first = fail_first
 
-    def patch_status(self, namespace: str, name: str, patch: dict) -> None:
+    def patch_progress(self, namespace: str, job: str, record: dict) -> None:
         if self.fail_first:
             self.fail_first -= 1
             raise ConnectionError("apiserver not reachable yet")
-        self.sent.append(patch["status"]["progress"])
+        self.sent.append(record)
 
 
 def reporter_with(monkeypatch, client: RecordingClient, interval_s: float) -> ProgressReporter:
-    monkeypatch.setattr(progress, "status_client", lambda environ: client)
+    monkeypatch.setattr(progress, "progress_client", lambda environ: client)
     return ProgressReporter("job", "default", interval_s=interval_s)
 
 
@@ -113,11 +112,11 @@ def sent(client: RecordingClient, count: int) -> list[dict]:
 def test_rate_limited_reports_and_the_final_one_all_arrive(monkeypatch) -> None:
     client = RecordingClient()
     reporter = reporter_with(monkeypatch, client, interval_s=3600)
-    reporter.offer({"status": {"progress": {"step": 1}}})
+    reporter.offer({"step": 1})
     assert sent(client, 1) == [{"step": 1}]  # the first report goes at once
     for step in range(2, 50):  # within the interval: only the newest is kept, not sent
-        reporter.offer({"status": {"progress": {"step": step}}})
-    reporter.offer({"status": {"progress": {"step": 50}}}, final=True)
+        reporter.offer({"step": step})
+    reporter.offer({"step": 50}, final=True)
     reporter.close()
     assert [p["step"] for p in client.sent] == [1, 50]
 
@@ -125,9 +124,9 @@ def test_rate_limited_reports_and_the_final_one_all_arrive(monkeypatch) -> None:
 def test_an_urgent_report_skips_the_rate_limit(monkeypatch) -> None:
     client = RecordingClient()
     reporter = reporter_with(monkeypatch, client, interval_s=3600)
-    reporter.offer({"status": {"progress": {"step": 1}}})
+    reporter.offer({"step": 1})
     assert sent(client, 1) == [{"step": 1}]
-    reporter.offer({"status": {"progress": {"step": 25, "heldAtStep": 25}}}, urgent=True)
+    reporter.offer({"step": 25, "heldAtStep": 25}, urgent=True)
     assert sent(client, 2) == [{"step": 1}, {"step": 25, "heldAtStep": 25}]
     reporter.close()
 
@@ -135,7 +134,7 @@ def test_an_urgent_report_skips_the_rate_limit(monkeypatch) -> None:
 def test_a_failed_final_report_is_sent_again(monkeypatch) -> None:
     client = RecordingClient(fail_first=1)
     reporter = reporter_with(monkeypatch, client, interval_s=3600)
-    reporter.offer({"status": {"progress": {"step": 7}}}, final=True)
+    reporter.offer({"step": 7}, final=True)
     reporter.close()
     assert client.sent == [{"step": 7}]
 
@@ -143,7 +142,7 @@ def test_a_failed_final_report_is_sent_again(monkeypatch) -> None:
 def test_in_cluster_client_needs_the_service_account_token(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(progress, "SA_DIR", tmp_path)
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    assert progress.InClusterStatusClient.from_env(env) is None  # no token mounted
-    assert progress.InClusterStatusClient.from_env({}) is None
+    assert progress.InClusterProgressClient.from_env(env) is None  # no token mounted
+    assert progress.InClusterProgressClient.from_env({}) is None
     with pytest.raises(RuntimeError, match="KUBECONFIG is not set"):
-        progress.status_client({})
+        progress.progress_client({})

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ddp_operator import api, kube, plan, render
+from ddp_operator import api, kube, plan, render, reports
 from ddp_operator.api import DDPJob
 from ddp_trainer import contract
 from ddp_trainer.config import load_settings
-from ddp_trainer.progress import progress_patch, reporting_target
+from ddp_trainer.progress import configmap_patch, progress_record, reporting_target
 
 CFG = render.OperatorConfig(default_image="trainer:test")
 JOB = DDPJob.model_validate(
@@ -26,8 +26,8 @@ JOB = DDPJob.model_validate(
 )
 
 
-def test_the_trainers_progress_patch_is_what_the_api_declares() -> None:
-    patch = progress_patch(
+def test_the_trainers_progress_record_is_what_the_api_declares_and_the_operator_accepts() -> None:
+    sent = progress_record(
         epoch=1,
         step=30,
         total_steps=88,
@@ -38,13 +38,27 @@ def test_the_trainers_progress_patch_is_what_the_api_declares() -> None:
         now=0.0,
         held_at_step=30,
     )
-    sent = patch["status"]["progress"]
     # Every key the trainer sends is a field of api.Progress (extra fields are refused) ...
     parsed = api.Progress.model_validate(sent)
     # ... and every field of api.Progress is one the trainer sends: neither side has more.
     declared = {f.alias for f in api.Progress.model_fields.values()}
     assert set(sent) == declared
     assert parsed.held_at_step == 30 and parsed.updated_at == "1970-01-01T00:00:00Z"
+    # The operator reads the ConfigMap the trainer patches, and keeps every value.
+    configmap = {"metadata": {"name": "digits-progress"}, **configmap_patch(sent)}
+    assert reports.job_of(configmap) == "digits"
+    assert reports.parse(reports.record_of(configmap)) == sent
+    assert set(reports.FIELDS) == declared
+
+
+def test_a_loss_that_is_not_finite_is_reported_as_null_and_accepted() -> None:
+    sent = progress_record(
+        epoch=0, step=0, total_steps=9, loss=float("nan"), samples_per_second=0.0,
+        last_checkpoint=None, world_size=1, now=0.0,
+    )  # fmt: skip
+    assert sent["loss"] is None
+    configmap = {"metadata": {"name": "j-progress"}, **configmap_patch(sent)}
+    assert reports.parse(reports.record_of(configmap))["loss"] is None
 
 
 def test_the_trainer_reads_the_environment_the_operator_renders() -> None:
@@ -84,8 +98,21 @@ def test_both_sides_write_and_read_one_timestamp_format() -> None:
         contract.parse_rfc3339("22/11/2026")
 
 
-def test_the_trainer_patches_the_path_the_operator_serves() -> None:
-    assert contract.status_path("team", "digits") == (
-        kube.group_path(api.API_VERSION, "team", api.PLURAL, "digits") + "/status"
+def test_the_trainer_patches_the_configmap_its_pod_may_patch() -> None:
+    configmap = render.render_progress_configmap(JOB)
+    assert contract.progress_configmap_path("team", "digits") == (
+        kube.path_of(configmap) + "/" + configmap["metadata"]["name"]
     )
+    pod = render.render_worker(JOB, 0, 0, CFG)
+    account, role, binding = render.render_trainer_identity(JOB)
+    assert pod["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [configmap["metadata"]["name"]],
+            "verbs": ["patch"],
+        }
+    ]
     assert (api.GROUP, api.VERSION, api.KIND) == ("ddp.dev", "v1alpha1", "DDPJob")

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from ddp_operator import kube, policy, render
-from ddp_operator.api import DDPJobSpec
+from ddp_operator.api import DDPJob, DDPJobSpec
 from ddp_operator.settings import Settings
 
 
@@ -30,9 +30,9 @@ def test_our_last_status_write_wins_over_a_staler_watched_status() -> None:
 
 
 def test_objects_go_to_their_collections() -> None:
-    rbac = render.trainer_role_binding("team")
+    job = DDPJob.model_validate({"metadata": {"name": "j", "namespace": "team"}, "spec": {}})
+    sa, _, rbac = render.render_trainer_identity(job)
     assert kube.path_of(rbac) == ("/apis/rbac.authorization.k8s.io/v1/namespaces/team/rolebindings")
-    sa = render.trainer_service_account("team")
     assert kube.path_of(sa) == "/api/v1/namespaces/team/serviceaccounts"
     assert kube.group_path("ddp.dev/v1alpha1", "team", "ddpjobs", "x") == (
         "/apis/ddp.dev/v1alpha1/namespaces/team/ddpjobs/x"

@@ -16,8 +16,8 @@ KIND = "DDPJob"
 PLURAL = "ddpjobs"
 
 # The environment of a trainer pod that the operator sets (besides torchrun's PET_* flags).
-ENV_JOB_NAME = "DDPJOB_NAME"  # where rank 0 reports status.progress ...
-ENV_JOB_NAMESPACE = "DDPJOB_NAMESPACE"  # ... and in which namespace
+ENV_JOB_NAME = "DDPJOB_NAME"  # the job whose progress rank 0 reports ...
+ENV_JOB_NAMESPACE = "DDPJOB_NAMESPACE"  # ... and its namespace
 ENV_NODE_INDEX = "DDPJOB_NODE_INDEX"
 ENV_POD_IP = "POD_IP"  # the pod's IP (fieldRef status.podIP): IPv6 in an IPv6-only cluster
 ENV_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
@@ -28,6 +28,23 @@ ENV_PROGRESS_INTERVAL = "DDPJOB_PROGRESS_INTERVAL_S"  # optional: seconds betwee
 # the operator declares for it (what a PodMonitor selects), and the port when unset.
 METRICS_PORT_NAME = "metrics"
 DEFAULT_METRICS_PORT = 9400
+
+# Rank 0 reports progress into a ConfigMap of its own job, never into the DDPJob: the operator
+# validates the record and copies it into ``status.progress`` (the only writer of a status). The
+# pod's ServiceAccount may patch this one ConfigMap and nothing else (docs/design.md, Security).
+PROGRESS_KEY = "progress"  # the ConfigMap's data key: one JSON object, the fields of Progress
+PROGRESS_SUFFIX = "-progress"
+
+
+def progress_configmap(job: str) -> str:
+    """The name of the ConfigMap that rank 0 of ``job`` writes its progress to."""
+    return f"{job}{PROGRESS_SUFFIX}"
+
+
+def progress_configmap_path(namespace: str, job: str) -> str:
+    """The API path of that ConfigMap."""
+    return f"/api/v1/namespaces/{namespace}/configmaps/{progress_configmap(job)}"
+
 
 # Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -45,8 +62,3 @@ def parse_rfc3339(value: str | None) -> dt.datetime | None:
     if not value:
         return None
     return dt.datetime.strptime(value, TIMESTAMP_FORMAT).replace(tzinfo=dt.UTC)
-
-
-def status_path(namespace: str, name: str) -> str:
-    """The API path of a DDPJob's status subresource."""
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"

@@ -1,6 +1,8 @@
-"""Progress: `metrics.jsonl` lines, and the DDPJob's `status.progress` patched from rank 0.
+"""Progress: `metrics.jsonl` lines, and rank 0's progress record for the DDPJob's status.
 
-Reporting to the cluster is best effort: it runs in a background thread with short
+Rank 0 writes the record into its job's progress ConfigMap (``contract.progress_configmap``),
+the one object its ServiceAccount may patch; the operator validates it and copies it into
+``status.progress``. Reporting is best effort: it runs in a background thread with short
 timeouts, logs its first failure once, and never fails or stalls training.
 """
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -21,11 +24,10 @@ from .contract import (
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
     ENV_PROGRESS_INTERVAL,
-    GROUP,
-    PLURAL,
-    VERSION,
+    PROGRESS_KEY,
+    progress_configmap,
+    progress_configmap_path,
     rfc3339,
-    status_path,
 )
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ def parse_metrics(text: str) -> list[dict[str, Any]]:
     return lines
 
 
-def progress_patch(
+def progress_record(
     *,
     epoch: int,
     step: int,
@@ -83,25 +85,29 @@ def progress_patch(
     now: float,
     held_at_step: int | None = None,
 ) -> dict[str, Any]:
-    """The merge patch of the DDPJob status subresource that reports progress.
+    """The record of ``status.progress`` that rank 0 reports (the operator copies it).
 
-    ``heldAtStep`` is null (removed by the merge patch) unless the run waits at a hold point.
+    Every field is present: ``heldAtStep`` is null unless the run waits at a hold point, and a
+    loss that is not finite (a step that diverged, or none run yet) is null, since JSON has no
+    NaN and the API server refuses it.
     """
+    loss = float(loss)
     return {
-        "status": {
-            "progress": {
-                "epoch": int(epoch),
-                "step": int(step),
-                "totalSteps": int(total_steps),
-                "loss": round(float(loss), 4),  # as `kubectl get` prints it
-                "samplesPerSecond": round(float(samples_per_second), 3),
-                "lastCheckpoint": last_checkpoint or "",
-                "updatedAt": rfc3339(now),
-                "worldSize": int(world_size),
-                "heldAtStep": held_at_step,
-            }
-        }
+        "epoch": int(epoch),
+        "step": int(step),
+        "totalSteps": int(total_steps),
+        "loss": round(loss, 4) if math.isfinite(loss) else None,  # as `kubectl get` prints it
+        "samplesPerSecond": round(float(samples_per_second), 3),
+        "lastCheckpoint": last_checkpoint or "",
+        "updatedAt": rfc3339(now),
+        "worldSize": int(world_size),
+        "heldAtStep": held_at_step,
     }
+
+
+def configmap_patch(record: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch of the progress ConfigMap that carries ``record``."""
+    return {"data": {PROGRESS_KEY: json.dumps(record, separators=(",", ":"), allow_nan=False)}}
 
 
 def should_report(now: float, last_report: float | None, interval_s: float, final: bool) -> bool:
@@ -125,10 +131,10 @@ def interval_from_env(environ: dict[str, str] | os._Environ[str]) -> float:
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class InClusterStatusClient:
-    """PATCHes a DDPJob's status with the pod's ServiceAccount token, using only the standard
-    library: importing the `kubernetes` package takes seconds on a busy CPU, long enough for a
-    short run to end before its first report was sent."""
+class InClusterProgressClient:
+    """PATCHes the job's progress ConfigMap with the pod's ServiceAccount token, using only the
+    standard library: importing the `kubernetes` package takes seconds on a busy CPU, long
+    enough for a short run to end before its first report was sent."""
 
     def __init__(self, host: str, port: str, sa_dir: Path = SA_DIR):
         self.base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
@@ -136,15 +142,19 @@ class InClusterStatusClient:
         self.context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> InClusterStatusClient | None:
+    def from_env(cls, environ: Mapping[str, str]) -> InClusterProgressClient | None:
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
         if not host or not port or not (SA_DIR / "token").exists():
             return None
         return cls(host, port)
 
-    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    def patch_progress(self, namespace: str, job: str, record: dict[str, Any]) -> None:
+        self.patch_configmap(namespace, job, configmap_patch(record))
+
+    def patch_configmap(self, namespace: str, job: str, patch: dict[str, Any]) -> None:
+        """A merge patch of the job's progress ConfigMap (raises on any refusal)."""
         request = urllib.request.Request(
-            self.base + status_path(namespace, name),
+            self.base + progress_configmap_path(namespace, job),
             data=json.dumps(patch).encode(),
             method="PATCH",
             headers={
@@ -158,7 +168,7 @@ class InClusterStatusClient:
             response.read()
 
 
-class KubeconfigStatusClient:
+class KubeconfigProgressClient:
     """Out of a cluster: the `kubernetes` client on $KUBECONFIG (the trainer run by hand,
     reporting to a DDPJob of a cluster)."""
 
@@ -166,34 +176,30 @@ class KubeconfigStatusClient:
         from kubernetes import client, config
 
         config.load_kube_config(config_file=kubeconfig)
-        self.api = client.CustomObjectsApi()
+        self.api = client.CoreV1Api()
 
-    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        self.api.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            patch,
-            _request_timeout=5,
-            _content_type="application/merge-patch+json",
+    def patch_progress(self, namespace: str, job: str, record: dict[str, Any]) -> None:
+        self.api.patch_namespaced_config_map(
+            progress_configmap(job), namespace, configmap_patch(record), _request_timeout=5
         )
 
 
-def status_client(environ: Mapping[str, str]) -> InClusterStatusClient | KubeconfigStatusClient:
+ProgressClient = InClusterProgressClient | KubeconfigProgressClient
+
+
+def progress_client(environ: Mapping[str, str]) -> ProgressClient:
     """In-cluster when the pod has a ServiceAccount token, else $KUBECONFIG; raises if neither."""
-    client = InClusterStatusClient.from_env(environ)
+    client = InClusterProgressClient.from_env(environ)
     if client is not None:
         return client
     kubeconfig = environ.get("KUBECONFIG")
     if kubeconfig:
-        return KubeconfigStatusClient(kubeconfig)
+        return KubeconfigProgressClient(kubeconfig)
     raise RuntimeError("no in-cluster ServiceAccount token and KUBECONFIG is not set")
 
 
 class ProgressReporter:
-    """Patches `status.progress` of one DDPJob from a background thread, rate-limited.
+    """Writes rank 0's progress record for one DDPJob from a background thread, rate-limited.
 
     The client is made as soon as the reporter starts, not at the first report, and
     :meth:`close` waits for the final report, so that even a run of a few seconds is seen.
@@ -209,7 +215,7 @@ class ProgressReporter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
-        self._client: InClusterStatusClient | KubeconfigStatusClient | None = None
+        self._client: ProgressClient | None = None
         self._thread = threading.Thread(target=self._run, name="progress-reporter", daemon=True)
         self._thread.start()
 
@@ -224,13 +230,13 @@ class ProgressReporter:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def offer(self, patch: dict[str, Any], final: bool = False, urgent: bool = False) -> None:
-        """Hand over the newest progress; never blocks on the network.
+    def offer(self, record: dict[str, Any], final: bool = False, urgent: bool = False) -> None:
+        """Hand over the newest progress record; never blocks on the network.
 
         ``final`` and ``urgent`` reports go at once; others at most once per interval.
         """
         with self._lock:
-            self._pending = patch
+            self._pending = record
             self._urgent = self._urgent or final or urgent
         self._wake.set()
 
@@ -247,32 +253,32 @@ class ProgressReporter:
 
     def _run(self) -> None:
         try:
-            self._client = status_client(os.environ)
+            self._client = progress_client(os.environ)
         except Exception as error:
             self._warn_once(error)
         while True:
             with self._lock:
-                patch, stop, urgent = self._pending, self._stop, self._urgent
-                due = patch is not None and should_report(
+                record, stop, urgent = self._pending, self._stop, self._urgent
+                due = record is not None and should_report(
                     time.monotonic(), self._last, self.interval_s, urgent
                 )
                 if due:
                     self._pending, self._urgent = None, False
-            if due and patch is not None and self._client is not None:
+            if due and record is not None and self._client is not None:
                 self._last = time.monotonic()
                 try:
-                    self._client.patch_status(self.namespace, self.name, patch)
+                    self._client.patch_progress(self.namespace, self.name, record)
                     self.sent += 1
                 except Exception as error:
                     self._warn_once(error)
                     with self._lock:  # try it again, unless a newer report came meanwhile
                         if self._pending is None:
-                            self._pending, self._urgent = patch, self._urgent or urgent
+                            self._pending, self._urgent = record, self._urgent or urgent
                     time.sleep(1.0)
                 continue
             if stop and (self._pending is None or self._client is None):
                 return
-            if patch is None or self._last is None:
+            if record is None or self._last is None:
                 wait: float | None = self.interval_s or None
             else:
                 wait = max(self._last + self.interval_s - time.monotonic(), 0.05)

@@ -23,7 +23,7 @@ from .batching import Position, advance, step_seed
 from .config import TrainerConfig
 from .metrics import TrainerMetrics, listen_address, serve
 from .parts import Parts, build_parts
-from .progress import MetricsLog, ProgressReporter, progress_patch
+from .progress import MetricsLog, ProgressReporter, progress_record
 from .schedule import lr_at
 from .workloads import evaluate, fetch_batch
 
@@ -315,7 +315,7 @@ class Trainer:
             return
         last = self.writer.last.name if self.writer and self.writer.last else self.resumed_from
         self.reporter.offer(
-            progress_patch(
+            progress_record(
                 epoch=self.position.epoch,
                 step=self.position.step,
                 total_steps=self.total_steps,
