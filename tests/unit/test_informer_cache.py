@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_operator import informer, plan, render
+from ddp_operator import informer, plan, render, reports
 
 
 def pod(name: str, job: str | None = "a", phase: str = "Pending", ip: str = "") -> dict[str, Any]:
@@ -51,3 +51,18 @@ def test_a_relist_reports_exactly_the_jobs_that_differ() -> None:
     assert c.replace(listed) == {("ns", "a"), ("ns", "b"), ("ns", "d")}
     assert sorted(c.job_of) == [("ns", "a-0"), ("ns", "c-0"), ("ns", "d-0")]
     assert c.replace(listed) == set()
+
+
+def test_progress_configmaps_belong_to_the_job_their_name_says_whatever_their_label() -> None:
+    c = informer.Cache(render.LABEL_JOB, reports.record_of, reports.job_of)
+
+    def configmap(name: str, label: str, text: str) -> dict[str, Any]:
+        meta = {"namespace": "ns", "name": name, "labels": {render.LABEL_JOB: label}}
+        return {"metadata": meta, "data": {"progress": text}}
+
+    assert c.apply("ADDED", configmap("a-progress", "a", "{}")) == {("ns", "a")}
+    # Relabelled as job b's by the pod that may patch it: still a's, and only a's.
+    assert c.apply("MODIFIED", configmap("a-progress", "b", '{"step": 1}')) == {("ns", "a")}
+    assert c.get(("ns", "b")) == [] and c.get(("ns", "a"))[0].text == '{"step": 1}'
+    assert c.apply("ADDED", configmap("own-script", "a", "x")) == set()  # not a progress map
+    assert c.replace([configmap("a-progress", "zzz", '{"step": 1}')]) == set()
