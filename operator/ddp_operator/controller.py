@@ -55,6 +55,7 @@ class Controller:
     trainer_objects: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)  # job uid -> last progress refused
     legacy_retired: set[str] = field(default_factory=set)  # namespaces without 0.1.0's account
+    retiring: set[str] = field(default_factory=set)  # ... being checked now
     api: kube.Kube | None = None
     jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
     pods: informer.Cache[planner.PodView] = field(
@@ -216,8 +217,10 @@ class Controller:
             await self._sync_workload(workload, observed, {**status, **p.status})
         if len(made) < len(p.create):
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
-        if meta["namespace"] not in self.legacy_retired:
-            await self.retire_legacy_trainer(meta["namespace"])
+        ns = meta["namespace"]
+        if ns not in self.legacy_retired and ns not in self.retiring:
+            self.retiring.add(ns)  # one attempt per namespace at a time, off the reconcile's path
+            self.spawn(self.retire_legacy_trainer(ns))
         if p.requeue_after is not None:
             self.due[key] = time.monotonic() + p.requeue_after
         else:
@@ -445,6 +448,12 @@ class Controller:
         Until then its pods keep reporting through it: the old path is accepted only as long as
         the pods the old release started live (a pod is replaced with the job's own account).
         """
+        try:
+            await self._retire_legacy_trainer(ns)
+        finally:
+            self.retiring.discard(ns)
+
+    async def _retire_legacy_trainer(self, ns: str) -> None:
         assert self.api is not None
         if any(v.account == render.LEGACY_TRAINER_ACCOUNT for v in self.pods.in_namespace(ns)):
             return
