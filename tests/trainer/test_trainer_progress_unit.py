@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -45,6 +46,18 @@ def test_patch_body_has_the_status_progress_fields() -> None:
             }
         }
     }
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])
+def test_a_loss_that_is_no_finite_number_is_reported_as_null(loss: float) -> None:
+    """JSON has no NaN: the API server would refuse the whole patch, step and all."""
+    patch = progress_patch(
+        epoch=0, step=9, total_steps=9, loss=loss, samples_per_second=1.0,
+        last_checkpoint=None, world_size=2, now=0.0,
+    )  # fmt: skip
+    progress = patch["status"]["progress"]
+    assert progress["loss"] is None and progress["step"] == 9
+    json.dumps(patch, allow_nan=False)  # what the API server would accept
 
 
 def test_rate_limit() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -85,7 +86,9 @@ def progress_patch(
 ) -> dict[str, Any]:
     """The merge patch of the DDPJob status subresource that reports progress.
 
-    ``heldAtStep`` is null (removed by the merge patch) unless the run waits at a hold point.
+    ``heldAtStep`` is null (removed by the merge patch) unless the run waits at a hold point;
+    ``loss`` is null when it is NaN or infinite (JSON has no such numbers: the API server
+    refuses the whole patch), and the rest is still reported.
     """
     return {
         "status": {
@@ -93,7 +96,7 @@ def progress_patch(
                 "epoch": int(epoch),
                 "step": int(step),
                 "totalSteps": int(total_steps),
-                "loss": round(float(loss), 4),  # as `kubectl get` prints it
+                "loss": round(float(loss), 4) if math.isfinite(loss) else None,  # as kubectl
                 "samplesPerSecond": round(float(samples_per_second), 3),
                 "lastCheckpoint": last_checkpoint or "",
                 "updatedAt": rfc3339(now),
