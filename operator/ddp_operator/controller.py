@@ -179,6 +179,7 @@ class Controller:
                 self.settings.backoff_base_s,
                 pending=expected.keys(),
                 admission=admission,
+                completion_grace_s=self.settings.completion_grace_s,
             )
         p.create = [
             o
