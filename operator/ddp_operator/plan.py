@@ -429,10 +429,18 @@ def _completion(st: _State, grace_s: float) -> Plan | None:
             "NodesCompleting",
             f"{first.name} completed training; waiting up to {left:.0f}s more for {names}",
         )
-    message = completion_message(
-        st.name, first, lost, running, known, st.job.spec.nodes, succeeded, grace_s
-    )
+    if _completing(st.status):  # whatever went since the first success was seen went after it
+        known = set()
+    message = completion_message(st.name, first, lost, running, known, nodes, succeeded, grace_s)
     return st.finish(DDPJobPhase.SUCCEEDED, "Completed", message)
+
+
+def _completing(status: Mapping[str, Any]) -> bool:
+    """Whether the last plan saw a node finished and waited for the rest."""
+    return any(
+        c.get("reason") == "NodesCompleting" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
 
 
 def completion_message(
@@ -445,8 +453,9 @@ def completion_message(
     succeeded: list[PodView],
     grace_s: float,
 ) -> str:
-    """Says which nodes did not finish, and how: lost after ``first`` completed training (seen
-    since), lost before it (counted already, or missing), or still running past the grace."""
+    """Says which nodes did not finish, and how: lost after ``first`` completed training (not
+    ``known`` as lost before; ``known`` is empty once the job was seen completing), lost
+    before it (known, or missing), or still running past the grace."""
 
     def names(pods: Iterable[str]) -> tuple[str, str]:
         pods = sorted(set(pods))
@@ -456,7 +465,8 @@ def completion_message(
     after = [x.name for x in lost if x.uid not in known and x.index not in done]
     before = [x.name for x in lost if x.uid in known and x.index not in done]
     seen = {x.index for x in lost} | {x.index for x in late}
-    before += [render.worker_name(job, i) for i in range(nodes) if i not in done | seen]
+    missing = [render.worker_name(job, i) for i in range(nodes) if i not in done | seen]
+    (before if known else after).extend(missing)
     parts = []
     if after:
         who, was = names(after)

@@ -263,6 +263,46 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
     assert any(r == "PodDisrupted" for _, r, _ in c.events("lost"))
 
 
+def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
+    """The eviction API (what kubectl drain calls) marks the pod DisruptionTarget first."""
+    c.apply("evicted", {"nodes": 2, "backoffLimit": 0})
+    c.running("evicted", 2)
+    old = c.workers("evicted")["evicted-node-1"]["metadata"]["uid"]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "evicted-node-1", "namespace": c.ns},
+    }
+    path = f"/api/v1/namespaces/{c.ns}/pods/evicted-node-1/eviction"
+    c.cp.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+    c.until(
+        "a new evicted-node-1",
+        lambda: (p := c.workers("evicted").get("evicted-node-1")) and p["metadata"]["uid"] != old,
+    )
+    status = c.running("evicted", 2)  # backoffLimit 0: a failure would have failed the job
+    assert status["disruptions"] == 1 and status["restarts"] == 0
+    assert any(
+        t == "Warning" and r == "Disruption" and "EvictionByEvictionAPI" in m
+        for t, r, m in c.events("evicted")
+    )
+
+
+def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None:
+    c.apply("ending", {"nodes": 2, "backoffLimit": 0})
+    c.running("ending", 2)
+    c.exit("ending-node-0", 0)
+    c.until(  # the operator saw it: the job waits for node-1
+        "ending NodesCompleting",
+        lambda: any(x.get("reason") == "NodesCompleting" for x in c.status("ending")["conditions"]),
+    )
+    c.k("delete", "pod", "ending-node-1", "--wait=false")
+    status = c.phase("ending", "Succeeded")
+    done = next(x for x in status["conditions"] if x["type"] == "Succeeded")
+    assert done["reason"] == "Completed"
+    assert done["message"] == "ending-node-1 was lost after ending-node-0 completed training"
+    assert status["restarts"] == 0
+
+
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:
     c.apply("budget", {"nodes": 2, "backoffLimit": 1})
     c.running("budget", 2)

@@ -324,6 +324,12 @@ def test_the_others_get_a_bounded_time_to_finish_from_the_first_success() -> Non
     assert done.status["conditions"][-1]["message"] == (
         "j-node-1 did not finish within 30s after j-node-0 completed training and was stopped"
     )
+    # A node lost while the job waits was lost after the first success, even once it is gone.
+    waited = {**RUNNING, **wait.status}
+    gone = planner.plan(job(), waited, [STORE, finished(0)], NOW, CFG, completion_grace_s=30)
+    assert gone.status["conditions"][-1]["message"] == (
+        "j-node-1 was lost after j-node-0 completed training"
+    )
     # The first success counts: a later one does not extend the wait.
     three = [*observed, finished(2, at="2026-01-01T12:00:15Z")]
     assert (
