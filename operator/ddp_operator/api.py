@@ -673,8 +673,9 @@ class DDPJobStatus(_Model):
     disruptions: int | None = Field(
         default=None,
         description="Node pods lost to a disruption so far: pods with the condition"
-        " DisruptionTarget (eviction API and kubectl drain, preemption, taint eviction, a lost"
-        " machine's pods). Recreated at once; they never count against spec.backoffLimit.",
+        " DisruptionTarget (eviction API and kubectl drain, preemption, taint eviction), and"
+        " pods on a machine not Ready for longer than the operator's DDP_NODE_LOST_GRACE_S."
+        " Recreated at once; they never count against spec.backoffLimit.",
     )
     world_size: int | None = Field(
         default=None, description="Workers (ranks) of the current rendezvous."

@@ -28,6 +28,12 @@ Losing the rendezvous store pod costs nothing: the nodes ride it out (``ddp_trai
 starts torchrun again against the new store; training resumes from the newest checkpoint), so
 the operator only recreates it.
 
+A lost machine: a node pod (or the store pod) on a Kubernetes Node whose Ready condition has
+been False or Unknown for longer than ``node_lost_grace_s`` (:data:`NODE_LOST_GRACE_S`) is
+deleted at once with grace period 0 (its kubelet cannot confirm a graceful end) and recreated,
+which the scheduler places elsewhere; a node pod lost so is a disruption. Kubernetes itself
+would evict it only after its ``not-ready``/``unreachable`` toleration, 300 s by default.
+
 The end of a job: once any node pod exits 0 (its torchrun finished training), the job is
 complete. Missing node pods are not recreated and the others' failures are not counted; the
 pods still running get ``completion_grace_s`` (from the first success's ``finishedAt``) to
@@ -53,6 +59,7 @@ BACKOFF_CAP_S = 300.0
 DISRUPTION_WINDOW_S = 60.0
 SAME_DELETION_S = 5.0
 COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
+NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
@@ -73,6 +80,7 @@ class PodView:
     created: str = ""  # metadata.creationTimestamp (RFC 3339, seconds)
     finished: str = ""  # the container's terminated.finishedAt (RFC 3339), once it ended
     disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
+    machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
 
     @property
     def done(self) -> bool:
@@ -109,6 +117,27 @@ def view(pod: Mapping[str, Any]) -> PodView:
         created=meta.get("creationTimestamp") or "",
         finished=finished,
         disrupted=disrupted,
+        machine=(pod.get("spec") or {}).get("nodeName") or "",
+    )
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """What the planner needs to know of one Kubernetes Node: its Ready condition."""
+
+    name: str
+    ready: str  # True, False or Unknown
+    since: str  # the Ready condition's lastTransitionTime (RFC 3339)
+
+
+def machine_view(node: Mapping[str, Any]) -> MachineView:
+    """Reads a Node body from the API into a :class:`MachineView`."""
+    conds = (node.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    return MachineView(
+        name=(node.get("metadata") or {}).get("name", ""),
+        ready=ready.get("status") or "Unknown",
+        since=ready.get("lastTransitionTime") or "",
     )
 
 
@@ -118,6 +147,7 @@ class Plan:
 
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)  # pod names
+    force: list[str] = field(default_factory=list)  # pod names to delete with grace period 0
     status: dict[str, Any] = field(default_factory=dict)  # merge patch of .status
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
     delete_job: bool = False
@@ -261,12 +291,16 @@ def plan(
     pending: Collection[str] = (),
     admission: queueing.Admission | None = None,
     completion_grace_s: float = COMPLETION_GRACE_S,
+    machines: Mapping[str, MachineView] | None = None,
+    node_lost_grace_s: float = NODE_LOST_GRACE_S,
 ) -> Plan:
     """Decides what to do for one observation of a job; see the module docstring.
 
     ``pending`` names pods created moments ago that the watch has not shown yet; ``admission``
     is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual);
-    ``completion_grace_s`` is how long the other nodes get once one has finished training.
+    ``completion_grace_s`` is how long the other nodes get once one has finished training;
+    ``machines`` are the cluster's Nodes by name (None: not known), whose pods are deleted at
+    once when ``node_lost_grace_s`` have passed since they stopped being Ready.
     """
     st = _State(job, status, list(pods), now, pending=set(pending))
     st.handled = list(status.get("handledFailures") or [])
@@ -305,13 +339,17 @@ def plan(
             )
         st.plan.requeue(left)
 
+    lost = _lost_machines(st, machines or {}, node_lost_grace_s)
     done = _completion(st, completion_grace_s)
     if done is not None:
         return done
     failed = _failures(st)
     if failed is not None:
         return failed
-    return _converge(st, prev_phase, cfg, backoff_base_s)
+    converged = _converge(st, prev_phase, cfg, backoff_base_s)
+    if lost:  # the condition names the machine; _converge saw the pod still there
+        return st.result(DDPJobPhase.RESTARTING, "NodeLost", lost)
+    return converged
 
 
 def _finished(st: _State, prev_phase: str) -> Plan:
@@ -535,6 +573,41 @@ def _what(x: PodView, failed: bool) -> str:
     return f"failed ({x.reason or 'no exit code'})"
 
 
+def _count_disruption(st: _State) -> int:
+    """One more disruption in the status; returns how many there have been."""
+    n = int(st.new.get("disruptions") or st.status.get("disruptions") or 0) + 1
+    st.new["disruptions"] = n
+    st.new["lastDisruptionTime"] = ts(st.now)
+    return n
+
+
+def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: float) -> str:
+    """Deletes at once (grace 0) the pods on machines not Ready for longer than ``grace_s``
+    (module docstring); returns what happened, for the condition ("" when nothing did)."""
+    said = []
+    for x in st.pods:
+        m = machines.get(x.machine) if x.machine else None
+        if m is None or m.ready == "True" or x.done or x.uid in st.handled:
+            continue
+        gone_s = (st.now - (parse_ts(m.since) or st.now)).total_seconds()
+        if gone_s < grace_s:
+            st.plan.requeue(grace_s - gone_s)
+            continue
+        st.handled.append(x.uid)
+        st.plan.force.append(x.name)
+        what = (
+            f"{x.name} was on machine {m.name}, whose Ready condition has been {m.ready} for"
+            f" {gone_s:.0f}s (more than {grace_s:.0f}s): deleted at once, recreated elsewhere"
+        )
+        if x.role == render.ROLE_STORE:
+            st.plan.warn("StoreLost", f"{what} (no restart counted)")
+        else:
+            n = _count_disruption(st)
+            st.plan.warn("NodeLost", f"{what} (disruption {n}; not against backoffLimit)")
+        said.append(what)
+    return "; ".join(said)
+
+
 def last_counted(status: Mapping[str, Any]) -> dt.datetime | None:
     """When the last failure or disruption was counted: what later losses may follow."""
     stamps = [parse_ts(status.get(k)) for k in ("lastFailureTime", "lastDisruptionTime")]
@@ -546,16 +619,13 @@ def _failures(st: _State) -> Plan | None:
     returns the final plan when one fails the job."""
     s = st.job.spec
     last = last_counted(st.status)
-    disruptions = int(st.status.get("disruptions") or 0)
     for x, failed in _new_failures(st):
         st.handled.append(x.uid)
         what = _what(x, failed)
         if x.disrupted and x.role == render.ROLE_WORKER:
             if failed:
                 st.delete([x])
-            disruptions += 1
-            st.new["disruptions"] = disruptions
-            st.new["lastDisruptionTime"] = ts(st.now)
+            disruptions = _count_disruption(st)
             last = st.now
             st.plan.warn(
                 "Disruption",

@@ -7,6 +7,7 @@ it needed no more than that role, and used every verb of it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import urllib.request
 import uuid
@@ -301,6 +302,39 @@ def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None
     assert done["reason"] == "Completed"
     assert done["message"] == "ending-node-1 was lost after ending-node-0 completed training"
     assert status["restarts"] == 0
+
+
+def test_pods_on_a_lost_machine_are_deleted_at_once_and_recreated(c: Cluster) -> None:
+    machine = f"machine-{c.ns}"
+    c.cp.add_kwok_node(machine, labels={"machine": machine})
+    try:
+        c.apply("stranded", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
+        c.running("stranded", 2)
+        old = {n: p["metadata"]["uid"] for n, p in c.workers("stranded").items()}
+        # The machine stops answering: kwok no longer keeps it, its Ready condition went Unknown
+        # a minute ago (past DDP_NODE_LOST_GRACE_S, 30 s by default).
+        c.cp.kubectl("annotate", "node", machine, "kwok.x-k8s.io/node-")
+        ago = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ready = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                 "lastTransitionTime": ago, "lastHeartbeatTime": ago}  # fmt: skip
+        patch = json.dumps({"status": {"conditions": [ready]}})
+        c.cp.kubectl("patch", "node", machine, "--subresource=status", "-p", patch)
+        status = c.until(
+            "both node pods counted as disruptions",
+            lambda: ((s := c.status("stranded")).get("disruptions") == 2 and s) or None,
+        )
+        assert status["restarts"] == 0
+        c.until(
+            "both node pods recreated",
+            lambda: (
+                (w := c.workers("stranded")).keys() == old.keys()
+                and not {p["metadata"]["uid"] for p in w.values()} & set(old.values())
+            ),
+        )
+        lost = [m for t, r, m in c.events("stranded") if (t, r) == ("Warning", "NodeLost")]
+        assert len(lost) == 2 and all(f"machine {machine}" in m for m in lost)
+    finally:
+        c.cp.kubectl("delete", "node", machine, "--wait=false")
 
 
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:

@@ -433,3 +433,60 @@ def test_view_reads_exit_codes_and_readiness_from_a_pod_body() -> None:
     }
     v = planner.view(body)
     assert (v.index, v.phase, v.exit_code, v.ready) == (1, "Failed", 3, False)
+
+
+def on(x: planner.PodView, machine: str) -> planner.PodView:
+    return aged(x, machine=machine)
+
+
+def machine(name: str, ready: str, since: str = "2026-01-01T11:59:20Z") -> planner.MachineView:
+    return planner.MachineView(name, ready, since)  # since: 40 s before NOW by default
+
+
+def test_pods_on_a_machine_not_ready_past_the_grace_are_deleted_at_once_as_a_disruption() -> None:
+    observed = [on(STORE, "m1"), on(pod(0, uid="a"), "m1"), on(pod(1), "m2")]
+    machines = {"m1": machine("m1", "Unknown"), "m2": machine("m2", "True")}
+    p = planner.plan(job(backoffLimit=0), RUNNING, observed, NOW, CFG, machines=machines)
+    assert sorted(p.force) == ["j-node-0", "j-rdzv"] and p.delete == []
+    assert p.status["disruptions"] == 1 and p.status["restarts"] == 0  # the store counts nothing
+    assert p.status["phase"] == "Restarting"
+    cond = p.status["conditions"][-1]
+    assert cond["reason"] == "NodeLost" and "machine m1" in cond["message"]
+    assert [r for _, r, _ in p.events if r in ("NodeLost", "StoreLost")] == [
+        "StoreLost",
+        "NodeLost",
+    ]
+    # Seen again before the watch shows them gone: nothing twice; once gone, recreated.
+    again = {**RUNNING, **p.status}
+    q = planner.plan(job(backoffLimit=0), again, observed, NOW, CFG, machines=machines)
+    assert q.force == [] and "disruptions" not in q.status
+    gone = planner.plan(job(backoffLimit=0), again, [on(pod(1), "m2")], NOW, CFG, machines=machines)
+    assert created_pods(gone) == ["j-rdzv", "j-node-0"]
+
+
+def test_a_machine_not_ready_for_less_than_the_grace_is_waited_for() -> None:
+    observed = [STORE, on(pod(0), "m1"), on(pod(1), "m2")]
+    machines = {"m1": machine("m1", "False", since="2026-01-01T11:59:50Z")}  # 10 s ago
+    p = planner.plan(job(), RUNNING, observed, NOW, CFG, machines=machines, node_lost_grace_s=30)
+    assert p.force == [] and "disruptions" not in p.status
+    assert p.requeue_after == pytest.approx(20)
+
+
+def test_machine_view_reads_the_ready_condition() -> None:
+    body = {
+        "metadata": {"name": "m1"},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "lastTransitionTime": "2026-01-01T11:59:20Z",
+                },
+            ]
+        },
+    }
+    assert planner.machine_view(body) == machine("m1", "Unknown")
+    assert planner.machine_view({"metadata": {"name": "new"}}).ready == "Unknown"
+    pod_body = {"metadata": {"name": "j-node-0"}, "spec": {"nodeName": "m1"}, "status": {}}
+    assert planner.view(pod_body).machine == "m1"
