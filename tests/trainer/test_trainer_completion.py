@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from trainer_harness import Launcher, events, last_step, wait_until
+from trainer_harness import Launcher, Proc, events, last_step, wait_until
 
 from ddp_trainer.checkpoint import read_completion
 from ddp_trainer.hold import release
@@ -33,7 +33,7 @@ def test_a_node_lost_at_the_end_is_not_waited_for_and_a_late_node_exits_zero(
     ckpt = launcher.workdir / "ckpt"
     _, endpoint = launcher.store()
 
-    def node(name: str):  # type: ignore[no-untyped-def]
+    def node(name: str) -> Proc:
         return launcher.node(
             name, endpoint=endpoint, nnodes="2:2", nproc=1, settings=SETTINGS,
             checkpoint_dir=ckpt, is_host=False, rdzv_id="job-uid", supervised=True,
