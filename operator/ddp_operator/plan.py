@@ -587,11 +587,15 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
     said = []
     for x in st.pods:
         m = machines.get(x.machine) if x.machine else None
-        if m is None or m.ready == "True" or x.done or x.uid in st.handled:
+        if m is None or m.ready == "True" or x.done:
             continue
         gone_s = (st.now - (parse_ts(m.since) or st.now)).total_seconds()
         if gone_s < grace_s:
             st.plan.requeue(grace_s - gone_s)
+            continue
+        if x.uid in st.handled:  # counted, or deleted by the operator: stuck Terminating there
+            if x.deleting:
+                st.plan.force.append(x.name)
             continue
         st.handled.append(x.uid)
         st.plan.force.append(x.name)

@@ -460,6 +460,11 @@ def test_pods_on_a_machine_not_ready_past_the_grace_are_deleted_at_once_as_a_dis
     again = {**RUNNING, **p.status}
     q = planner.plan(job(backoffLimit=0), again, observed, NOW, CFG, machines=machines)
     assert q.force == [] and "disruptions" not in q.status
+    # A pod the operator deleted itself (say, scaled down) would stay Terminating there.
+    stuck = aged(on(pod(1, uid="b"), "m1"), deleting=True)
+    mine = {**RUNNING, "handledFailures": ["b"]}
+    r = planner.plan(job(nodes=1), mine, [STORE, stuck], NOW, CFG, machines=machines)
+    assert r.force == ["j-node-1"] and "disruptions" not in r.status
     gone = planner.plan(job(backoffLimit=0), again, [on(pod(1), "m2")], NOW, CFG, machines=machines)
     assert created_pods(gone) == ["j-rdzv", "j-node-0"]
 
