@@ -612,7 +612,12 @@ class Progress(_Model):
     epoch: int | None = Field(default=None, description="Current epoch, from 0.")
     step: int | None = Field(default=None, description="Optimizer steps done so far.")
     total_steps: int | None = Field(default=None, description="Optimizer steps of the whole run.")
-    loss: float | None = Field(default=None, description="Latest training loss.")
+    loss: float | None = Field(
+        default=None,
+        json_schema_extra={"nullable": True},
+        description="Latest training loss; null when it was not a finite number (NaN or"
+        " infinite), which JSON cannot carry.",
+    )
     samples_per_second: float | None = Field(
         default=None, description="Training throughput over all workers."
     )
@@ -659,7 +664,19 @@ class DDPJobStatus(_Model):
         default=None,
         description="Label selector of the job's node pods (for the scale subresource).",
     )
-    restarts: int | None = Field(default=None, description="Pods recreated after a failure so far.")
+    restarts: int | None = Field(
+        default=None,
+        description="Failures counted against spec.backoffLimit so far: node pods that exited"
+        " non-zero or were deleted while running, without a DisruptionTarget condition (one"
+        " lost node and the peers that fail with it count once).",
+    )
+    disruptions: int | None = Field(
+        default=None,
+        description="Node pods lost to a disruption so far: pods with the condition"
+        " DisruptionTarget (eviction API and kubectl drain, preemption, taint eviction), and"
+        " pods on a machine not Ready for longer than the operator's DDP_NODE_LOST_GRACE_S."
+        " Recreated at once; they never count against spec.backoffLimit.",
+    )
     world_size: int | None = Field(
         default=None, description="Workers (ranks) of the current rendezvous."
     )
@@ -684,6 +701,12 @@ class DDPJobStatus(_Model):
         json_schema_extra={"format": "date-time"},
         description="When the operator last counted a failed or disrupted pod (RFC 3339); the"
         " restart backoff counts from it.",
+    )
+    last_disruption_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the operator last counted a disruption (RFC 3339); failures of older"
+        " pods soon after it are its consequences, not failures of their own.",
     )
     queue: str | None = Field(
         default=None,

@@ -73,6 +73,9 @@ class Controller:
     flavors: dict[str, dict[str, Any]] = field(default_factory=dict)  # ResourceFlavors read
     priorities: dict[str, int | None] = field(default_factory=dict)  # PriorityClass values read
     watches: informer.Watches | None = None
+    machines: informer.Machines[planner.MachineView] = field(
+        default_factory=lambda: informer.Machines(planner.machine_view)
+    )
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -98,6 +101,22 @@ class Controller:
             api_versions={queueing.WORKLOADS: queueing.KUEUE_API},
         )
         self.watches.start()
+        nodes = informer.Informer(api, "nodes", None, self.machines, self._machine_changed)
+        self.spawn(self._watch_machines(nodes))
+
+    async def _watch_machines(self, w: informer.Informer[planner.MachineView]) -> None:
+        """Keeps the Nodes cache; without RBAC for it (a namespaced install) lost machines are
+        left to Kubernetes' own eviction of their pods."""
+        try:
+            await w.run(stop_if_forbidden=True)
+        except informer.Forbidden as e:
+            log.info("%s; pods on lost machines go when Kubernetes evicts them", e)
+
+    def _machine_changed(self, key: Key) -> None:
+        """A Node's readiness changed: reconcile the jobs with pods on it."""
+        for job, pods in list(self.pods.by_job.items()):
+            if any(v.machine == key[1] for v in pods.values()):
+                self.changed(job)
 
     def spawn(self, coro: Any) -> None:
         """Runs ``coro`` in the background, keeping a reference until it is done."""
@@ -195,6 +214,9 @@ class Controller:
                 pending=expected.keys(),
                 admission=admission,
                 progress=progress,
+                completion_grace_s=self.settings.completion_grace_s,
+                machines=self.machines.by_name,
+                node_lost_grace_s=self.settings.node_lost_grace_s,
             )
             if refused:
                 p.warn("ProgressRejected", refused)
@@ -355,9 +377,15 @@ class Controller:
             *(
                 self.api.must("DELETE", kube.core_path(ns, "pods", pod), ok=(404,))
                 for pod in p.delete
-            )
+            ),
+            *(  # on a lost machine: its kubelet cannot confirm a graceful end
+                self.api.must(
+                    "DELETE", kube.core_path(ns, "pods", pod) + "?gracePeriodSeconds=0", ok=(404,)
+                )
+                for pod in p.force
+            ),
         )
-        self.metrics.pod_deletes.inc(len(p.delete))
+        self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
         await asyncio.gather(*(self._event(body, *e) for e in p.events))
         for _, reason, _ in p.events:
             if reason in policy.RESTART_REASONS:

@@ -12,6 +12,9 @@ bookmarks, resumed from the last resourceVersion seen when the server ends it, a
 when the server answers that the version is too old (410 Gone). After each LIST, every job whose
 objects differ from the cache is reported, so nothing that happened during a gap is missed.
 
+The cluster's Nodes ("machines", so as not to confuse them with a job's nodes) are kept the
+same way by :class:`Machines`, all of them, for the planner's decision on lost machines.
+
 Scope: the caches are filled cluster-wide when RBAC allows it (a ClusterRoleBinding). When the
 cluster-wide LIST is forbidden (a Helm release with ``watchNamespaces``: RoleBindings only),
 :class:`Watches` watches each namespace in which a DDPJob is seen instead; kopf itself only
@@ -116,6 +119,35 @@ class Cache(Generic[T]):
         return {key}
 
 
+@dataclass
+class Machines(Generic[T]):
+    """What is kept of each Node (``extract`` of its body), by name. Changes are reported as
+    the key ("", node name): the controller reconciles the jobs with pods on it."""
+
+    extract: Callable[[Mapping[str, Any]], T]
+    label: str = ""  # no label selector: every Node
+    by_name: dict[str, T] = field(default_factory=dict)
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> set[Key]:
+        name = (obj.get("metadata") or {}).get("name", "")
+        if event_type == "DELETED":
+            return {("", name)} if self.by_name.pop(name, None) is not None else set()
+        value = self.extract(obj)
+        if self.by_name.get(name) == value:
+            return set()  # a heartbeat: nothing the planner reads changed
+        self.by_name[name] = value
+        return {("", name)}
+
+    def replace(self, objs: Iterable[Mapping[str, Any]], namespace: str | None = None) -> set[Key]:
+        fresh: Machines[T] = Machines(self.extract)
+        for obj in objs:
+            fresh.apply("ADDED", obj)
+        names = self.by_name.keys() | fresh.by_name.keys()
+        changed = {("", n) for n in names if self.by_name.get(n) != fresh.by_name.get(n)}
+        self.by_name = fresh.by_name
+        return changed
+
+
 class Forbidden(Exception):
     """RBAC does not allow this LIST."""
 
@@ -129,7 +161,7 @@ class Informer(Generic[T]):
         api: kube.Kube,
         plural: str,
         namespace: str | None,
-        cache: Cache[T],
+        cache: Cache[T] | Machines[T],
         on_change: Callable[[Key], None],
         on_synced: Callable[[Informer[Any]], None] = lambda _: None,
         watch_s: int = WATCH_S,

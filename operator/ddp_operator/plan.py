@@ -3,19 +3,41 @@
 No I/O: the kopf handlers observe, call :func:`plan`, and apply the result. Running it twice on
 the same observation gives the same answer, so an operator restart at any point converges.
 
-Failures are counted once per pod uid (``status.handledFailures``), so a status written before
-the failed pod's deletion is not counted again after a restart. A pod counts as a failure when
-it ends Failed, or when someone else deletes it while it runs (node drain, preemption,
-``kubectl delete pod``); the operator's own deletions are recorded as handled when it makes them.
+How a lost pod is counted (once per pod uid, ``status.handledFailures``, so a status written
+before the pod's deletion is not counted again after an operator restart; the operator's own
+deletions are recorded as handled when it makes them). A node pod that ends Failed, is deleted
+by someone else while it runs, or is marked for a disruption is exactly one of:
 
-Losing the rendezvous store pod costs no restart: the nodes ride it out (``ddp_trainer.node``
+1. a *disruption*: it carries the condition ``DisruptionTarget`` (status True), which Kubernetes
+   sets on a pod it is about to take away: the eviction API (``kubectl drain``), preemption, a
+   taint eviction, the pod garbage collector of a lost machine, the kubelet's node-pressure
+   eviction. Counted in ``status.disruptions`` as soon as the condition is seen; recreated at
+   once; never spends ``backoffLimit``.
+2. a *consequence* of the last counted failure or disruption: its pod was created before it and
+   fails within :data:`DISRUPTION_WINDOW_S` of it (the survivors of a lost node), or is deleted
+   within :data:`SAME_DELETION_S` of it (several pods of one drain). Recreated, counted nowhere.
+3. a *failure*: anything else, a non-zero exit or a deletion that says nothing about why
+   (``kubectl delete pod``). Counted in ``status.restarts`` and against ``backoffLimit``. A
+   recreated pod that fails again is always a failure, so a crash loop still spends the budget.
+
+This is what a Kubernetes Job does with ``podFailurePolicy: {rules: [{action: Ignore,
+onPodConditions: [{type: DisruptionTarget}]}]}``, plus rule 2, which a Job needs not: its pods
+are independent, whereas one lost DDP node takes its peers' workers down with it.
+
+Losing the rendezvous store pod costs nothing: the nodes ride it out (``ddp_trainer.node``
 starts torchrun again against the new store; training resumes from the newest checkpoint), so
-the operator only recreates it. One disruption costs one restart: a failure is counted in
-``status.restarts`` (and against ``backoffLimit``) unless it follows a counted one: its pod was
-created before the last counted failure and fails within :data:`DISRUPTION_WINDOW_S` of it (the
-survivors of a lost node), or is deleted within :data:`SAME_DELETION_S` of it (several pods of
-one drain). A later deletion is a disruption of its own, and a recreated pod that fails again
-is always counted, so a crash loop still spends the budget.
+the operator only recreates it.
+
+A lost machine: a node pod (or the store pod) on a Kubernetes Node whose Ready condition has
+been False or Unknown for longer than ``node_lost_grace_s`` (:data:`NODE_LOST_GRACE_S`) is
+deleted at once with grace period 0 (its kubelet cannot confirm a graceful end) and recreated,
+which the scheduler places elsewhere; a node pod lost so is a disruption. Kubernetes itself
+would evict it only after its ``not-ready``/``unreachable`` toleration, 300 s by default.
+
+The end of a job: once any node pod exits 0 (its torchrun finished training), the job is
+complete. Missing node pods are not recreated and the others' failures are not counted; the
+pods still running get ``completion_grace_s`` (from the first success's ``finishedAt``) to
+finish, then are deleted; the job Succeeds, its message naming the nodes that did not finish.
 """
 
 from __future__ import annotations
@@ -36,6 +58,9 @@ HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
 DISRUPTION_WINDOW_S = 60.0
 SAME_DELETION_S = 5.0
+COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
+NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
 
@@ -54,6 +79,9 @@ class PodView:
     reason: str = ""
     created: str = ""  # metadata.creationTimestamp (RFC 3339, seconds)
     account: str = ""  # spec.serviceAccountName ("" when it has none, or no credential)
+    finished: str = ""  # the container's terminated.finishedAt (RFC 3339), once it ended
+    disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
+    machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
 
     @property
     def done(self) -> bool:
@@ -64,14 +92,17 @@ def view(pod: Mapping[str, Any]) -> PodView:
     """Reads a pod body from the API into a :class:`PodView`."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     labels = meta.get("labels") or {}
-    exit_code, reason = None, ""
+    exit_code, reason, finished = None, "", ""
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and cs.get("name") in (render.CONTAINER, render.STORE_CONTAINER):
             exit_code, reason = term.get("exitCode"), term.get("reason", "")
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+            finished = term.get("finishedAt") or ""
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conds.get("Ready") or {}).get("status") == "True"
+    target = conds.get(DISRUPTION_TARGET) or {}
+    disrupted = (
+        (target.get("reason") or DISRUPTION_TARGET) if target.get("status") == "True" else ""
     )
     phase = status.get("phase", "Pending")
     return PodView(
@@ -86,6 +117,29 @@ def view(pod: Mapping[str, Any]) -> PodView:
         reason=reason,
         created=meta.get("creationTimestamp") or "",
         account=(pod.get("spec") or {}).get("serviceAccountName") or "",
+        finished=finished,
+        disrupted=disrupted,
+        machine=(pod.get("spec") or {}).get("nodeName") or "",
+    )
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """What the planner needs to know of one Kubernetes Node: its Ready condition."""
+
+    name: str
+    ready: str  # True, False or Unknown
+    since: str  # the Ready condition's lastTransitionTime (RFC 3339)
+
+
+def machine_view(node: Mapping[str, Any]) -> MachineView:
+    """Reads a Node body from the API into a :class:`MachineView`."""
+    conds = (node.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    return MachineView(
+        name=(node.get("metadata") or {}).get("name", ""),
+        ready=ready.get("status") or "Unknown",
+        since=ready.get("lastTransitionTime") or "",
     )
 
 
@@ -95,6 +149,7 @@ class Plan:
 
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)  # pod names
+    force: list[str] = field(default_factory=list)  # pod names to delete with grace period 0
     status: dict[str, Any] = field(default_factory=dict)  # merge patch of .status
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
     delete_job: bool = False
@@ -238,6 +293,9 @@ def plan(
     pending: Collection[str] = (),
     admission: queueing.Admission | None = None,
     progress: Mapping[str, Any] | None = None,
+    completion_grace_s: float = COMPLETION_GRACE_S,
+    machines: Mapping[str, MachineView] | None = None,
+    node_lost_grace_s: float = NODE_LOST_GRACE_S,
 ) -> Plan:
     """Decides what to do for one observation of a job; see the module docstring.
 
@@ -245,6 +303,9 @@ def plan(
     is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual);
     ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
     into ``status.progress`` when it differs.
+    ``completion_grace_s`` is how long the other nodes get once one has finished training;
+    ``machines`` are the cluster's Nodes by name (None: not known), whose pods are deleted at
+    once when ``node_lost_grace_s`` have passed since they stopped being Ready.
     """
     st = _State(job, status, list(pods), now, pending=set(pending))
     st.handled = list(status.get("handledFailures") or [])
@@ -287,13 +348,17 @@ def plan(
             )
         st.plan.requeue(left)
 
-    done = _completion(st)
+    lost = _lost_machines(st, machines or {}, node_lost_grace_s)
+    done = _completion(st, completion_grace_s)
     if done is not None:
         return done
     failed = _failures(st)
     if failed is not None:
         return failed
-    return _converge(st, prev_phase, cfg, backoff_base_s)
+    converged = _converge(st, prev_phase, cfg, backoff_base_s)
+    if lost:  # the condition names the machine; _converge saw the pod still there
+        return st.result(DDPJobPhase.RESTARTING, "NodeLost", lost)
+    return converged
 
 
 def _finished(st: _State, prev_phase: str) -> Plan:
@@ -383,24 +448,86 @@ def _admitted(st: _State, adm: queueing.Admission) -> None:
         )
 
 
-def _completion(st: _State) -> Plan | None:
-    """Success when every node's torchrun exited 0; None while any node still runs."""
+def _completion(st: _State, grace_s: float) -> Plan | None:
+    """Once a node's torchrun exited 0 training is complete (module docstring): None before."""
     workers = st.workers
     succeeded = [x for x in workers if x.phase == "Succeeded"]
     if not succeeded:
         return None
-    if any(not x.done and not x.deleting for x in workers):
+    first = min(succeeded, key=lambda x: (parse_ts(x.finished or x.created) or st.now, x.index))
+    known = set(st.handled)
+    nodes = st.job.spec.nodes
+    lost = [
+        x
+        for x in workers
+        if x.index < nodes and (x.phase == "Failed" or (x.deleting and not x.done))
+    ]
+    for x in lost:  # not failures: the job is complete; recorded so they never count later
+        if x.uid not in st.handled:
+            st.handled.append(x.uid)
+    running = [x for x in workers if not x.done and not x.deleting]
+    done_at = parse_ts(first.finished or first.created) or st.now
+    left = (done_at - st.now).total_seconds() + grace_s
+    if running and left > 0:
+        st.plan.requeue(left)
+        names = ", ".join(x.name for x in running)
         return st.result(
-            DDPJobPhase.RUNNING, "NodesCompleting", "a node finished; waiting for the rest"
+            DDPJobPhase.RUNNING,
+            "NodesCompleting",
+            f"{first.name} completed training; waiting up to {left:.0f}s more for {names}",
         )
-    failed = [x for x in workers if x.phase == "Failed"]
-    if failed:
-        return st.finish(
-            DDPJobPhase.FAILED,
-            "NodeFailedAfterCompletion",
-            f"{', '.join(x.name for x in failed)} failed after {succeeded[0].name} completed",
+    if _completing(st.status):  # whatever went since the first success was seen went after it
+        known = set()
+    message = completion_message(st.name, first, lost, running, known, nodes, succeeded, grace_s)
+    return st.finish(DDPJobPhase.SUCCEEDED, "Completed", message)
+
+
+def _completing(status: Mapping[str, Any]) -> bool:
+    """Whether the last plan saw a node finished and waited for the rest."""
+    return any(
+        c.get("reason") == "NodesCompleting" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def completion_message(
+    job: str,
+    first: PodView,
+    lost: list[PodView],
+    late: list[PodView],
+    known: Collection[str],
+    nodes: int,
+    succeeded: list[PodView],
+    grace_s: float,
+) -> str:
+    """Says which nodes did not finish, and how: lost after ``first`` completed training (not
+    ``known`` as lost before; ``known`` is empty once the job was seen completing), lost
+    before it (known, or missing), or still running past the grace."""
+
+    def names(pods: Iterable[str]) -> tuple[str, str]:
+        pods = sorted(set(pods))
+        return ", ".join(pods), "was" if len(pods) == 1 else "were"
+
+    done = {x.index for x in succeeded}
+    after = [x.name for x in lost if x.uid not in known and x.index not in done]
+    before = [x.name for x in lost if x.uid in known and x.index not in done]
+    seen = {x.index for x in lost} | {x.index for x in late}
+    missing = [render.worker_name(job, i) for i in range(nodes) if i not in done | seen]
+    (before if known else after).extend(missing)
+    parts = []
+    if after:
+        who, was = names(after)
+        parts.append(f"{who} {was} lost after {first.name} completed training")
+    if before:
+        who, was = names(before)
+        parts.append(f"{who} {was} lost before {first.name} completed training, and not replaced")
+    if late:
+        who, was = names(x.name for x in late)
+        parts.append(
+            f"{who} did not finish within {grace_s:.0f}s after {first.name} completed training"
+            f" and {was} stopped"
         )
-    return st.finish(DDPJobPhase.SUCCEEDED, "Completed", f"all {len(succeeded)} nodes exited 0")
+    return "; ".join(parts) or f"all {len(succeeded)} nodes exited 0"
 
 
 def follows_disruption(
@@ -419,25 +546,35 @@ def follows_disruption(
 
 
 def _new_failures(st: _State) -> list[tuple[PodView, bool]]:
-    """(pod, failed: else deleted while running) not counted yet, a deleted pod first: it is
-    the likelier cause of what failed with it, and the one an Event names."""
+    """(pod, failed: else deleted while running or marked for a disruption) not counted yet, a
+    disrupted or deleted pod first: it is the likelier cause of what failed with it, and the
+    one an Event names."""
     nodes = st.job.spec.nodes
     new: list[tuple[PodView, bool]] = []
     for x in st.pods:
         in_job = x.role == render.ROLE_STORE or 0 <= x.index < nodes
         failed = x.phase == "Failed" and not x.deleting
-        disrupted = x.deleting and not x.done and in_job
+        # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
+        disrupted = in_job and not x.done and (x.deleting or bool(x.disrupted))
         if x.uid in st.handled:
             if failed:
                 st.delete([x])  # counted before; its deletion did not happen yet
             continue
         if failed or disrupted:
             new.append((x, failed))
-    new.sort(key=lambda pair: (pair[1], pair[0].role != render.ROLE_STORE, pair[0].index))
+    new.sort(
+        key=lambda pair: (
+            pair[1] and not pair[0].disrupted,
+            pair[0].role != render.ROLE_STORE,
+            pair[0].index,
+        )
+    )
     return new
 
 
 def _what(x: PodView, failed: bool) -> str:
+    if x.disrupted:
+        return f"was disrupted ({DISRUPTION_TARGET}: {x.disrupted})"
     if not failed:
         return "was deleted while running"
     if x.exit_code is not None:
@@ -445,14 +582,70 @@ def _what(x: PodView, failed: bool) -> str:
     return f"failed ({x.reason or 'no exit code'})"
 
 
+def _count_disruption(st: _State) -> int:
+    """One more disruption in the status; returns how many there have been."""
+    n = int(st.new.get("disruptions") or st.status.get("disruptions") or 0) + 1
+    st.new["disruptions"] = n
+    st.new["lastDisruptionTime"] = ts(st.now)
+    return n
+
+
+def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: float) -> str:
+    """Deletes at once (grace 0) the pods on machines not Ready for longer than ``grace_s``
+    (module docstring); returns what happened, for the condition ("" when nothing did)."""
+    said = []
+    for x in st.pods:
+        m = machines.get(x.machine) if x.machine else None
+        if m is None or m.ready == "True" or x.done:
+            continue
+        gone_s = (st.now - (parse_ts(m.since) or st.now)).total_seconds()
+        if gone_s < grace_s:
+            st.plan.requeue(grace_s - gone_s)
+            continue
+        if x.uid in st.handled:  # counted, or deleted by the operator: stuck Terminating there
+            if x.deleting:
+                st.plan.force.append(x.name)
+            continue
+        st.handled.append(x.uid)
+        st.plan.force.append(x.name)
+        what = (
+            f"{x.name} was on machine {m.name}, whose Ready condition has been {m.ready} for"
+            f" {gone_s:.0f}s (more than {grace_s:.0f}s): deleted at once, recreated elsewhere"
+        )
+        if x.role == render.ROLE_STORE:
+            st.plan.warn("StoreLost", f"{what} (no restart counted)")
+        else:
+            n = _count_disruption(st)
+            st.plan.warn("NodeLost", f"{what} (disruption {n}; not against backoffLimit)")
+        said.append(what)
+    return "; ".join(said)
+
+
+def last_counted(status: Mapping[str, Any]) -> dt.datetime | None:
+    """When the last failure or disruption was counted: what later losses may follow."""
+    stamps = [parse_ts(status.get(k)) for k in ("lastFailureTime", "lastDisruptionTime")]
+    return max((t for t in stamps if t is not None), default=None)
+
+
 def _failures(st: _State) -> Plan | None:
-    """Counts each new failure once, and one disruption once; returns the final plan when one
-    fails the job."""
+    """Counts each new disruption, and each failure that follows none (module docstring);
+    returns the final plan when one fails the job."""
     s = st.job.spec
-    last_counted = parse_ts(st.status.get("lastFailureTime"))
+    last = last_counted(st.status)
     for x, failed in _new_failures(st):
         st.handled.append(x.uid)
         what = _what(x, failed)
+        if x.disrupted and x.role == render.ROLE_WORKER:
+            if failed:
+                st.delete([x])
+            disruptions = _count_disruption(st)
+            last = st.now
+            st.plan.warn(
+                "Disruption",
+                f"{x.name} {what}; recreating it (disruption {disruptions}; disruptions do not"
+                f" count against backoffLimit {s.backoff_limit})",
+            )
+            continue
         if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
             return st.finish(
                 DDPJobPhase.FAILED,
@@ -468,10 +661,10 @@ def _failures(st: _State) -> Plan | None:
                 " again and resume from the newest checkpoint (no restart counted)",
             )
             continue
-        if follows_disruption(x, failed, last_counted, st.now):
-            continue  # counted with the failure that began this disruption
+        if follows_disruption(x, failed, last, st.now):
+            continue  # counted with the failure or disruption that began this
         st.restarts += 1
-        last_counted = st.now
+        last = st.now
         st.new["lastFailureTime"] = ts(st.now)
         if st.restarts > s.backoff_limit:
             return st.finish(

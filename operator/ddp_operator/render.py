@@ -13,7 +13,8 @@ PET_NPROC_PER_NODE              ``nprocPerNode`` (an integer or ``auto``)
 PET_RDZV_BACKEND                ``c10d``
 PET_RDZV_ENDPOINT               ``<job>-rdzv.<namespace>.svc:29400``: the job's own store pod,
                                 so no trainer pod hosts the rendezvous and any one may die
-PET_RDZV_ID                     the DDPJob's uid (never ``none``: jobs must not share state)
+PET_RDZV_ID                     the DDPJob's uid (never ``none``: jobs must not share state);
+                                rank 0's completion record in the checkpoint folder names it
 PET_RDZV_CONF                   ``is_host=false`` plus join/last-call/close/read timeouts for
                                 pods that start minutes apart
 PET_LOCAL_ADDR                  the pod IP (fieldRef): pod hostnames may not resolve for peers
@@ -39,6 +40,10 @@ PYTHONUNBUFFERED                ``1``: torchrun relays those lines without flush
 OMP_NUM_THREADS                 the container's CPUs (limit, else request) per worker process,
                                 at least 1; not set without a CPU quantity
 ==============================  ================================================================
+
+Read by the bundled trainer but not set by the operator (``spec.template.env`` may set it):
+``DDPJOB_EXIT_BARRIER_S``, how long torchrun's agent waits at its exit barrier for the other
+nodes once its workers finished (``ddp_trainer.node``; default 30, torchrun's own is 300).
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
 ``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .plan import COMPLETION_GRACE_S, NODE_LOST_GRACE_S
 from .render import OperatorConfig
 
 
@@ -17,6 +18,10 @@ class Settings:
 
     render: OperatorConfig = field(default_factory=OperatorConfig)
     backoff_base_s: float = 10.0  # first delay before a failed pod is recreated; doubles after
+    # Once a node finished training, how long the others get to finish before they are stopped.
+    completion_grace_s: float = COMPLETION_GRACE_S
+    # A machine (Node) not Ready this long loses its job pods at once (deleted with grace 0).
+    node_lost_grace_s: float = NODE_LOST_GRACE_S
     resync_s: float = 30.0  # every job is reconciled at least this often
     workers: int = 48  # API requests in flight
     metrics_port: int = 8081  # Prometheus /metrics; 0 serves none
@@ -56,6 +61,8 @@ class Settings:
                 ),
             ),
             backoff_base_s=number("DDP_BACKOFF_BASE_S", defaults.backoff_base_s, 0),
+            completion_grace_s=number("DDP_COMPLETION_GRACE_S", defaults.completion_grace_s, 0),
+            node_lost_grace_s=number("DDP_NODE_LOST_GRACE_S", defaults.node_lost_grace_s, 0),
             resync_s=number("DDP_RESYNC_S", defaults.resync_s, 1),
             workers=int(number("DDP_WORKERS", defaults.workers, 1)),
             metrics_port=int(number("DDP_METRICS_PORT", defaults.metrics_port, 0)),

@@ -7,6 +7,7 @@ it needed no more than that role, and used every verb of it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import ssl
 import tempfile
@@ -327,6 +328,79 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
     )
     assert c.running("lost", 2)["restarts"] == 1
     assert any(r == "PodDisrupted" for _, r, _ in c.events("lost"))
+
+
+def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
+    """The eviction API (what kubectl drain calls) marks the pod DisruptionTarget first."""
+    c.apply("evicted", {"nodes": 2, "backoffLimit": 0})
+    c.running("evicted", 2)
+    old = c.workers("evicted")["evicted-node-1"]["metadata"]["uid"]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "evicted-node-1", "namespace": c.ns},
+    }
+    path = f"/api/v1/namespaces/{c.ns}/pods/evicted-node-1/eviction"
+    c.cp.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+    c.until(
+        "a new evicted-node-1",
+        lambda: (p := c.workers("evicted").get("evicted-node-1")) and p["metadata"]["uid"] != old,
+    )
+    status = c.running("evicted", 2)  # backoffLimit 0: a failure would have failed the job
+    assert status["disruptions"] == 1 and status["restarts"] == 0
+    assert any(
+        t == "Warning" and r == "Disruption" and "EvictionByEvictionAPI" in m
+        for t, r, m in c.events("evicted")
+    )
+
+
+def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None:
+    c.apply("ending", {"nodes": 2, "backoffLimit": 0})
+    c.running("ending", 2)
+    c.exit("ending-node-0", 0)
+    c.until(  # the operator saw it: the job waits for node-1
+        "ending NodesCompleting",
+        lambda: any(x.get("reason") == "NodesCompleting" for x in c.status("ending")["conditions"]),
+    )
+    c.k("delete", "pod", "ending-node-1", "--wait=false")
+    status = c.phase("ending", "Succeeded")
+    done = next(x for x in status["conditions"] if x["type"] == "Succeeded")
+    assert done["reason"] == "Completed"
+    assert done["message"] == "ending-node-1 was lost after ending-node-0 completed training"
+    assert status["restarts"] == 0
+
+
+def test_pods_on_a_lost_machine_are_deleted_at_once_and_recreated(c: Cluster) -> None:
+    machine = f"machine-{c.ns}"
+    c.cp.add_kwok_node(machine, labels={"machine": machine})
+    try:
+        c.apply("stranded", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
+        c.running("stranded", 2)
+        old = {n: p["metadata"]["uid"] for n, p in c.workers("stranded").items()}
+        # The machine stops answering: kwok no longer keeps it, its Ready condition went Unknown
+        # a minute ago (past DDP_NODE_LOST_GRACE_S, 30 s by default).
+        c.cp.kubectl("annotate", "node", machine, "kwok.x-k8s.io/node-")
+        ago = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ready = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                 "lastTransitionTime": ago, "lastHeartbeatTime": ago}  # fmt: skip
+        patch = json.dumps({"status": {"conditions": [ready]}})
+        c.cp.kubectl("patch", "node", machine, "--subresource=status", "-p", patch)
+        status = c.until(
+            "both node pods counted as disruptions",
+            lambda: ((s := c.status("stranded")).get("disruptions") == 2 and s) or None,
+        )
+        assert status["restarts"] == 0
+        c.until(
+            "both node pods recreated",
+            lambda: (
+                (w := c.workers("stranded")).keys() == old.keys()
+                and not {p["metadata"]["uid"] for p in w.values()} & set(old.values())
+            ),
+        )
+        lost = [m for t, r, m in c.events("stranded") if (t, r) == ("Warning", "NodeLost")]
+        assert len(lost) == 2 and all(f"machine {machine}" in m for m in lost)
+    finally:
+        c.cp.kubectl("delete", "node", machine, "--wait=false")
 
 
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:

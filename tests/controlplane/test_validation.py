@@ -305,3 +305,17 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
     scale = cp.request("GET", f"/apis/ddp.dev/v1alpha1/namespaces/{ns}/ddpjobs/digits/scale")
     assert scale["spec"]["replicas"] == 2
     assert scale["status"] == {"replicas": 2, "selector": "ddp.dev/job-name=digits"}
+
+
+def test_a_progress_loss_may_be_null(ddpjob_crd: ControlPlane, ns: str) -> None:
+    """A NaN loss is reported as null. Written whole (a JSON patch, not a merge patch, which
+    removes the key), the null is kept: without ``nullable`` the API server drops it."""
+    cp = ddpjob_crd
+    accepted(apply(cp, ns, ELASTIC))
+    ops = [{"op": "add", "path": "/status", "value": {"progress": {"step": 9, "loss": None}}}]
+    result = cp.kubectl(
+        "patch", "ddpjob/digits", "-n", ns, "--subresource=status", "--type=json",
+        "-p", json.dumps(ops), check=False,
+    )  # fmt: skip
+    accepted(result)
+    assert get(cp, ns, "digits")["status"]["progress"] == {"step": 9, "loss": None}

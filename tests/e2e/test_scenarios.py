@@ -92,6 +92,52 @@ def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenari
     assert 25 - 20 < step <= 25  # held at 25: at most one checkpoint interval (20) lost
 
 
+# Stops the torchrun agent and its worker in this container (the processes of its cgroup but
+# the node supervisor, its first, and this one), as on a machine that stopped answering.
+FREEZE = """
+import os, signal
+me = os.getpid()
+mine = open(f"/proc/{me}/cgroup").read()
+for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        if p not in (1, me) and open(f"/proc/{p}/cgroup").read() == mine:
+            os.kill(p, signal.SIGSTOP)
+            print(p, open(f"/proc/{p}/cmdline", "rb").read()[:80])
+    except OSError as e:
+        print("skipped", p, e)
+"""
+
+
+def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc: Scenario) -> None:
+    """As seen on a real kubelet: one node finishes, its peer is lost at the last step."""
+    sc.apply("checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(60))  # its last step
+    sc.held("charlm", 60)  # training complete: every rank waits on its own
+    ckpt = sc.claim("charlm-checkpoints")
+    assert json.loads((ckpt / "complete.json").read_text())["step"] == 60
+    lost = sc.workers("charlm")["charlm-node-1"]
+    out = sc.s.kubectl("exec", "charlm-node-1", "-n", sc.ns, "--", "python", "-c", FREEZE,
+                       check=False)  # fmt: skip
+    frozen = [line for line in out.stdout.splitlines() if not line.startswith("skipped")]
+    assert out.returncode == 0 and len(frozen) >= 2, (out.stdout, out.stderr)
+    released = time.monotonic()
+    sc.release("charlm-checkpoints", 60)
+
+    def phase(pod: str) -> str:
+        return sc.k("get", "pod", pod, "-o", "jsonpath={.status.phase}")
+
+    # node-0's agent waits at torchrun's exit barrier for the frozen peer: 30 s, not 300.
+    sc.until("charlm-node-0 Succeeded", lambda: phase("charlm-node-0") == "Succeeded", 90)
+    sc.k("delete", "pod", "charlm-node-1", "--wait=false")  # and now the frozen one is lost
+    status = sc.succeeded("charlm", 60)
+    assert time.monotonic() - released < 60
+    done = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert done["reason"] == "Completed"
+    assert done["message"] == "charlm-node-1 was lost after charlm-node-0 completed training"
+    assert status["restarts"] == 0 and not status.get("disruptions")
+    assert status["progress"]["loss"] is not None  # a finite loss, reported
+    assert sc.workers("charlm").get("charlm-node-1", lost) == lost  # not recreated
+
+
 def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario) -> None:
     sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
     sc.held("digits", 25)

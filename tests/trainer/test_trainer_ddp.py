@@ -46,7 +46,7 @@ def test_two_nodes_reach_accuracy_and_only_rank0_writes(launcher: Launcher) -> N
     # Only global rank 0 wrote into the folder: nothing but its files, all signed rank 0.
     names = sorted(p.name for p in ckpt.iterdir())
     checkpoints = [n for n in names if n.startswith("step-")]
-    assert set(names) == {"manifest.json", "metrics.jsonl", *checkpoints}, names
+    assert set(names) == {"manifest.json", "metrics.jsonl", "complete.json", *checkpoints}, names
     assert checkpoints == ["step-00000150.pt", "step-00000200.pt", "step-00000220.pt"]
     assert {line["rank"] for line in metrics(ckpt)} == {0}
     store = CheckpointStore(ckpt)

@@ -64,3 +64,39 @@ def test_torchruns_exit_is_passed_on_as_python_would_exit() -> None:
     assert exit_code(SystemExit()) == 0 and exit_code(SystemExit(None)) == 0
     assert exit_code(SystemExit(3)) == 3
     assert exit_code(SystemExit("usage: torchrun ...")) == 1  # a message: Python exits 1
+
+
+def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:
+    from ddp_trainer.checkpoint import CheckpointStore, read_completion
+    from ddp_trainer.node import checkpoint_folder, completed
+
+    assert read_completion(tmp_path) is None
+    CheckpointStore(tmp_path).mark_complete("uid-1", 140, "step-00000140.pt")
+    done = read_completion(tmp_path)
+    assert done is not None and (done.run_id, done.step) == ("uid-1", 140)
+    assert completed(done, "uid-1")
+    assert not completed(done, "uid-2")  # another job reusing the folder trains
+    assert not completed(done, None) and not completed(None, "uid-1")
+    (tmp_path / "complete.json").write_text('{"runId": "uid-1", "st')  # torn: not complete
+    assert read_completion(tmp_path) is None
+    args = ["--nnodes=2", "-m", "ddp_trainer", "--checkpoint-dir", "/ck"]
+    assert checkpoint_folder(args, {"DDPJOB_CHECKPOINT_DIR": "/env"}) == "/ck"
+    assert checkpoint_folder(["-m", "ddp_trainer", "--checkpoint-dir=/eq"], {}) == "/eq"
+    assert checkpoint_folder(["-m", "ddp_trainer"], {"DDPJOB_CHECKPOINT_DIR": "/env"}) == "/env"
+
+
+def test_torchruns_exit_barrier_is_bounded_by_the_environment(monkeypatch) -> None:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher import api
+
+    from ddp_trainer.node import DEFAULT_EXIT_BARRIER_S, bound_exit_barrier, exit_barrier_s
+
+    assert exit_barrier_s({}) == DEFAULT_EXIT_BARRIER_S < 300
+    assert exit_barrier_s({"DDPJOB_EXIT_BARRIER_S": "12.5"}) == 12.5
+    assert exit_barrier_s({"DDPJOB_EXIT_BARRIER_S": "soon"}) == DEFAULT_EXIT_BARRIER_S
+    monkeypatch.setattr(api, "LocalElasticAgent", api.LocalElasticAgent)  # restored after
+    bound_exit_barrier(7.0)
+    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=None, entrypoint="x", args=())
+    agent = api.LocalElasticAgent(spec=spec, logs_specs=DefaultLogsSpecs())  # as launch_agent
+    assert agent._exit_barrier_timeout == 7.0

@@ -46,6 +46,17 @@ def test_the_record_has_the_status_progress_fields() -> None:
     assert sent == record  # the ConfigMap carries it whole, nulls included
 
 
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])
+def test_a_loss_that_is_no_finite_number_is_reported_as_null(loss: float) -> None:
+    """JSON has no NaN: the API server would refuse the whole patch, step and all."""
+    record = progress_record(
+        epoch=0, step=9, total_steps=9, loss=loss, samples_per_second=1.0,
+        last_checkpoint=None, world_size=2, now=0.0,
+    )  # fmt: skip
+    assert record["loss"] is None and record["step"] == 9
+    progress.configmap_patch(record)  # JSON without NaN: what the API server accepts
+
+
 def test_rate_limit() -> None:
     assert should_report(100.0, None, 10.0, final=False)
     assert not should_report(105.0, 100.0, 10.0, final=False)

@@ -24,7 +24,7 @@ def cache() -> informer.Cache[plan.PodView]:
 def test_an_event_reports_its_job_only_when_what_the_planner_reads_changed() -> None:
     c = cache()
     assert c.apply("ADDED", pod("a-node-0")) == {("ns", "a")}
-    # Scheduling and an IP change nothing the planner reads: no reconcile.
+    # An IP changes nothing the planner reads: no reconcile.
     assert c.apply("MODIFIED", pod("a-node-0", ip="10.0.0.2")) == set()
     assert c.apply("MODIFIED", pod("a-node-0", phase="Running")) == {("ns", "a")}
     assert [v.phase for v in c.get(("ns", "a"))] == ["Running"]
@@ -66,3 +66,22 @@ def test_progress_configmaps_belong_to_the_job_their_name_says_whatever_their_la
     assert c.get(("ns", "b")) == [] and c.get(("ns", "a"))[0].text == '{"step": 1}'
     assert c.apply("ADDED", configmap("own-script", "a", "x")) == set()  # not a progress map
     assert c.replace([configmap("a-progress", "zzz", '{"step": 1}')]) == set()
+
+
+def machine(name: str, ready: str = "True", heartbeat: str = "") -> dict[str, Any]:
+    cond = {"type": "Ready", "status": ready, "lastTransitionTime": "2026-01-01T11:00:00Z"}
+    return {
+        "metadata": {"name": name},
+        "status": {"conditions": [{**cond, "lastHeartbeatTime": heartbeat}]},
+    }
+
+
+def test_machines_report_a_node_only_when_its_readiness_changed() -> None:
+    m = informer.Machines(plan.machine_view)
+    assert m.apply("ADDED", machine("m1")) == {("", "m1")}
+    assert m.apply("MODIFIED", machine("m1", heartbeat="11:00:10")) == set()  # a heartbeat
+    assert m.apply("MODIFIED", machine("m1", "Unknown")) == {("", "m1")}
+    assert m.by_name["m1"].ready == "Unknown"
+    assert m.replace([machine("m2")]) == {("", "m1"), ("", "m2")}
+    assert set(m.by_name) == {"m2"}
+    assert m.apply("DELETED", machine("m2")) == {("", "m2")} and not m.by_name

@@ -262,6 +262,138 @@ def test_success_when_every_node_exits_zero() -> None:
     assert both.delete == ["j-rdzv"]
 
 
+def finished(index: int, at: str = "2026-01-01T11:59:50Z", **changes: Any) -> planner.PodView:
+    """A node pod whose torchrun exited 0 at ``at`` (10 s before NOW by default)."""
+    return aged(pod(index, "Succeeded", exit_code=0), finished=at, **changes)
+
+
+RUNNING = {"phase": "Running", "startTime": EARLIER}
+
+
+def test_a_node_lost_after_its_peer_finished_is_not_replaced_and_the_job_succeeds() -> None:
+    lost = aged(pod(1, uid="l"), deleting=True)
+    p = planner.plan(job(), RUNNING, [STORE, finished(0), lost], NOW, CFG)
+    assert created_pods(p) == [] and p.status["restarts"] == 0
+    assert p.status["phase"] == "Succeeded"
+    cond = p.status["conditions"][-1]
+    assert cond["reason"] == "Completed"
+    assert cond["message"] == "j-node-1 was lost after j-node-0 completed training"
+    assert "l" in p.status["handledFailures"]
+    # Once the pod is gone, no replacement either: the job stays done.
+    later = planner.plan(job(), {**RUNNING, **p.status}, [STORE, finished(0)], NOW, CFG)
+    assert created_pods(later) == [] and "phase" not in later.status  # kept: Succeeded
+
+
+def test_a_node_lost_before_its_peer_finished_is_not_replaced_once_the_peer_is_done() -> None:
+    # node-1 was deleted and counted; its replacement waits out the backoff when node-0 ends.
+    status = {**RUNNING, "restarts": 2, "handledFailures": ["l"],
+              "lastFailureTime": "2026-01-01T11:59:55Z"}  # fmt: skip
+    p = planner.plan(job(), status, [STORE, finished(0)], NOW, CFG)
+    assert created_pods(p) == [] and p.status["restarts"] == 2
+    assert p.status["phase"] == "Succeeded"
+    assert p.status["conditions"][-1]["message"] == (
+        "j-node-1 was lost before j-node-0 completed training, and not replaced"
+    )
+
+
+def test_a_replacement_failing_after_a_peer_succeeded_is_no_failure() -> None:
+    """As observed on a real kubelet: the replacement cannot join the closed rendezvous."""
+    status = {**RUNNING, "restarts": 3}
+    failing = aged(pod(1, "Failed", uid="r", exit_code=1), created="2026-01-01T11:59:55Z")
+    p = planner.plan(job(backoffLimit=3), status, [STORE, finished(0), failing], NOW, CFG)
+    assert p.status["phase"] == "Succeeded" and p.status["restarts"] == 3
+    assert "BackoffLimitExceeded" not in [r for _, r, _ in p.events]
+    assert p.status["conditions"][-1]["message"] == (
+        "j-node-1 was lost after j-node-0 completed training"
+    )
+    assert created_pods(p) == []
+
+
+def test_the_others_get_a_bounded_time_to_finish_from_the_first_success() -> None:
+    observed = [STORE, finished(0), aged(pod(1))]
+    wait = planner.plan(job(), RUNNING, observed, NOW, CFG, completion_grace_s=30)
+    assert wait.status["phase"] == "Running" and wait.delete == [] and created_pods(wait) == []
+    assert wait.status["conditions"][-1]["reason"] == "NodesCompleting"
+    assert wait.requeue_after == pytest.approx(20)  # finishedAt + 30 s - NOW
+    due = NOW + dt.timedelta(seconds=20)
+    done = planner.plan(
+        job(), {**RUNNING, **wait.status}, observed, due, CFG, completion_grace_s=30
+    )
+    assert done.status["phase"] == "Succeeded"
+    assert sorted(done.delete) == ["j-node-1", "j-rdzv"]
+    assert done.status["conditions"][-1]["message"] == (
+        "j-node-1 did not finish within 30s after j-node-0 completed training and was stopped"
+    )
+    # A node lost while the job waits was lost after the first success, even once it is gone.
+    waited = {**RUNNING, **wait.status}
+    gone = planner.plan(job(), waited, [STORE, finished(0)], NOW, CFG, completion_grace_s=30)
+    assert gone.status["conditions"][-1]["message"] == (
+        "j-node-1 was lost after j-node-0 completed training"
+    )
+    # The first success counts: a later one does not extend the wait.
+    three = [*observed, finished(2, at="2026-01-01T12:00:15Z")]
+    assert (
+        planner.plan(job(nodes=3), RUNNING, three, due, CFG, completion_grace_s=30).status["phase"]
+        == "Succeeded"
+    )
+
+
+def test_view_reads_finished_at_and_the_disruption_target_condition() -> None:
+    body = {
+        "metadata": {"name": "j-node-0", "uid": "u", "labels": {render.LABEL_INDEX: "0"}},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-01-01T11:59:50Z"}},
+                }
+            ],
+        },
+    }
+    v = planner.view(body)
+    assert (v.finished, v.disrupted, v.ready) == (
+        "2026-01-01T11:59:50Z",
+        "EvictionByEvictionAPI",
+        True,
+    )
+    body["status"]["conditions"][1]["status"] = "False"
+    assert planner.view(body).disrupted == ""
+
+
+def test_a_disruption_is_counted_apart_and_never_spends_the_backoff_limit() -> None:
+    status = {**RUNNING, "restarts": 1, "lastFailureTime": "2026-01-01T11:00:00Z"}
+    evicted = aged(pod(0, uid="e"), disrupted="EvictionByEvictionAPI")  # deletion not seen yet
+    p = planner.plan(job(backoffLimit=1), status, [STORE, evicted, aged(pod(1))], NOW, CFG)
+    assert p.status["restarts"] == 1 and p.status["disruptions"] == 1
+    assert p.status["phase"] != "Failed"
+    ((kind, reason, text),) = p.events
+    assert (kind, reason) == ("Warning", "Disruption") and "EvictionByEvictionAPI" in text
+    # Seen again while it is deleted, and once gone: not counted twice; then recreated at once.
+    again = {**status, **p.status}
+    going = planner.plan(
+        job(backoffLimit=1), again, [STORE, aged(evicted, deleting=True)], NOW, CFG
+    )
+    assert going.status["restarts"] == 1 and "disruptions" not in going.status
+    gone = planner.plan(job(backoffLimit=1), again, [STORE, aged(pod(1))], NOW, CFG)
+    assert created_pods(gone) == ["j-node-0"]
+    # Its peer failing because of it follows the disruption: no restart either.
+    peer = aged(pod(1, "Failed", uid="s", exit_code=1))
+    after = planner.plan(job(backoffLimit=1), again, [STORE, peer], NOW, CFG)
+    assert after.status["restarts"] == 1 and after.status["phase"] != "Failed"
+
+
+def test_a_pod_that_failed_after_a_node_pressure_eviction_is_a_disruption() -> None:
+    evicted = aged(pod(1, "Failed", uid="k", exit_code=137), disrupted="TerminationByKubelet")
+    p = planner.plan(job(backoffLimit=0), RUNNING, [STORE, aged(pod(0)), evicted], NOW, CFG)
+    assert p.status["restarts"] == 0 and p.status["disruptions"] == 1
+    assert p.delete == ["j-node-1"] and p.status["phase"] != "Failed"
+
+
 def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     s = planner.plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, CFG)
@@ -301,3 +433,65 @@ def test_view_reads_exit_codes_and_readiness_from_a_pod_body() -> None:
     }
     v = planner.view(body)
     assert (v.index, v.phase, v.exit_code, v.ready) == (1, "Failed", 3, False)
+
+
+def on(x: planner.PodView, machine: str) -> planner.PodView:
+    return aged(x, machine=machine)
+
+
+def machine(name: str, ready: str, since: str = "2026-01-01T11:59:20Z") -> planner.MachineView:
+    return planner.MachineView(name, ready, since)  # since: 40 s before NOW by default
+
+
+def test_pods_on_a_machine_not_ready_past_the_grace_are_deleted_at_once_as_a_disruption() -> None:
+    observed = [on(STORE, "m1"), on(pod(0, uid="a"), "m1"), on(pod(1), "m2")]
+    machines = {"m1": machine("m1", "Unknown"), "m2": machine("m2", "True")}
+    p = planner.plan(job(backoffLimit=0), RUNNING, observed, NOW, CFG, machines=machines)
+    assert sorted(p.force) == ["j-node-0", "j-rdzv"] and p.delete == []
+    assert p.status["disruptions"] == 1 and p.status["restarts"] == 0  # the store counts nothing
+    assert p.status["phase"] == "Restarting"
+    cond = p.status["conditions"][-1]
+    assert cond["reason"] == "NodeLost" and "machine m1" in cond["message"]
+    assert [r for _, r, _ in p.events if r in ("NodeLost", "StoreLost")] == [
+        "StoreLost",
+        "NodeLost",
+    ]
+    # Seen again before the watch shows them gone: nothing twice; once gone, recreated.
+    again = {**RUNNING, **p.status}
+    q = planner.plan(job(backoffLimit=0), again, observed, NOW, CFG, machines=machines)
+    assert q.force == [] and "disruptions" not in q.status
+    # A pod the operator deleted itself (say, scaled down) would stay Terminating there.
+    stuck = aged(on(pod(1, uid="b"), "m1"), deleting=True)
+    mine = {**RUNNING, "handledFailures": ["b"]}
+    r = planner.plan(job(nodes=1), mine, [STORE, stuck], NOW, CFG, machines=machines)
+    assert r.force == ["j-node-1"] and "disruptions" not in r.status
+    gone = planner.plan(job(backoffLimit=0), again, [on(pod(1), "m2")], NOW, CFG, machines=machines)
+    assert created_pods(gone) == ["j-rdzv", "j-node-0"]
+
+
+def test_a_machine_not_ready_for_less_than_the_grace_is_waited_for() -> None:
+    observed = [STORE, on(pod(0), "m1"), on(pod(1), "m2")]
+    machines = {"m1": machine("m1", "False", since="2026-01-01T11:59:50Z")}  # 10 s ago
+    p = planner.plan(job(), RUNNING, observed, NOW, CFG, machines=machines, node_lost_grace_s=30)
+    assert p.force == [] and "disruptions" not in p.status
+    assert p.requeue_after == pytest.approx(20)
+
+
+def test_machine_view_reads_the_ready_condition() -> None:
+    body = {
+        "metadata": {"name": "m1"},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "lastTransitionTime": "2026-01-01T11:59:20Z",
+                },
+            ]
+        },
+    }
+    assert planner.machine_view(body) == machine("m1", "Unknown")
+    assert planner.machine_view({"metadata": {"name": "new"}}).ready == "Unknown"
+    pod_body = {"metadata": {"name": "j-node-0"}, "spec": {"nodeName": "m1"}, "status": {}}
+    assert planner.view(pod_body).machine == "m1"

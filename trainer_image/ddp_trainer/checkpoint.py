@@ -6,6 +6,8 @@ Layout of the checkpoint folder::
     step-00000100.pt        one file per checkpoint (torch.save of a dict of plain types)
     step-00000120.pt
     metrics.jsonl           progress lines (see ddp_trainer.progress)
+    complete.json           {"runId": "<job uid>", "step": 140, "checkpoint": "step-00000140.pt"}:
+                            training of that run is complete (rank 0, after the final checkpoint)
 
 A checkpoint is written to a temporary file in the same folder, fsynced, renamed into
 place, and only then recorded (with its size and SHA-256) in the manifest, which is
@@ -34,6 +36,7 @@ import torch
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+COMPLETE = "complete.json"
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _TEMP_SUFFIX = ".tmp"
@@ -131,6 +134,27 @@ def _write_atomic(path: Path, data: bytes | memoryview) -> None:
     _fsync_dir(path.parent)
 
 
+@dataclass(frozen=True)
+class Completion:
+    """The record that training of one run is complete."""
+
+    run_id: str  # torchrun's rendezvous id (TORCHELASTIC_RUN_ID): the DDPJob's uid
+    step: int
+    checkpoint: str | None
+
+
+def read_completion(directory: Path | str) -> Completion | None:
+    """The completion record of a checkpoint folder; None when there is none (or it is torn)."""
+    try:
+        data = json.loads((Path(directory) / COMPLETE).read_text())
+        return Completion(str(data["runId"]), int(data["step"]), data.get("checkpoint"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("ignoring unreadable %s in %s: %s", COMPLETE, directory, error)
+        return None
+
+
 class CheckpointStore:
     """The checkpoint folder: writing (global rank 0 only), choosing and loading."""
 
@@ -163,6 +187,13 @@ class CheckpointStore:
         for old in removed:
             (self.directory / old.name).unlink(missing_ok=True)
         return entry
+
+    def mark_complete(self, run_id: str, step: int, checkpoint: str | None) -> None:
+        """Records, atomically, that training of ``run_id`` is complete (global rank 0, once its
+        final checkpoint is written)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = {"runId": run_id, "step": step, "checkpoint": checkpoint, "time": time.time()}
+        _write_atomic(self.directory / COMPLETE, (json.dumps(record) + "\n").encode())
 
     def remove_temporaries(self) -> None:
         """Delete temporary files a killed writer left behind (call before writing starts)."""

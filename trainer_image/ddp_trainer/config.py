@@ -161,7 +161,8 @@ class TrainerConfig(BaseModel):
         "if one is due) until the file `release-step-NNNNNNNN` (the step, 8 digits) exists in "
         "the checkpoint folder; while paused, status.progress.heldAtStep says so. For tests "
         "and debugging: act on a job at a known step. SIGTERM while paused checkpoints and "
-        "exits as usual. Empty (the default): never pause.",
+        "exits as usual. The last step pauses after training completed (each rank on its "
+        "own; SIGTERM ends the pause). Empty (the default): never pause.",
     )
     pg_timeout_s: int = Field(
         1800,

@@ -9,6 +9,11 @@ and waits until ``release-step-00000025`` exists in the checkpoint folder, for e
 
 The file stays, so a restarted run that passes step 25 again goes on without stopping. SIGTERM
 while held ends the run as it always does: rank 0 checkpoints the held step, then exits.
+
+Holding at the last step pauses after training is complete: the final checkpoint and the
+completion record are written and the ranks have passed their last collective, so each rank
+waits on its own, and SIGTERM ends the wait (the worker exits 0: nothing is left to do). A
+test loses or freezes a node there to see how the job ends.
 """
 
 from __future__ import annotations
@@ -36,5 +41,10 @@ def is_released(directory: Path | str, step: int) -> bool:
 
 
 def holds_at(step: int, hold_steps: tuple[int, ...] | list[int], total_steps: int) -> bool:
-    """Whether the run pauses after ``step`` (never after its last step: nothing is left)."""
+    """Whether the run pauses after ``step`` while training (the last: :func:`holds_at_end`)."""
     return step in hold_steps and step < total_steps
+
+
+def holds_at_end(step: int, hold_steps: tuple[int, ...] | list[int], total_steps: int) -> bool:
+    """Whether the run pauses after training is complete (``step`` is its last one)."""
+    return step in hold_steps and step >= total_steps

@@ -10,6 +10,13 @@ at all, means the store pod was replaced: wait until the new one answers and sta
 again; the workers re-rendezvous and resume from the newest checkpoint. At most
 ``PET_MAX_RESTARTS`` such restarts per pod; any other exit is passed on as it is.
 
+The end of a run: a node that starts after training of its run completed (the completion
+record that rank 0 writes in the checkpoint folder names its ``--rdzv-id``) exits 0 without
+starting torchrun: its peers closed the rendezvous, so torchrun could only fail. And torchrun's
+agent, once its workers finished, waits for the other agents at an exit barrier, for 300 s by
+default, which a peer lost at the last step never reaches; here it waits at most
+``DDPJOB_EXIT_BARRIER_S`` (default :data:`DEFAULT_EXIT_BARRIER_S`), then exits 0 all the same.
+
 torchrun runs in a child forked from this process, which has imported torch already (the
 store probe needs it): starting it costs no second torch import (2-3 s on two cores), on
 every start and in every store-loss recovery. Forking with torch imported is what
@@ -29,7 +36,12 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .contract import ENV_CHECKPOINT_DIR
+
+if TYPE_CHECKING:
+    from .checkpoint import Completion
 
 log = logging.getLogger("ddp_trainer.node")
 
@@ -39,6 +51,8 @@ STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes a
 LOST_CHECK_S = 5.0  # after torchrun failed: how long to look for the store it joined
 PROBE_TIMEOUT_S = 1.0  # one try at the store: short, so none sleeps past a new store
 STORE_POLL_S = 0.25
+ENV_EXIT_BARRIER = "DDPJOB_EXIT_BARRIER_S"
+DEFAULT_EXIT_BARRIER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -127,13 +141,40 @@ def exit_code(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 1
 
 
-def run_torchrun(args: Sequence[str]) -> NoReturn:
+def exit_barrier_s(environ: Any) -> float:
+    """How long torchrun's agent waits for its peers once its workers finished."""
+    try:
+        return max(0.0, float(environ.get(ENV_EXIT_BARRIER) or DEFAULT_EXIT_BARRIER_S))
+    except ValueError:
+        text = environ.get(ENV_EXIT_BARRIER)
+        log.warning("%s=%r is not a number; %gs", ENV_EXIT_BARRIER, text, DEFAULT_EXIT_BARRIER_S)
+        return DEFAULT_EXIT_BARRIER_S
+
+
+def bound_exit_barrier(seconds: float) -> None:
+    """Makes torchrun's agents wait at most ``seconds`` at the exit barrier (in the forked child
+    only). torchrun has no flag for it: ``LocalElasticAgent`` takes ``exit_barrier_timeout``,
+    which ``torch.distributed.launcher.api.launch_agent`` leaves at its default of 300 s, so the
+    launcher is given a subclass whose default is ``seconds``."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.launcher import api
+
+    class BoundedExitBarrierAgent(LocalElasticAgent):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("exit_barrier_timeout", seconds)
+            super().__init__(*args, **kwargs)
+
+    setattr(api, "LocalElasticAgent", BoundedExitBarrierAgent)  # noqa: B010  (mypy: a type)
+
+
+def run_torchrun(args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S) -> NoReturn:
     """In the forked child: torchrun's main, exiting as ``python -m torch.distributed.run``
     would (0, its SystemExit's code, or 1 with the traceback)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)  # torchrun installs its own while it runs
     code = 1
     try:
+        bound_exit_barrier(barrier_s)
         from torch.distributed.run import main as torchrun
 
         torchrun(list(args))
@@ -151,12 +192,12 @@ def run_torchrun(args: Sequence[str]) -> NoReturn:
 class Torchrun:
     """torchrun in a forked child of this (torch-importing) process."""
 
-    def __init__(self, args: Sequence[str]) -> None:
+    def __init__(self, args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            run_torchrun(args)
+            run_torchrun(args, barrier_s)
         self.pid = pid
         self.code: int | None = None
 
@@ -186,6 +227,21 @@ def torchrun_setting(args: Sequence[str], environ: Any, flag: str) -> str | None
     return str(value) if value is not None else None
 
 
+def checkpoint_folder(args: Sequence[str], environ: Any) -> str | None:
+    """The trainer's checkpoint folder as it reads it: ``--checkpoint-dir`` among the training
+    program's arguments, else ``DDPJOB_CHECKPOINT_DIR``."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == "--checkpoint-dir":
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return environ.get(ENV_CHECKPOINT_DIR) or None
+
+
+def completed(done: Completion | None, run_id: str | None) -> bool:
+    """Whether training of this node's run (its ``--rdzv-id``) is complete already."""
+    return done is not None and bool(run_id) and done.run_id == run_id
+
+
 def restarts_allowed(args: Sequence[str], environ: Any) -> int:
     try:
         return max(0, int(torchrun_setting(args, environ, "max-restarts") or DEFAULT_RESTARTS))
@@ -211,6 +267,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     import torch.distributed.run  # noqa: F401  imported once, here: each start forks warm
 
+    from .checkpoint import read_completion
+
+    folder = checkpoint_folder(args, os.environ)
+    done = read_completion(folder) if folder else None
+    if done is not None and completed(done, torchrun_setting(args, os.environ, "rdzv-id")):
+        log.info(
+            "training of this job completed at step %d (%s in %s): exiting 0 without starting"
+            " torchrun",
+            done.step,
+            done.checkpoint,
+            folder,
+        )
+        return 0
+    barrier_s = exit_barrier_s(os.environ)
+
     while True:
         joined = wait_for_store(endpoint, STORE_WAIT_S, lambda: stopping) if endpoint else None
         if stopping:
@@ -218,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if endpoint and joined is None:
             log.error("no rendezvous store answered at %s in %.0fs", endpoint, STORE_WAIT_S)
             return 1
-        child = Torchrun(args)
+        child = Torchrun(args, barrier_s)
         if stopping:  # a signal between the fork and the line above found no child to pass on to
             child.send_signal(signal.SIGTERM)
         code = child.wait()

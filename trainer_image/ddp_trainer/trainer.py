@@ -41,6 +41,7 @@ class DistEnv:
     world_size: int = 1
     restart_count: int = 0
     launched: bool = False  # started by torchrun: join a process group even when alone
+    run_id: str = ""  # torchrun's rendezvous id (the DDPJob's uid): names the completion record
 
     @classmethod
     def from_env(cls, environ: Any = None) -> DistEnv:
@@ -53,6 +54,7 @@ class DistEnv:
             world_size=int(environ.get("WORLD_SIZE", 1)),
             restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
             launched=True,
+            run_id=environ.get("TORCHELASTIC_RUN_ID", ""),
         )
 
 
@@ -474,6 +476,10 @@ class Trainer:
     def _finish(self) -> int:
         if self.position.step > self.saved_step:
             self.save_checkpoint(wait=True)
+        if self.writer is not None:
+            self.writer.wait()  # the final checkpoint is on disk before training is called done
+            last = self.writer.last.name if self.writer.last else self.resumed_from
+            self.store.mark_complete(self.env.run_id, self.position.step, last)
         results: dict[str, float] = {}
         if self.is_main and self.config.evaluate and self.test_set is not None:
             results = evaluate(
@@ -494,10 +500,30 @@ class Trainer:
                 rank=self.env.rank,
                 **results,
             )
-        self._close(final=True)
         if self.distributed:
             dist.barrier()
+        self._hold_at_end()
+        self._close(final=True)
         return 0
+
+    def _hold_at_end(self) -> None:
+        """A hold at the last step (:mod:`ddp_trainer.hold`): each rank waits on its own, as the
+        collectives are over and a peer may be gone; SIGTERM ends the wait."""
+        step, folder = self.position.step, self.store.directory
+        if not hold.holds_at_end(step, self.config.hold_at_steps, self.total_steps):
+            return
+        if hold.is_released(folder, step):
+            return
+        self.held_at = step
+        if self.metrics is not None:
+            self.metrics.write("hold", step=step, release=hold.release_name(step))
+            log.info("training complete; holding until %s exists", folder / hold.release_name(step))
+        self._report(final=False, urgent=True)
+        while not hold.is_released(folder, step) and not self.stop_requested.is_set():
+            time.sleep(hold.POLL_S)
+        self.held_at = None
+        if self.metrics is not None:
+            self.metrics.write("release", step=step)
 
     def _close(self, final: bool) -> None:
         if self.writer is not None:
