@@ -19,9 +19,10 @@ is always counted, so a crash loop still spends the budget.
 
 What stops a pod (an image that cannot be pulled, a missing claim, no machine that fits, a
 missing command, the OOM killer) is read by :mod:`ddp_operator.diagnosis`; while pods show it,
-its reason and message replace those of the phase (one Event when the
-reason changes), and what cannot heal fails the job: a missing command at once, the others once
-a pod showing it is older than ``spec.startupDeadlineSeconds``.
+its reason and message replace those of the phase (one Event when the reason changes), and what
+cannot heal fails the job: a missing command at once, the others once a pod showing it is older
+than ``spec.startupDeadlineSeconds``. An OOM kill is a failure like any other, named while the
+job restarts.
 """
 
 from __future__ import annotations
@@ -466,7 +467,7 @@ def _failures(st: _State) -> Plan | None:
         if found is not None and found.outcome == diagnosis.Outcome.FAILS:
             return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x], s))
         what = _what(x, failed, found)
-        if found is not None and x.role == render.ROLE_WORKER:
+        if found is not None and found.outcome == diagnosis.Outcome.COUNTED:
             st.cause = (found.reason, f"{x.name} {what}")
         if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
             return st.finish(
