@@ -40,6 +40,7 @@ OOM = "OOMKilled"
 UNSCHEDULABLE = "Unschedulable"
 # Reasons of failures that are counted like any other, named while the job restarts.
 COUNTED_REASONS = frozenset({OOM, *START_REASONS})
+WAITS_SAID_AFTER_S = 10.0  # pod age before Unschedulable is said (it is often a moment's)
 COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
 # How container runtimes say that the program to run is missing or cannot be run.
 _COMMAND_MISSING = re.compile(
@@ -151,7 +152,7 @@ def pod_names(pods: Iterable[PodView]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def message(f: Finding, pods: Iterable[PodView], spec: DDPJobSpec) -> str:
+def message(f: Finding, pods: Iterable[PodView]) -> str:
     """What the condition and the Event say: the pods, the culprit, the fix."""
     who, why = pod_names(pods), f.detail
     if f.reason == "ImagePullFailed":
@@ -212,24 +213,45 @@ class Diagnosis:
 _RANK = {Outcome.FAILS: 0, Outcome.DEADLINE: 1, Outcome.WAITS: 2}
 
 
+def _age(pod: PodView, now: dt.datetime) -> float | None:
+    created = parse_rfc3339(pod.created)
+    return None if created is None else (now - created).total_seconds()
+
+
+def _settling(f: Finding, pod: PodView, now: dt.datetime) -> bool:
+    """A pod too young to call unschedulable: a claim made by the same `kubectl apply` is
+    unbound for a moment, and the scheduler says so."""
+    age = _age(pod, now)
+    return f.outcome == Outcome.WAITS and age is not None and age < WAITS_SAID_AFTER_S
+
+
 def diagnose(pods: Iterable[PodView], spec: DDPJobSpec, now: dt.datetime) -> Diagnosis | None:
     """The most serious problem that live pods show (what fails the job first), with every pod
     that shows the same; None when they show none. Failed pods are the planner's to count."""
     groups: dict[tuple[str, str, Outcome], tuple[Finding, list[PodView]]] = {}
     for x in pods:
         f = finding(x, spec)
-        if f is not None and f.outcome != Outcome.COUNTED:
+        if f is not None and f.outcome != Outcome.COUNTED and not _settling(f, x, now):
             # Pods with the same problem group together, whatever their kubelet's words.
             groups.setdefault((f.reason, f.culprit, f.outcome), (f, []))[1].append(x)
     if not groups:
         return None
     first, shown = min(groups.values(), key=lambda g: (_RANK[g[0].outcome], g[0].reason))
-    said = message(first, shown, spec)
+    said = message(first, shown)
     if first.outcome == Outcome.WAITS:
         return Diagnosis(first.reason, said, None)
     if first.outcome == Outcome.FAILS:
         return Diagnosis(first.reason, said, 0.0)
     deadline = spec.startup_deadline_seconds
-    created = [t for t in (parse_rfc3339(x.created) for x in shown) if t is not None]
-    left = (min(created, default=now) - now).total_seconds() + deadline
-    return Diagnosis(first.reason, said, left, deadline)
+    age = max((a for a in (_age(x, now) for x in shown) if a is not None), default=0.0)
+    return Diagnosis(first.reason, said, deadline - age, deadline)
+
+
+def settled_in(pods: Iterable[PodView], spec: DDPJobSpec, now: dt.datetime) -> float | None:
+    """Seconds until a pod that :func:`diagnose` leaves unsaid for its youth may be said."""
+    waits = [
+        WAITS_SAID_AFTER_S - (_age(x, now) or 0.0)
+        for x in pods
+        if (f := finding(x, spec)) is not None and _settling(f, x, now)
+    ]
+    return min(waits, default=None)

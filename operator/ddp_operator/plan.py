@@ -294,7 +294,11 @@ def plan(
     failed = _failures(st)
     if failed is not None:
         return failed
-    found = diagnosis.diagnose((x for x in st.live if not x.done), job.spec, now)
+    alive = [x for x in st.live if not x.done]
+    found = diagnosis.diagnose(alive, job.spec, now)
+    settled = diagnosis.settled_in(alive, job.spec, now)
+    if settled is not None:
+        st.plan.requeue(settled)
     if found is not None and found.fails_in is not None:
         if found.fails_in <= 0:
             return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
@@ -448,7 +452,7 @@ def _what(x: PodView, failed: bool, found: diagnosis.Finding | None) -> str:
         return "was deleted while running"
     code = "" if x.exit_code is None else f" (exit code {x.exit_code})"
     if found is not None and found.reason == diagnosis.OOM:
-        return f"was {found.reason}{code}: raise spec.resources.limits.memory (now {found.culprit})"
+        return f"failed{code}: {diagnosis.message(found, [x])}"
     if found is not None and x.problem is not None:
         return f"could not start{code}: {x.problem.reason}: {x.problem.message}"
     if x.exit_code is not None:
@@ -465,7 +469,7 @@ def _failures(st: _State) -> Plan | None:
         st.handled.append(x.uid)
         found = diagnosis.finding(x, s) if failed else None
         if found is not None and found.outcome == diagnosis.Outcome.FAILS:
-            return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x], s))
+            return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
         what = _what(x, failed, found)
         if found is not None and found.outcome == diagnosis.Outcome.COUNTED:
             st.cause = (found.reason, f"{x.name} {what}")

@@ -138,7 +138,7 @@ CASES = {
         (0, "Failed", ended("OOMKilled", 137), None, {}),
         (
             "OOMKilled",
-            "j-node-0 was OOMKilled (exit code 137): raise spec.resources.limits"
+            "j-node-0 failed (exit code 137): OOMKilled: raise spec.resources.limits"
             ".memory (now unset)",
             "counted",
         ),
@@ -147,7 +147,8 @@ CASES = {
         (1, "Failed", ended("OOMKilled", 1), None, {"resources": {"limits": {"memory": "64Mi"}}}),
         (
             "OOMKilled",
-            "OOMKilled (exit code 1): raise spec.resources.limits.memory (now 64Mi)",
+            "j-node-1 failed (exit code 1): OOMKilled: raise spec.resources.limits.memory"
+            " (now 64Mi)",
             "counted",
         ),
     ),
@@ -274,3 +275,16 @@ def test_an_oom_kill_stays_named_until_the_job_is_running_again() -> None:
         "Running",
         "AllNodesRunning",
     )
+
+
+def test_a_pod_is_called_unschedulable_only_after_a_moment() -> None:
+    # A claim made by the same `kubectl apply` is unbound for a moment; the scheduler says so.
+    unbound = ("Unschedulable", "0/1 nodes are available: pod has unbound immediate claims")
+    moment = planner.view(body(0, "2026-01-01T11:59:58Z", "Pending", scheduled=unbound))
+    store = planner.view(body(-1, YOUNG))
+    p = planner.plan(job(nodes=1), {"startTime": YOUNG}, [store, moment], NOW, CFG)
+    assert said(p) == ("Pending", "WaitingForNodes", "starting 1 nodes") and not p.events
+    assert p.requeue_after == pytest.approx(8)  # when it may be said
+    later = NOW + dt.timedelta(seconds=8)
+    p = planner.plan(job(nodes=1), p.status, [store, moment], later, CFG)
+    assert said(p)[1] == "Unschedulable" and [r for _, r, _ in p.events] == ["Unschedulable"]
