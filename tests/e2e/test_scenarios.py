@@ -142,7 +142,7 @@ def test_a_users_own_torchrun_script_from_a_configmap_succeeds(sc: Scenario) -> 
 def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -> None:
     """Five broken jobs at once, each a digits job with one thing wrong: they are said apart,
     each by the reason the kubelet, the runtime or the scheduler gave for its own pods."""
-    image = "ghcr.io/ddp-operator/no-such-image:9.9"
+    image = "127.0.0.1:1/ddp-operator/no-such-image:9.9"  # a registry that refuses at once
     small = {"requests": {"cpu": "100m", "memory": "64Mi"}}
     broken: dict[str, dict[str, Any]] = {
         "noimage": {"image": image, "startupDeadlineSeconds": 20, "resources": small},
