@@ -7,7 +7,7 @@ that names the pods, what is wrong (image, claim, command, capacity, memory) and
 | waiting ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName | ImagePullFailed | fails after startupDeadlineSeconds |
 | PodScheduled False: ``persistentvolumeclaim "x" not found`` | ClaimNotFound | fails after startupDeadlineSeconds |
 | waiting CreateContainerConfigError, CreateContainerError, RunContainerError | ContainerConfigError | fails after startupDeadlineSeconds |
-| terminated StartError/ContainerCannotRun (or waiting as above) saying not found; exit 126/127 | CommandNotFound | fails at once |
+| terminated StartError/ContainerCannotRun (or waiting as above) that could not exec the command; exit 126/127 | CommandNotFound | fails at once |
 | PodScheduled False, any other message (cpu, memory, taint, selector, unbound claim) | Unschedulable | waits (an autoscaler may add a machine) |
 | terminated OOMKilled | OOMKilled | a pod failure: spends backoffLimit |
 """  # noqa: E501
@@ -42,12 +42,13 @@ UNSCHEDULABLE = "Unschedulable"
 COUNTED_REASONS = frozenset({OOM, *START_REASONS})
 WAITS_SAID_AFTER_S = 10.0  # pod age before Unschedulable is said (it is often a moment's)
 COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
-# How container runtimes say that the program to run is missing or cannot be run.
-_COMMAND_MISSING = re.compile(
-    r"not found|no such file or directory|permission denied|not executable", re.IGNORECASE
+# How runc and crun say that the program to run is missing or cannot be run (not found, no
+# such file, permission denied, exec format error), naming it; a mount's or a cgroup's trouble
+# is no missing command.
+_COMMAND_FAILED = re.compile(
+    r'exec: "(?P<exec>[^"]+)"|"(?P<path>[^"]+)": executable file not found|exec format error'
 )
 _CLAIM_MISSING = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
-_COMMAND_NAMED = re.compile(r'exec: "([^"]+)"|exec format error|"([^"]+)": executable file')
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,9 @@ def memory_limit(spec: DDPJobSpec) -> str:
 
 def _command_of(message: str, spec: DDPJobSpec, exit_code: int | None) -> str:
     """The command as the runtime reported it, else as the spec has it."""
-    named = _COMMAND_NAMED.search(message)
-    if named and (named.group(1) or named.group(2)):
-        return named.group(1) or named.group(2)
+    named = _COMMAND_FAILED.search(message)
+    if named and (named["exec"] or named["path"]):
+        return str(named["exec"] or named["path"])
     if spec.command:
         return spec.command[0]
     return "the bundled trainer" if exit_code is None else f"the command (exit code {exit_code})"
@@ -128,7 +129,7 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
     if p.reason in IMAGE_REASONS:
         return Finding("ImagePullFailed", image, Outcome.DEADLINE, p.message)
     start = p.reason in START_REASONS or p.reason in ("CreateContainerError", "RunContainerError")
-    if (start and _COMMAND_MISSING.search(p.message)) or pod.exit_code in COMMAND_EXIT_CODES:
+    if (start and _COMMAND_FAILED.search(p.message)) or pod.exit_code in COMMAND_EXIT_CODES:
         command = _command_of(p.message, spec, pod.exit_code)
         return Finding("CommandNotFound", command, Outcome.FAILS, p.message)
     if p.reason in CONFIG_REASONS:

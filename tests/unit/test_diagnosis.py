@@ -156,6 +156,16 @@ CASES = {
         (0, "Failed", ended("StartError", 128, "cgroup: device busy"), None, {}),
         ("StartError", "j-node-0 could not start (exit code 128): StartError: cgroup", "counted"),
     ),
+    "runtime could not mount": (
+        (
+            0,
+            "Failed",
+            ended("StartError", 128, "error mounting /ckpt: permission denied"),
+            None,
+            {},
+        ),
+        ("StartError", "could not start (exit code 128): StartError: error mounting", "counted"),
+    ),
     "no machine has the cpu": (
         (0, "Pending", None, ("Unschedulable", "0/3 nodes are available: 3 Insufficient cpu."), {}),
         (
