@@ -89,8 +89,9 @@ def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
     assert "step 66/66" in progress[-1]
     results = out[out.index("== 4/4") :]
     table = results.splitlines()[1:3]
-    assert table[0].split()[:6] == ["NAME", "PHASE", "READY", "EPOCH", "STEP", "LOSS"], table
-    assert table[1].split()[:2] == ["digits", "Succeeded"], table
+    header = ["NAME", "PHASE", "READY", "REASON", "EPOCH", "STEP", "LOSS"]
+    assert table[0].split()[:7] == header, table
+    assert table[1].split()[:4] == ["digits", "Succeeded", "0/2", "Completed"], table
     assert f"test accuracy {end['testAccuracy']:.3f}" in results
     assert manifest["latest"] in results and "loss curve:" in results
     assert "tearing down" in results

@@ -547,6 +547,15 @@ class DDPJobSpec(_Model):
         description="Seconds after the job starts before it is stopped and Failed, whatever"
         " its progress. At least 1; default: no deadline.",
     )
+    startup_deadline_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="Seconds a pod may show a problem that retrying does not fix (an image"
+        " that cannot be pulled, a missing PersistentVolumeClaim, a container config error),"
+        " counted from the pod's creation, before the job is Failed with that reason. A pod"
+        " no machine can take yet (Unschedulable) only waits, and says so. At least 1;"
+        " default: 300.",
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
         ge=0,
@@ -646,6 +655,11 @@ class DDPJobStatus(_Model):
         default=None,
         description="Pending, Running, Scaling, Restarting, Succeeded, Failed, Suspended, or"
         " Queued (waiting for Kueue to admit the job).",
+    )
+    reason: str | None = Field(
+        default=None,
+        description="The reason of the current phase's condition, e.g. ImagePullFailed,"
+        " Unschedulable or BackoffLimitExceeded (docs/api.md lists them, with what to do).",
     )
     conditions: list[Condition] | None = Field(
         default=None,

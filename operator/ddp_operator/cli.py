@@ -158,7 +158,8 @@ def _watch(args: argparse.Namespace) -> int:
     view.close()
     start, end = parse_rfc3339(status.start_time), parse_rfc3339(status.completion_time)
     took = f" in {(end - start).total_seconds():.0f}s" if start and end else ""
-    print(f"ddpjob {args.job} {status.phase}{took}")
+    why = f": {status.reason}" if status.phase == "Failed" and status.reason else ""
+    print(f"ddpjob {args.job} {status.phase}{took}{why}")
     code = exit_code(status.phase)
     return EXIT_ERROR if code is None else code
 

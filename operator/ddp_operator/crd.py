@@ -24,6 +24,7 @@ _ORDER = ("description", "type", "format", "default", "enum", "minimum", "maximu
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},

@@ -51,14 +51,26 @@ def progress_line(progress: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+def said(status: Mapping[str, Any]) -> tuple[str, str]:
+    """(reason, message) of the condition of the job's current phase."""
+    phase = status.get("phase")
+    for c in status.get("conditions") or []:
+        if c.get("type") == phase and c.get("status") == "True":
+            return c.get("reason") or "", c.get("message") or ""
+    return "", ""
+
+
 class LiveView:
     """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
-    progress line when what it shows of ``status.progress`` changes (a report that changes
-    only ``updatedAt`` or ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
+    reason line when the reason or message of the phase's condition changes within a phase
+    (``reason ImagePullFailed: ...``), a progress line when what it shows of
+    ``status.progress`` changes (a report that changes only ``updatedAt`` or
+    ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
 
     def __init__(self, write: Callable[[str], None], tty: bool = False, indent: str = "  "):
         self.write, self.tty, self.indent = write, tty, indent
         self.phase: str | None = None
+        self.said: tuple[str, str] = ("", "")  # the phase's reason and message shown
         self.shown: str | None = None  # the last progress line
         self.lines = 0  # progress lines shown
         self._open = False  # a TTY line waiting for its newline
@@ -70,18 +82,16 @@ class LiveView:
 
     def __call__(self, status: Mapping[str, Any]) -> None:
         phase = status.get("phase")
+        reason, message = now = said(status)
         if phase and phase != self.phase:
             self._end_line()
-            reason = next(
-                (
-                    c.get("message") or c.get("reason")
-                    for c in status.get("conditions") or []
-                    if c.get("type") == phase and c.get("status") == "True"
-                ),
-                None,
-            )
-            self.write(f"{self.indent}phase {phase}" + (f": {reason}" if reason else "") + "\n")
-            self.phase = phase
+            text = message or reason
+            self.write(f"{self.indent}phase {phase}" + (f": {text}" if text else "") + "\n")
+            self.phase, self.said = phase, now
+        elif phase and now != self.said and reason:
+            self._end_line()
+            self.write(f"{self.indent}reason {reason}" + (f": {message}" if message else "") + "\n")
+            self.said = now
         progress = status.get("progress") or {}
         line = progress_line(progress) if progress else None
         if line and line != self.shown:  # a new report that shows nothing new is no new line

@@ -38,6 +38,13 @@ The end of a job: once any node pod exits 0 (its torchrun finished training), th
 complete. Missing node pods are not recreated and the others' failures are not counted; the
 pods still running get ``completion_grace_s`` (from the first success's ``finishedAt``) to
 finish, then are deleted; the job Succeeds, its message naming the nodes that did not finish.
+
+What stops a pod (an image that cannot be pulled, a missing claim, no machine that fits, a
+missing command, the OOM killer) is read by :mod:`ddp_operator.diagnosis`; while pods show it,
+its reason and message replace those of the phase (one Event when the reason changes), and what
+cannot heal fails the job: a missing command at once, the others once a pod showing it is older
+than ``spec.startupDeadlineSeconds``. An OOM kill is a failure like any other, named while the
+job restarts.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from typing import Any
 
 from ddp_trainer.contract import parse_rfc3339, rfc3339
 
-from . import queueing, render, reports
+from . import diagnosis, queueing, render, reports
 from .api import DDPJob, DDPJobPhase, RestartPolicy
 
 TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
@@ -82,6 +89,7 @@ class PodView:
     finished: str = ""  # the container's terminated.finishedAt (RFC 3339), once it ended
     disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
     machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
+    problem: diagnosis.PodProblem | None = None  # what its status says stops it
 
     @property
     def done(self) -> bool:
@@ -120,6 +128,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
         finished=finished,
         disrupted=disrupted,
         machine=(pod.get("spec") or {}).get("nodeName") or "",
+        problem=diagnosis.read(pod),
     )
 
 
@@ -225,6 +234,7 @@ class _State:
     handled: list[str] = field(default_factory=list)
     restarts: int = 0
     admitted: dict[str, Any] | None = None  # the Admitted condition, for a job Kueue queues
+    cause: tuple[str, str] | None = None  # (reason, message) of a failure counted now
 
     @property
     def name(self) -> str:
@@ -257,7 +267,7 @@ class _State:
         """The plan with its status: ``phase`` None keeps the previous phase and conditions."""
         new, desired = self.new, self.job.spec.nodes
         if phase is not None:
-            new["phase"] = phase
+            new["phase"], new["reason"] = phase, reason
             previous = self.status.get("conditions") or []
             if self.admitted is None:
                 new["conditions"] = conditions(previous, phase, reason, message, ts(self.now))
@@ -355,7 +365,16 @@ def plan(
     failed = _failures(st)
     if failed is not None:
         return failed
-    converged = _converge(st, prev_phase, cfg, backoff_base_s)
+    alive = [x for x in st.live if not x.done]
+    found = diagnosis.diagnose(alive, job.spec, now)
+    settled = diagnosis.settled_in(alive, job.spec, now)
+    if settled is not None:
+        st.plan.requeue(settled)
+    if found is not None and found.fails_in is not None:
+        if found.fails_in <= 0:
+            return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
+        st.plan.requeue(found.fails_in)
+    converged = _converge(st, prev_phase, cfg, backoff_base_s, found)
     if lost:  # the condition names the machine; _converge saw the pod still there
         return st.result(DDPJobPhase.RESTARTING, "NodeLost", lost)
     return converged
@@ -572,11 +591,16 @@ def _new_failures(st: _State) -> list[tuple[PodView, bool]]:
     return new
 
 
-def _what(x: PodView, failed: bool) -> str:
+def _what(x: PodView, failed: bool, found: diagnosis.Finding | None = None) -> str:
     if x.disrupted:
         return f"was disrupted ({DISRUPTION_TARGET}: {x.disrupted})"
     if not failed:
         return "was deleted while running"
+    code = "" if x.exit_code is None else f" (exit code {x.exit_code})"
+    if found is not None and found.reason == diagnosis.OOM:
+        return f"failed{code}: {diagnosis.message(found, [x])}"
+    if found is not None and x.problem is not None:
+        return f"could not start{code}: {x.problem.reason}: {x.problem.message}"
     if x.exit_code is not None:
         return f"failed with exit code {x.exit_code}"
     return f"failed ({x.reason or 'no exit code'})"
@@ -634,7 +658,12 @@ def _failures(st: _State) -> Plan | None:
     last = last_counted(st.status)
     for x, failed in _new_failures(st):
         st.handled.append(x.uid)
-        what = _what(x, failed)
+        found = diagnosis.finding(x, s) if failed and not x.disrupted else None
+        if found is not None and found.outcome == diagnosis.Outcome.FAILS:
+            return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
+        what = _what(x, failed, found)
+        if found is not None and found.outcome == diagnosis.Outcome.COUNTED:
+            st.cause = (found.reason, f"{x.name} {what}")
         if x.disrupted and x.role == render.ROLE_WORKER:
             if failed:
                 st.delete([x])
@@ -688,9 +717,14 @@ def _all_present(workers: list[PodView], nodes: int) -> bool:
 
 
 def _converge(
-    st: _State, prev_phase: str, cfg: render.OperatorConfig, backoff_base_s: float
+    st: _State,
+    prev_phase: str,
+    cfg: render.OperatorConfig,
+    backoff_base_s: float,
+    found: diagnosis.Diagnosis | None,
 ) -> Plan:
-    """Creates what is missing (after any backoff), removes what is beyond spec.nodes."""
+    """Creates what is missing (after any backoff), removes what is beyond spec.nodes; says
+    what ``found`` is while pods show it."""
     s, p, workers = st.job.spec, st.plan, st.workers
     p.create += render.render_services(st.job)
     last_failure = parse_ts(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
@@ -730,6 +764,12 @@ def _converge(
         message = f"restart {st.restarts} of backoffLimit {s.backoff_limit}"
         if wait > 0:
             message += f"; recreating in {wait:.0f}s"
+        if st.cause is not None:  # a failure with a diagnosis (OOMKilled) is named
+            reason, message = st.cause[0], f"{st.cause[1]}; {message}"
+        elif "lastFailureTime" not in st.new:  # still restarting: what was said stays
+            said = _condition(st.status, DDPJobPhase.RESTARTING)
+            if said.get("reason") in diagnosis.COUNTED_REASONS:
+                reason, message = said["reason"], said.get("message") or message
     elif len(running) == s.nodes and not extra:
         phase, reason, message = DDPJobPhase.RUNNING, "AllNodesRunning", f"{target} running"
     elif prev_phase == DDPJobPhase.RUNNING and _all_present(workers, s.nodes) and not extra:
@@ -740,4 +780,12 @@ def _converge(
         phase, reason, message = DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
     else:
         phase, reason, message = DDPJobPhase.PENDING, "WaitingForNodes", f"starting {target}"
+    if found is not None:
+        reason, message = found.reason, found.message
+        if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
+            p.warn(found.reason, message)
     return st.result(phase, reason, message)
+
+
+def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})

@@ -69,6 +69,7 @@ def invalid_spec(
         stamp = planner.ts(now)
         p.status = {
             "phase": "Failed",
+            "reason": "InvalidSpec",
             "completionTime": stamp,
             "conditions": planner.conditions(
                 status.get("conditions") or [], "Failed", "InvalidSpec", text, stamp

@@ -180,6 +180,8 @@ def test_watch_shows_progress_and_phases_and_exits_0_on_succeeded(
     ns.end(name, 2, 0)
     code, rest, err = watch.rest()
     assert code == 0, err
+    # One node may be seen done before the other: a reason line of its own, within Running.
+    rest = [x for x in rest if x != "reason NodesCompleting: a node finished; waiting for the rest"]
     assert rest[0] == "phase Succeeded: all 2 nodes exited 0"
     assert rest[1].startswith(f"ddpjob {name} Succeeded in ") and len(rest) == 2
 
@@ -198,6 +200,7 @@ def test_watch_exits_1_when_the_job_fails_and_the_client_waits_with_a_timeout(
     out, err = watch.communicate(timeout=60)
     assert watch.returncode == 1, (out, err)
     assert "phase Failed" in out and out.splitlines()[-1].startswith(f"ddpjob {name} Failed")
+    assert out.splitlines()[-1].endswith(": PodFailed")  # the reason, as status.reason says
     assert ns.client.wait(name, timeout_s=5).phase == "Failed"
 
 

@@ -153,6 +153,14 @@ class Cluster:
             timeout_s,
         )
 
+    def reason(self, job: str, reason: str, timeout_s: float = 30) -> dict[str, Any]:
+        """Waits until ``status.reason`` (the reason of the phase's condition) is ``reason``."""
+        return self.until(
+            f"{job} saying {reason}",
+            lambda: ((s := self.status(job)).get("reason") == reason and s) or None,
+            timeout_s,
+        )
+
     def running(self, job: str, nodes: int) -> dict[str, Any]:
         return self.until(
             f"{job} Running with {nodes} ready nodes",
@@ -511,6 +519,81 @@ def test_an_operator_killed_mid_creation_converges_without_duplicates(
     assert sorted(after) == sorted([*(f"big-node-{i}" for i in range(nodes)), "big-rdzv"])
     assert all(after[n] == uid for n, uid in before.items())  # none recreated or duplicated
     assert status["restarts"] == 0
+
+
+def _condition(status: dict[str, Any]) -> dict[str, Any]:
+    """The condition of the job's phase; ``status.reason`` is its reason."""
+    cond = next(x for x in status["conditions"] if x["type"] == status["phase"])
+    assert cond["status"] == "True" and status["reason"] == cond["reason"]
+    return dict(cond)
+
+
+def test_a_job_that_cannot_start_says_why_and_what_cannot_heal_fails(c: Cluster) -> None:
+    """Pod statuses as a kubelet and the scheduler write them: the scheduler's own for a
+    missing claim; a kubelet's, patched in (kwok plays only Running and the end), for an
+    image that cannot be pulled and a command that does not exist."""
+    nowhere = {"volume": {"persistentVolumeClaim": {"claimName": "nope"}}}
+    c.apply("noclaim", {"nodes": 2, "startupDeadlineSeconds": 10, "checkpoint": nowhere})
+    c.apply("noimage", {"nodes": 1})
+    c.apply("nocmd", {"nodes": 1, "command": ["/no/such/binary"]})
+    c.running("noimage", 1)
+    c.running("nocmd", 1)
+
+    def kubelet(pod: str, phase: str, state: dict[str, Any]) -> None:
+        ready = "True" if phase == "Running" else "False"
+        patch = {
+            "status": {
+                "phase": phase,
+                "conditions": [{"type": "Ready", "status": ready}],
+                "containerStatuses": [
+                    {"name": "trainer", "image": "trainer:test", "imageID": "", "ready": False,
+                     "restartCount": 0, "state": state},
+                ],
+            }
+        }  # fmt: skip
+        c.k("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+
+    back_off = 'Back-off pulling image "trainer:test": ErrImagePull: not found'
+    kubelet(
+        "noimage-node-0",
+        "Pending",
+        {"waiting": {"reason": "ImagePullBackOff", "message": back_off}},
+    )
+    no_binary = 'exec: "/no/such/binary": stat /no/such/binary: no such file or directory'
+    ended = {"reason": "StartError", "exitCode": 128, "message": no_binary}
+    kubelet("nocmd-node-0", "Failed", {"terminated": ended})
+
+    # A missing command cannot heal: Failed at once, naming it, no restart spent.
+    failed = _condition(c.phase("nocmd", "Failed"))
+    assert failed["reason"] == "CommandNotFound"
+    assert "nocmd-node-0 cannot run /no/such/binary: exec:" in failed["message"]
+    assert c.status("nocmd")["restarts"] == 0
+
+    # An image that cannot be pulled: said within the minute, once; it heals when it pulls.
+    pull = c.reason("noimage", "ImagePullFailed")
+    cond = _condition(pull)
+    assert pull["phase"] == "Running"  # it was; the reason says what goes wrong now
+    assert f"noimage-node-0 cannot pull image trainer:test: {back_off}" in cond["message"]
+    assert "startupDeadlineSeconds" in cond["message"]
+    kubelet("noimage-node-0", "Running", {"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    c.reason("noimage", "AllNodesRunning")
+    assert [r for _, r, _ in c.events("noimage")].count("ImagePullFailed") == 1
+
+    # A missing claim: pods Pending as the scheduler leaves them; Failed past the deadline.
+    waiting = c.reason("noclaim", "ClaimNotFound")
+    assert waiting["phase"] == "Pending"
+    said = _condition(waiting)["message"]
+    assert (
+        "noclaim-node-0 and noclaim-node-1 cannot be scheduled: persistentvolumeclaim 'nope'"
+        in said
+    )
+    header, row = c.k("get", "ddpj", "noclaim").splitlines()[:2]
+    assert dict(zip(header.split(), row.split(), strict=False))["REASON"] == "ClaimNotFound"
+    failed = _condition(c.phase("noclaim", "Failed", timeout_s=30))
+    assert failed["reason"] == "ClaimNotFound"
+    assert "lasted past spec.startupDeadlineSeconds (10s)" in failed["message"]
+    c.until("its pods removed", lambda: not c.pods("ddp.dev/job-name=noclaim") or None)
+    assert [r for _, r, _ in c.events("noclaim")].count("ClaimNotFound") == 2  # said, failed
 
 
 def scrape(op: OperatorProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

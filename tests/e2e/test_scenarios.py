@@ -9,12 +9,16 @@ job at a known step (``holdAtSteps``).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
+from typing import Any
 
 import pytest
+import yaml
 from e2e_scenario import Scenario, holding_at, resumed_at, resumes
 
+from ddp_devcluster.stack import EXAMPLES
 from ddp_trainer.progress import read_metrics
 
 pytestmark = pytest.mark.e2e
@@ -179,3 +183,75 @@ def test_a_users_own_torchrun_script_from_a_configmap_succeeds(sc: Scenario) -> 
     logs = "\n".join(sc.logs(p) for p in pods)
     assert "step 200/200" in logs and "world 2" in logs
     assert (sc.claim("own-script-checkpoints") / "own-script.pt").is_file()
+
+
+def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -> None:
+    """Five broken jobs at once, each a digits job with one thing wrong: they are said apart,
+    each by the reason the kubelet, the runtime or the scheduler gave for its own pods."""
+    image = "127.0.0.1:1/ddp-operator/no-such-image:9.9"  # a registry that refuses at once
+    small = {"requests": {"cpu": "100m", "memory": "64Mi"}}
+    broken: dict[str, dict[str, Any]] = {
+        "noimage": {"image": image, "startupDeadlineSeconds": 20, "resources": small},
+        "noclaim": {"startupDeadlineSeconds": 20, "resources": small},
+        "toobig": {"resources": {"requests": {"cpu": "1000"}}},
+        "oom": {"resources": {**small, "limits": {"memory": "64Mi"}}, "backoffLimit": 0},
+        "nocmd": {"command": ["/no/such/binary"], "trainer": None, "resources": small},
+    }
+    examples = [d for d in yaml.safe_load_all((EXAMPLES / "digits.yaml").read_text()) if d]
+    jobs = []
+    for name, change in broken.items():
+        job = copy.deepcopy(examples[0])
+        job["metadata"]["name"] = name
+        job["spec"].update(nodes=1, **change)
+        job["spec"] = {k: v for k, v in job["spec"].items() if v is not None}
+        if name == "noclaim":
+            job["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = "nope"
+        jobs.append(job)
+    sc.apply("checkpoint-pvc.yaml")
+    sc.k("apply", "-f", "-", input=yaml.safe_dump_all(jobs))
+
+    def failed(job: str) -> dict[str, Any] | None:
+        """The Failed condition, once the job failed (status.reason is its reason)."""
+        st = sc.status(job)
+        if st.get("phase") != "Failed":
+            return None
+        cond = next(c for c in st["conditions"] if c["type"] == "Failed")
+        assert st["reason"] == cond["reason"]
+        return dict(cond)
+
+    def unschedulable() -> dict[str, Any] | None:
+        st = sc.status("toobig")
+        return st if st.get("reason") == "Unschedulable" else None
+
+    toobig = sc.until("toobig Unschedulable", unschedulable, timeout_s=60)
+    cond = next(c for c in toobig["conditions"] if c["type"] == "Pending")
+    assert "no machine can take toobig-node-0 yet" in cond["message"]
+    assert "Insufficient cpu" in cond["message"]
+    print(sc.k("get", "ddpj"), flush=True)  # what a user sees meanwhile
+    sc.k("delete", "ddpjob", "toobig", "--wait=false")  # it would wait for ever (by design)
+
+    nocmd = sc.until("nocmd Failed", lambda: failed("nocmd"), timeout_s=60)
+    assert nocmd["reason"] == "CommandNotFound"
+    assert "nocmd-node-0 cannot run /no/such/binary" in nocmd["message"]
+
+    oom = sc.until("oom Failed", lambda: failed("oom"), timeout_s=120)
+    assert oom["reason"] == "BackoffLimitExceeded"
+    assert oom["message"].startswith("oom-node-0 failed (exit code")
+    assert "OOMKilled: raise spec.resources.limits.memory (now 64Mi)" in oom["message"]
+
+    noimage = sc.until("noimage Failed", lambda: failed("noimage"), timeout_s=90)
+    assert noimage["reason"] == "ImagePullFailed"
+    # The store's pull may still be queued behind node-0's (the kubelet pulls one at a time).
+    assert noimage["message"].startswith("noimage-node-0")
+    assert f"cannot pull image {image}: " in noimage["message"]
+    assert "startupDeadlineSeconds (20s)" in noimage["message"]
+
+    noclaim = sc.until("noclaim Failed", lambda: failed("noclaim"), timeout_s=90)
+    assert noclaim["reason"] == "ClaimNotFound"
+    assert (
+        "noclaim-node-0 cannot be scheduled: persistentvolumeclaim 'nope'" in (noclaim["message"])
+    )
+    print(sc.k("get", "ddpj"), flush=True)
+    events = sc.k("get", "events", "--field-selector", "involvedObject.kind=DDPJob")
+    for reason in ("Unschedulable", "CommandNotFound", "ImagePullFailed", "ClaimNotFound"):
+        assert reason in events

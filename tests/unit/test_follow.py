@@ -39,6 +39,9 @@ def test_progress_line_and_live_view_come_from_status_progress() -> None:
     out: list[str] = []
     view = LiveView(out.append)
     view({"phase": "Pending"})
+    pull = {"type": "Pending", "status": "True", "reason": "ImagePullFailed", "message": "x: y"}
+    view({"phase": "Pending", "conditions": [pull]})
+    view({"phase": "Pending", "conditions": [pull]})  # no change
     view({"phase": "Running", "progress": progress})
     view({"phase": "Running", "progress": {**progress, "updatedAt": "later"}})  # no change
     view({"phase": "Running", "progress": {**progress, "step": 34}})
@@ -46,6 +49,7 @@ def test_progress_line_and_live_view_come_from_status_progress() -> None:
     view({"phase": "Succeeded", "progress": {**progress, "step": 34}, "conditions": [ok]})
     assert [x.split("]")[0] if x.startswith("  [") else x for x in out] == [
         "  phase Pending\n",
+        "  reason ImagePullFailed: x: y\n",
         "  phase Running\n",
         "  [" + "#" * 15 + "-" * 15,
         "  [" + "#" * 15 + "-" * 15,

@@ -1,0 +1,258 @@
+"""Why a job's pods cannot start or run, read from their statuses: pure, like the planner that
+uses it. The kubelet's and the scheduler's reasons become one DDPJob reason, with a message
+that names the pods, what is wrong (image, claim, command, capacity, memory) and the fix.
+
+| pod status | DDPJob reason | outcome |
+|---|---|---|
+| waiting ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName | ImagePullFailed | fails after startupDeadlineSeconds |
+| PodScheduled False: ``persistentvolumeclaim "x" not found`` | ClaimNotFound | fails after startupDeadlineSeconds |
+| waiting CreateContainerConfigError, CreateContainerError, RunContainerError | ContainerConfigError | fails after startupDeadlineSeconds |
+| terminated StartError/ContainerCannotRun (or waiting as above) that could not exec the command; exit 126/127 | CommandNotFound | fails at once |
+| PodScheduled False, any other message (cpu, memory, taint, selector, unbound claim) | Unschedulable | waits (an autoscaler may add a machine) |
+| terminated OOMKilled | OOMKilled | a pod failure: spends backoffLimit |
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from ddp_trainer.contract import parse_rfc3339
+
+from . import render
+from .api import DDPJobSpec
+
+if TYPE_CHECKING:
+    from .plan import PodView
+
+IMAGE_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+)
+CONFIG_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
+OOM = "OOMKilled"
+UNSCHEDULABLE = "Unschedulable"
+# Reasons of failures that are counted like any other, named while the job restarts.
+COUNTED_REASONS = frozenset({OOM, *START_REASONS})
+WAITS_SAID_AFTER_S = 10.0  # pod age before Unschedulable is said (it is often a moment's)
+COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
+# How runc and crun say that the program to run is missing or cannot be run (not found, no
+# such file, permission denied, exec format error), naming it; a mount's or a cgroup's trouble
+# is no missing command.
+_COMMAND_FAILED = re.compile(
+    r'exec: "(?P<exec>[^"]+)"|"(?P<path>[^"]+)": executable file not found|exec format error'
+)
+_CLAIM_MISSING = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """What a pod's status says stops it: a container's waiting or terminated reason, or the
+    scheduler's (PodScheduled False), with its message and the container's image."""
+
+    reason: str
+    message: str = ""
+    image: str = ""
+    scheduler: bool = False  # the scheduler's (not placed yet), not a container's
+
+
+def read(pod: Mapping[str, Any]) -> PodProblem | None:
+    """The problem a pod body shows, if any (a part of :func:`ddp_operator.plan.view`)."""
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") not in (render.CONTAINER, render.STORE_CONTAINER):
+            continue
+        image = cs.get("image") or ""
+        state = cs.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in IMAGE_REASONS | CONFIG_REASONS:
+            return PodProblem(waiting["reason"], waiting.get("message") or "", image)
+        # The store restarts in place (restartPolicy Always): its last end counts too.
+        term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+        reason = term.get("reason") or ""
+        if reason in START_REASONS or reason == OOM or term.get("exitCode") in COMMAND_EXIT_CODES:
+            message = term.get("message") or f"exit code {term.get('exitCode')}"
+            return PodProblem(reason or "Error", message, image)
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            reason = c.get("reason") or UNSCHEDULABLE
+            return PodProblem(reason, c.get("message") or "", scheduler=True)
+    return None
+
+
+class Outcome(StrEnum):
+    """What a problem does to the job."""
+
+    FAILS = "fails"  # at once: retrying cannot help
+    DEADLINE = "deadline"  # once a pod showing it is older than spec.startupDeadlineSeconds
+    WAITS = "waits"  # never by itself: it may heal (activeDeadlineSeconds still applies)
+    COUNTED = "counted"  # a failed pod like any other: recreated, spending backoffLimit
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pod's problem, as the DDPJob says it."""
+
+    reason: str  # the DDPJob's condition reason
+    culprit: str  # what is wrong, as it is named in the message
+    outcome: Outcome
+    detail: str  # the kubelet's, runtime's or scheduler's own words
+
+
+def memory_limit(spec: DDPJobSpec) -> str:
+    limits = (spec.resources.limits if spec.resources else None) or {}
+    return str(limits["memory"]) if "memory" in limits else "unset"
+
+
+def _command_of(message: str, spec: DDPJobSpec, exit_code: int | None) -> str:
+    """The command as the runtime reported it, else as the spec has it."""
+    named = _COMMAND_FAILED.search(message)
+    if named and (named["exec"] or named["path"]):
+        return str(named["exec"] or named["path"])
+    if spec.command:
+        return spec.command[0]
+    return "the bundled trainer" if exit_code is None else f"the command (exit code {exit_code})"
+
+
+def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
+    """What ``pod``'s problem means for the job; None when it shows none."""
+    p = pod.problem
+    if p is None:
+        return None
+    image = p.image or spec.image or "the image"
+    if p.reason in IMAGE_REASONS:
+        return Finding("ImagePullFailed", image, Outcome.DEADLINE, p.message)
+    start = p.reason in START_REASONS or p.reason in ("CreateContainerError", "RunContainerError")
+    if (start and _COMMAND_FAILED.search(p.message)) or pod.exit_code in COMMAND_EXIT_CODES:
+        command = _command_of(p.message, spec, pod.exit_code)
+        return Finding("CommandNotFound", command, Outcome.FAILS, p.message)
+    if p.reason in CONFIG_REASONS:
+        return Finding("ContainerConfigError", p.reason, Outcome.DEADLINE, p.message)
+    if p.reason == OOM:
+        return Finding(OOM, memory_limit(spec), Outcome.COUNTED, p.message)
+    if p.reason in START_REASONS:
+        return Finding(p.reason, p.reason, Outcome.COUNTED, p.message)
+    if not p.scheduler:
+        return None
+    claim = _CLAIM_MISSING.search(p.message)
+    if claim:
+        return Finding("ClaimNotFound", claim.group(1), Outcome.DEADLINE, p.message)
+    return Finding(UNSCHEDULABLE, p.reason, Outcome.WAITS, p.message)
+
+
+def pod_names(pods: Iterable[PodView]) -> str:
+    """``j-node-0, j-node-1 and the store j-rdzv``: node pods by index, the store last."""
+    pods = sorted(pods, key=lambda x: (x.role == render.ROLE_STORE, x.index))
+    names = [f"the store {x.name}" if x.role == render.ROLE_STORE else x.name for x in pods]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def message(f: Finding, pods: Iterable[PodView]) -> str:
+    """What the condition and the Event say: the pods, the culprit, the fix."""
+    who, why = pod_names(pods), f.detail
+    if f.reason == "ImagePullFailed":
+        return (
+            f"{who} cannot pull image {f.culprit}: {why}; check spec.image (and"
+            " spec.template.imagePullSecrets for a private registry)"
+        )
+    if f.reason == "ClaimNotFound":
+        return (
+            f"{who} cannot be scheduled: persistentvolumeclaim {f.culprit!r} not found; create"
+            " it in the job's namespace, or fix spec.checkpoint.volume or spec.template.volumes"
+        )
+    if f.reason == "ContainerConfigError":
+        return (
+            f"{who} cannot create the container ({f.culprit}): {why}; fix spec.template (env,"
+            " volumes, volumeMounts) or create what it names"
+        )
+    if f.reason == "CommandNotFound":
+        return f"{who} cannot run {f.culprit}: {why}; fix spec.command, or use an image that has it"
+    if f.reason == OOM:
+        return f"OOMKilled: raise spec.resources.limits.memory (now {f.culprit})"
+    if f.reason == UNSCHEDULABLE:
+        return (
+            f"no machine can take {who} yet ({f.culprit}): {why}; waiting for one (a cluster"
+            " autoscaler may add it); or lower spec.resources.requests, or fix"
+            " spec.template.nodeSelector, tolerations or affinity"
+        )
+    return f"{who} could not start ({f.reason}): {why}"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The job's one problem to show: its reason, message, and when it fails the job."""
+
+    reason: str
+    said: str  # what is wrong and the fix
+    fails_in: float | None  # seconds until it fails the job (<= 0: now); None: it waits
+    deadline: int | None = None  # spec.startupDeadlineSeconds, for a problem that waits for it
+
+    @property
+    def message(self) -> str:
+        """While the job waits."""
+        if self.deadline is None:
+            return self.said
+        return (
+            f"{self.said}; the job fails if a pod still shows this {self.deadline}s after its"
+            " creation (spec.startupDeadlineSeconds)"
+        )
+
+    @property
+    def failed(self) -> str:
+        """When it fails the job."""
+        if self.deadline is None:
+            return self.said
+        return f"{self.said}; failed: it lasted past spec.startupDeadlineSeconds ({self.deadline}s)"
+
+
+_RANK = {Outcome.FAILS: 0, Outcome.DEADLINE: 1, Outcome.WAITS: 2}
+
+
+def _age(pod: PodView, now: dt.datetime) -> float | None:
+    created = parse_rfc3339(pod.created)
+    return None if created is None else (now - created).total_seconds()
+
+
+def _settling(f: Finding, pod: PodView, now: dt.datetime) -> bool:
+    """A pod too young to call unschedulable: a claim made by the same `kubectl apply` is
+    unbound for a moment, and the scheduler says so."""
+    age = _age(pod, now)
+    return f.outcome == Outcome.WAITS and age is not None and age < WAITS_SAID_AFTER_S
+
+
+def diagnose(pods: Iterable[PodView], spec: DDPJobSpec, now: dt.datetime) -> Diagnosis | None:
+    """The most serious problem that live pods show (what fails the job first), with every pod
+    that shows the same; None when they show none. Failed pods are the planner's to count."""
+    groups: dict[tuple[str, str, Outcome], tuple[Finding, list[PodView]]] = {}
+    for x in pods:
+        f = finding(x, spec)
+        if f is not None and f.outcome != Outcome.COUNTED and not _settling(f, x, now):
+            # Pods with the same problem group together, whatever their kubelet's words.
+            groups.setdefault((f.reason, f.culprit, f.outcome), (f, []))[1].append(x)
+    if not groups:
+        return None
+    first, shown = min(groups.values(), key=lambda g: (_RANK[g[0].outcome], g[0].reason))
+    said = message(first, shown)
+    if first.outcome == Outcome.WAITS:
+        return Diagnosis(first.reason, said, None)
+    if first.outcome == Outcome.FAILS:
+        return Diagnosis(first.reason, said, 0.0)
+    deadline = spec.startup_deadline_seconds
+    age = max((a for a in (_age(x, now) for x in shown) if a is not None), default=0.0)
+    return Diagnosis(first.reason, said, deadline - age, deadline)
+
+
+def settled_in(pods: Iterable[PodView], spec: DDPJobSpec, now: dt.datetime) -> float | None:
+    """Seconds until a pod that :func:`diagnose` leaves unsaid for its youth may be said."""
+    waits = [
+        WAITS_SAID_AFTER_S - (_age(x, now) or 0.0)
+        for x in pods
+        if (f := finding(x, spec)) is not None and _settling(f, x, now)
+    ]
+    return min(waits, default=None)

@@ -1,0 +1,300 @@
+"""A job that cannot run says why: pod statuses, as the API shows them, to the job's reason."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from ddp_operator import plan as planner
+from ddp_operator import render
+from ddp_operator.api import DDPJob
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+CFG = render.OperatorConfig(default_image="trainer:test")
+YOUNG = "2026-01-01T11:59:50Z"  # 10 s before NOW
+OLD = "2026-01-01T11:50:00Z"  # 600 s before NOW: past the default startupDeadlineSeconds (300)
+IMAGE = "ghcr.io/x/y:9.9"
+NO_BINARY = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed:"
+    ' runc create failed: unable to start container process: exec: "/no/such/binary": stat'
+    " /no/such/binary: no such file or directory: unknown"
+)
+NO_CLAIM = (
+    '0/1 nodes are available: persistentvolumeclaim "ckpt" not found. preemption: 0/1 nodes are'
+    " available: 1 Preemption is not helpful for scheduling."
+)
+
+
+def job(**spec: Any) -> DDPJob:
+    return DDPJob.model_validate(
+        {
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
+            "spec": {"nodes": 2, **spec},
+        }
+    )
+
+
+def body(
+    index: int,
+    created: str,
+    phase: str = "Running",
+    state: dict[str, Any] | None = None,
+    scheduled: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod as the API returns it: node ``index`` (-1: the store)."""
+    store = index < 0
+    name = "j-rdzv" if store else render.worker_name("j", index)
+    labels = {render.LABEL_ROLE: render.ROLE_STORE if store else render.ROLE_WORKER}
+    if not store:
+        labels[render.LABEL_INDEX] = str(index)
+    status: dict[str, Any] = {"phase": phase}
+    if state is not None:
+        container = render.STORE_CONTAINER if store else render.CONTAINER
+        status["containerStatuses"] = [{"name": container, "image": IMAGE, "state": state}]
+    elif scheduled is None:
+        status["conditions"] = [{"type": "Ready", "status": "True"}]
+    if scheduled is not None:
+        reason, message = scheduled
+        status["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        ]
+    meta = {"name": name, "uid": f"uid-{name}", "labels": labels, "creationTimestamp": created}
+    return {"metadata": meta, "status": status}
+
+
+def waiting(reason: str, message: str) -> dict[str, Any]:
+    return {"waiting": {"reason": reason, "message": message}}
+
+
+def ended(reason: str, code: int, message: str = "") -> dict[str, Any]:
+    return {"terminated": {"reason": reason, "exitCode": code, "message": message}}
+
+
+# (pod index, phase, state, PodScheduled False, spec) -> (job reason, in its message, outcome):
+# fails: Failed at once; deadline: not Failed yet, then Failed once the pod is older than
+# startupDeadlineSeconds; waits: never Failed by it; counted: a restart, as for any failure.
+CASES = {
+    "image cannot be pulled": (
+        (0, "Pending", waiting("ErrImagePull", f'failed to pull "{IMAGE}": not found'), None, {}),
+        ("ImagePullFailed", f"j-node-0 cannot pull image {IMAGE}: failed to pull", "deadline"),
+    ),
+    "image pull backing off": (
+        (1, "Pending", waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"'), None, {}),
+        ("ImagePullFailed", f"j-node-1 cannot pull image {IMAGE}", "deadline"),
+    ),
+    "image never pulled": (
+        (0, "Pending", waiting("ErrImageNeverPull", "imagePullPolicy is Never"), None, {}),
+        ("ImagePullFailed", "spec.image", "deadline"),
+    ),
+    "image name invalid": (
+        (0, "Pending", waiting("InvalidImageName", "couldn't parse image name"), None, {}),
+        ("ImagePullFailed", "couldn't parse image name", "deadline"),
+    ),
+    "the store's image cannot be pulled": (
+        (-1, "Pending", waiting("ImagePullBackOff", "Back-off"), None, {}),
+        ("ImagePullFailed", f"the store j-rdzv cannot pull image {IMAGE}", "deadline"),
+    ),
+    "claim missing": (
+        (0, "Pending", None, ("Unschedulable", NO_CLAIM), {}),
+        ("ClaimNotFound", "j-node-0 cannot be scheduled: persistentvolumeclaim 'ckpt'", "deadline"),
+    ),
+    "secret missing": (
+        (0, "Pending", waiting("CreateContainerConfigError", 'secret "s" not found'), None, {}),
+        ("ContainerConfigError", "j-node-0 cannot create the container", "deadline"),
+    ),
+    "container not created": (
+        (0, "Pending", waiting("CreateContainerError", "context deadline exceeded"), None, {}),
+        ("ContainerConfigError", "CreateContainerError): context deadline exceeded", "deadline"),
+    ),
+    "command missing, the runtime retrying": (
+        (0, "Pending", waiting("RunContainerError", NO_BINARY), None, {}),
+        ("CommandNotFound", "j-node-0 cannot run /no/such/binary: failed to create", "fails"),
+    ),
+    "command missing": (
+        (0, "Failed", ended("StartError", 128, NO_BINARY), None, {"command": ["/no/such/binary"]}),
+        ("CommandNotFound", "cannot run /no/such/binary", "fails"),
+    ),
+    "command not on PATH": (
+        (
+            1,
+            "Failed",
+            ended("ContainerCannotRun", 128, 'exec: "trainx": executable file not found in $PATH'),
+            None,
+            {},
+        ),
+        ("CommandNotFound", "j-node-1 cannot run trainx", "fails"),
+    ),
+    "a shell's command not found": (
+        (0, "Failed", ended("Error", 127), None, {"command": ["sh", "-c", "trainx"]}),
+        ("CommandNotFound", "cannot run sh: exit code 127", "fails"),
+    ),
+    "a shell's not executable": (
+        (0, "Failed", ended("Error", 126), None, {}),
+        ("CommandNotFound", "cannot run the command (exit code 126)", "fails"),
+    ),
+    "out of memory, limit unset": (
+        (0, "Failed", ended("OOMKilled", 137), None, {}),
+        (
+            "OOMKilled",
+            "j-node-0 failed (exit code 137): OOMKilled: raise spec.resources.limits"
+            ".memory (now unset)",
+            "counted",
+        ),
+    ),
+    "out of memory": (
+        (1, "Failed", ended("OOMKilled", 1), None, {"resources": {"limits": {"memory": "64Mi"}}}),
+        (
+            "OOMKilled",
+            "j-node-1 failed (exit code 1): OOMKilled: raise spec.resources.limits.memory"
+            " (now 64Mi)",
+            "counted",
+        ),
+    ),
+    "runtime could not start it otherwise": (
+        (0, "Failed", ended("StartError", 128, "cgroup: device busy"), None, {}),
+        ("StartError", "j-node-0 could not start (exit code 128): StartError: cgroup", "counted"),
+    ),
+    "runtime could not mount": (
+        (
+            0,
+            "Failed",
+            ended("StartError", 128, "error mounting /ckpt: permission denied"),
+            None,
+            {},
+        ),
+        ("StartError", "could not start (exit code 128): StartError: error mounting", "counted"),
+    ),
+    "no machine has the cpu": (
+        (0, "Pending", None, ("Unschedulable", "0/3 nodes are available: 3 Insufficient cpu."), {}),
+        (
+            "Unschedulable",
+            "no machine can take j-node-0 yet (Unschedulable): 0/3 nodes are"
+            " available: 3 Insufficient cpu.; waiting",
+            "waits",
+        ),
+    ),
+    "a taint": (
+        (1, "Pending", None, ("Unschedulable", "1 node(s) had untolerated taint {gpu: }"), {}),
+        ("Unschedulable", "untolerated taint", "waits"),
+    ),
+    "a node selector": (
+        (
+            0,
+            "Pending",
+            None,
+            ("Unschedulable", "1 node(s) didn't match Pod's node affinity/selector"),
+            {},
+        ),
+        ("Unschedulable", "spec.template.nodeSelector", "waits"),
+    ),
+    "a claim not bound yet": (
+        (
+            0,
+            "Pending",
+            None,
+            ("Unschedulable", "pod has unbound immediate PersistentVolumeClaims"),
+            {},
+        ),
+        ("Unschedulable", "unbound immediate PersistentVolumeClaims", "waits"),
+    ),
+}
+
+
+def observe(pod: dict[str, Any], spec: dict[str, Any], created: str) -> planner.Plan:
+    """The job with node 0, node 1 and the store, one of them replaced by ``pod``."""
+    pod["metadata"]["creationTimestamp"] = created
+    shown = planner.view(pod)
+    others = [planner.view(body(i, created)) for i in (-1, 0, 1) if i != shown.index]
+    status = {"phase": "Pending", "startTime": OLD}
+    return planner.plan(job(**spec), status, [*others, shown], NOW, CFG)
+
+
+def said(p: planner.Plan) -> tuple[str, str, str]:
+    """(phase, reason, message) of the job's current condition, and status.reason agrees."""
+    phase = p.status["phase"]
+    cond = next(c for c in p.status["conditions"] if c["type"] == phase)
+    assert cond["status"] == "True" and p.status["reason"] == cond["reason"]
+    return phase, cond["reason"], cond["message"]
+
+
+@pytest.mark.parametrize(("pod", "expected"), list(CASES.values()), ids=list(CASES))
+def test_a_pods_problem_becomes_the_jobs_reason_and_outcome(
+    pod: tuple[int, str, dict[str, Any] | None, tuple[str, str] | None, dict[str, Any]],
+    expected: tuple[str, str, str],
+) -> None:
+    index, phase, state, scheduled, spec = pod
+    reason, named, outcome = expected
+    young = observe(body(index, YOUNG, phase, state, scheduled), spec, YOUNG)
+    old = observe(body(index, OLD, phase, state, scheduled), spec, OLD)
+    if outcome == "fails":
+        for p in (young, old):
+            assert said(p)[:2] == ("Failed", reason)
+            assert named in said(p)[2]
+            assert p.status["restarts"] == 0
+        return
+    if outcome == "counted":
+        assert said(young)[:2] == ("Restarting", reason) and named in said(young)[2]
+        assert young.status["restarts"] == 1
+        assert [r for _, r, m in young.events if named in m] == ["PodFailed"]
+        return
+    phase_young, reason_young, message_young = said(young)
+    assert phase_young != "Failed" and reason_young == reason
+    assert named in message_young
+    assert (reason, message_young) in [(r, m) for t, r, m in young.events if t == "Warning"]
+    if outcome == "waits":
+        assert said(old) == said(young)  # it may heal: waits, however long
+        assert young.requeue_after is None
+    else:
+        assert "startupDeadlineSeconds" in message_young
+        assert young.requeue_after == pytest.approx(290)
+        assert said(old)[:2] == ("Failed", reason) and named in said(old)[2]
+        assert set(old.delete) == {"j-rdzv", "j-node-0", "j-node-1"}  # the finish path
+
+
+def test_pods_with_one_problem_are_named_together_and_it_is_said_once() -> None:
+    pods = [
+        planner.view(body(1, YOUNG, "Pending", waiting("ErrImagePull", "not found"))),
+        planner.view(body(-1, YOUNG, "Pending", waiting("ImagePullBackOff", "Back-off"))),
+        planner.view(body(0, YOUNG, "Pending", waiting("ImagePullBackOff", "Back-off"))),
+    ]
+    assert len({*pods, *pods}) == 3  # views are hashable and compared by value (the cache)
+    first = planner.plan(job(), {"startTime": YOUNG}, pods, NOW, CFG)
+    _, reason, message = said(first)
+    assert reason == "ImagePullFailed"
+    assert message.startswith(f"j-node-0, j-node-1 and the store j-rdzv cannot pull image {IMAGE}")
+    assert [r for t, r, _ in first.events if t == "Warning"] == ["ImagePullFailed"]
+    again = planner.plan(job(), first.status, pods, NOW, CFG)
+    assert said(again)[1] == "ImagePullFailed"
+    assert [r for t, r, _ in again.events if t == "Warning"] == []  # not every reconcile
+
+
+def test_an_oom_kill_stays_named_until_the_job_is_running_again() -> None:
+    oom = planner.view(body(0, YOUNG, "Failed", ended("OOMKilled", 137)))
+    running = [planner.view(body(i, YOUNG)) for i in (-1, 1)]
+    first = planner.plan(job(), {"startTime": YOUNG}, [*running, oom], NOW, CFG)
+    assert said(first)[:2] == ("Restarting", "OOMKilled") and first.delete == ["j-node-0"]
+    later = NOW + dt.timedelta(seconds=5)
+    status = {**first.status, "phase": "Restarting"}
+    second = planner.plan(job(), status, running, later, CFG)  # j-node-0 gone, recreated
+    assert said(second) == said(first)
+    assert [r for t, r, _ in second.events if t == "Warning"] == []
+    back = [*running, planner.view(body(0, YOUNG))]
+    assert said(planner.plan(job(), second.status, back, later, CFG))[:2] == (
+        "Running",
+        "AllNodesRunning",
+    )
+
+
+def test_a_pod_is_called_unschedulable_only_after_a_moment() -> None:
+    # A claim made by the same `kubectl apply` is unbound for a moment; the scheduler says so.
+    unbound = ("Unschedulable", "0/1 nodes are available: pod has unbound immediate claims")
+    moment = planner.view(body(0, "2026-01-01T11:59:58Z", "Pending", scheduled=unbound))
+    store = planner.view(body(-1, YOUNG))
+    p = planner.plan(job(nodes=1), {"startTime": YOUNG}, [store, moment], NOW, CFG)
+    assert said(p) == ("Pending", "WaitingForNodes", "starting 1 nodes") and not p.events
+    assert p.requeue_after == pytest.approx(8)  # when it may be said
+    later = NOW + dt.timedelta(seconds=8)
+    p = planner.plan(job(nodes=1), p.status, [store, moment], later, CFG)
+    assert said(p)[1] == "Unschedulable" and [r for _, r, _ in p.events] == ["Unschedulable"]
