@@ -170,6 +170,13 @@ def _rootfs(base: str) -> Path:
     return out
 
 
+def helper_image() -> str:
+    """The busybox image every node holds (local-path-provisioner's helper), for test pods
+    that need a shell, httpd and wget without a pull."""
+    go = (kind_module() / "pkg/build/nodeimage/const_storage.go").read_text()
+    return storage_manifest(go)[1]["helper"]
+
+
 def helper_rootfs() -> Path:
     """The busybox root filesystem (for small test images); the base image must exist."""
     return _rootfs(ensure_base(lambda m: None)) / "helper"
@@ -294,4 +301,20 @@ def ensure_node_image(log: Log = print) -> str:
     )
     shutil.rmtree(ctx, ignore_errors=True)
     log(f"{ref} built in {time.monotonic() - t0:.0f}s")
+    _remove_older(REPO, keep=ref, log=log)
     return ref
+
+
+def _remove_older(repo: str, keep: str, log: Log) -> None:
+    """Removes this repository's other node images (1 GB each); one a cluster runs on stays."""
+    tags = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
+        env=podman_env(), capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    for tag in tags:
+        if tag != keep and tag.startswith(repo + ":"):
+            rmi = subprocess.run(
+                ["podman", "rmi", tag], env=podman_env(), capture_output=True, check=False
+            )
+            if rmi.returncode == 0:
+                log(f"removed the older node image {tag}")
