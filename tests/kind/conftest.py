@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -46,7 +45,6 @@ def kind_cluster() -> Iterator[KindCluster]:
             lock = stack.enter_context(NODE_LOCK.open("a"))
             fcntl.flock(lock, fcntl.LOCK_EX)
         ours = not cluster.exists()
-        t0 = time.monotonic()
         kubeconfig = cluster.up(log=_log)
 
         def release() -> None:
@@ -56,7 +54,7 @@ def kind_cluster() -> Iterator[KindCluster]:
             stack.close()  # the lock
 
         _release.append(release)
-        yield KindCluster(kubeconfig, time.monotonic() - t0 if ours else None)
+        yield KindCluster(kubeconfig)
         if _release:
             release()
 

@@ -19,7 +19,6 @@ from ddp_devcluster.pytest_plugin import unavailable
 @dataclass
 class KindCluster:
     kubeconfig: Path
-    create_s: float | None  # None: it was up already
 
     def k(self, *args: str, input: str | None = None, check: bool = True) -> str:
         return cluster.kubectl(self.kubeconfig, *args, input=input, check=check)
