@@ -108,6 +108,13 @@ cluster-up: deps ## start the embedded control plane in the background; prints t
 cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
+.PHONY: up down
+up: deps ## a 4-node kind cluster (podman) and the registry it pulls from; prints the KUBECONFIG (docs/kind.md)
+	$(PY) -m ddp_devcluster kind-up
+
+down: ## delete the kind cluster of `make up`, its registry and kind's podman network
+	$(PY) -m ddp_devcluster kind-down
+
 .PHONY: demo
 demo: deps-and-images ## the chart's operator runs the digits example on a real node here (as root)
 	$(PY) -m ddp_devcluster demo

@@ -6,6 +6,9 @@ images [operator|trainer] [--save-dir D]
 up [--nodes N]        start the plane in the background; prints the KUBECONFIG to export
 down                  stop the plane that `up` started, leaving no process behind
 serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
+kind-up               a kind cluster of 4 nodes (podman) and the host registry it pulls from;
+                      prints the KUBECONFIG to export (kind/cluster-4.yaml, docs/kind.md)
+kind-down             delete that cluster, stop the registry, remove kind's podman network
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "serve":
             p.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
     sub.add_parser("down")
+    sub.add_parser("kind-up")
+    sub.add_parser("kind-down")
     sub.add_parser("demo", help="run a real training job on this machine", add_help=False)
     sub.add_parser("images", help="build both images with buildah (images --help)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -168,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args.nodes)
     if args.cmd == "serve":
         return _serve(args.nodes, args.ready_file)
+    if args.cmd == "kind-up":
+        from .kind.cluster import up
+
+        print(f"export KUBECONFIG={up(log=lambda m: print(f'>> {m}', flush=True))}")
+        return 0
+    if args.cmd == "kind-down":
+        from .kind.cluster import down
+
+        down(log=lambda m: print(f">> {m}", flush=True))
+        return 0
     return _down()
 
 

@@ -9,6 +9,7 @@ nothing but the Go toolchain and the module proxy is needed. A finished tool liv
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -48,10 +49,17 @@ class GoTool:
 
     @property
     def install_dir(self) -> Path:
-        return cache_dir() / "bin" / f"{self.name}-{self.version}"
+        # A tool with sources of our own is keyed by them too: a new CoreDNS plugin rebuilds it.
+        key = f"-{_sources_key(self.sources)}" if self.sources else ""
+        return cache_dir() / "bin" / f"{self.name}-{self.version}{key}"
 
     def installed(self) -> bool:
         return all((self.install_dir / b).is_file() for b in self.binaries)
+
+
+def _sources_key(sources: dict[str, str]) -> str:
+    text = "".join(f"{path}\0{src}\0" for path, src in sorted(sources.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _k8s_version_flags(pkg: str, version: str) -> list[str]:
@@ -123,14 +131,17 @@ def tools() -> list[GoTool]:
             tags=["remove_all_sd"],
             tidy_lenient=True,
         ),
-        # The real node (tests/cluster): kubelet and kube-proxy of the plane's version, built
-        # apart from the plane so that the plane's binaries stay cached.
+        # The real node (tests/cluster) and the kind node image: kubelet and kube-proxy (and
+        # kubeadm, which kind runs on its nodes) of the plane's version, built apart from the
+        # plane so that the plane's binaries stay cached.
         GoTool(
             name="kubernetes-node",
             version=k,
             module="k8s.io/kubernetes",
             module_version=f"v{k}",
-            binaries={b: f"k8s.io/kubernetes/cmd/{b}" for b in ("kubelet", "kube-proxy")},
+            binaries={
+                b: f"k8s.io/kubernetes/cmd/{b}" for b in ("kubelet", "kube-proxy", "kubeadm")
+            },
             ldflags=_k8s_version_flags("k8s.io/component-base/version", k)
             + _k8s_version_flags("k8s.io/client-go/pkg/version", k),
             staging_replaces=True,
@@ -169,7 +180,41 @@ def tools() -> list[GoTool]:
             binaries={"local-path-provisioner": "github.com/rancher/local-path-provisioner"},
             upstream_sums=True,
         ),
+        GoTool(
+            name="kind",
+            version=versions.KIND,
+            module="sigs.k8s.io/kind",
+            module_version=f"v{versions.KIND}",
+            binaries={"kind": "sigs.k8s.io/kind"},
+        ),
+        GoTool(
+            name="cni-plugins",
+            version=versions.CNI_PLUGINS,
+            module="github.com/containernetworking/plugins",
+            module_version=f"v{versions.CNI_PLUGINS}",
+            binaries={
+                p.rsplit("/", 1)[1]: f"github.com/containernetworking/plugins/plugins/{p}"
+                for p in ("ipam/host-local", "main/loopback", "main/ptp", "meta/portmap")
+            },
+            upstream_sums=True,
+        ),
+        GoTool(
+            name="registry",
+            version=versions.DISTRIBUTION,
+            module="github.com/distribution/distribution/v3",
+            module_version=f"v{versions.DISTRIBUTION}",
+            binaries={"registry": "github.com/distribution/distribution/v3/cmd/registry"},
+            upstream_sums=True,
+        ),
     ]
+
+
+def binary(tool: str, name: str) -> Path:
+    """The cached binary ``name`` of the tool named ``tool``; it must have been built."""
+    path = next(t for t in tools() if t.name == tool).install_dir / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `make binaries` first")
+    return path
 
 
 # CoreDNS with the plugins a cluster's DNS uses (upstream's main links ~60, with every cloud
@@ -179,6 +224,7 @@ COREDNS_PLUGINS = [
     "reload",
     "ready",
     "health",
+    "prometheus",  # package plugin/metrics; kubeadm's Corefile (the kind cluster) has its line
     "errors",
     "log",
     "loadbalance",
@@ -187,11 +233,15 @@ COREDNS_PLUGINS = [
     "loop",
     "forward",
 ]
+COREDNS_PACKAGES = {"prometheus": "metrics"}  # directive -> package, where they differ
 COREDNS_MAIN = (
     "package main\n\nimport (\n"
     '\t"github.com/coredns/coredns/core/dnsserver"\n'
     '\t"github.com/coredns/coredns/coremain"\n'
-    + "".join(f'\t_ "github.com/coredns/coredns/plugin/{p}"\n' for p in COREDNS_PLUGINS)
+    + "".join(
+        f'\t_ "github.com/coredns/coredns/plugin/{COREDNS_PACKAGES.get(p, p)}"\n'
+        for p in COREDNS_PLUGINS
+    )
     + ")\n\nfunc init() {\n\tdnsserver.Directives = []string{\n"
     + "".join(f'\t\t"{p}",\n' for p in COREDNS_PLUGINS)
     + "\t}\n}\n\nfunc main() { coremain.Run() }\n"

@@ -11,3 +11,9 @@ KUEUE = "0.19.2"  # built against k8s.io 0.36; the newest release the module pro
 CONTAINERD = "2.4.2"  # containerd, its runc shim and ctr; runc itself is Debian's
 COREDNS = "1.15.0"  # cluster DNS, built with only the plugins a cluster needs
 LOCAL_PATH_PROVISIONER = "0.0.30"  # dynamic PersistentVolume provisioner (hostPath-backed)
+# The kind cluster (devcluster/ddp_devcluster/kind/): kind itself, and what its node image
+# holds besides the binaries above (kubeadm comes from the Kubernetes pin). kind 0.33 is the
+# last line that still runs on cgroup v1, this machine's.
+KIND = "0.33.0"
+CNI_PLUGINS = "1.9.1"  # host-local, loopback, ptp, portmap: the pod network of kind's nodes
+DISTRIBUTION = "3.1.2"  # the CNCF registry on the host that the kind nodes pull from

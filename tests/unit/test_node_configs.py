@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ddp_devcluster.archive import docker_archive, tar_members
 from ddp_devcluster.node import configs
 from ddp_devcluster.node.configs import Layout
-from ddp_devcluster.node.pause import docker_archive
 
 LAY = Layout(x=201, state=Path("/var/lib/ddp-node/201"))
 
@@ -80,7 +80,11 @@ def test_the_default_storage_class_is_local_path() -> None:
 
 
 def test_pause_archive_is_a_docker_archive_whose_config_names_its_layer() -> None:
-    data = docker_archive("localhost/x:1", b"\x7fELF...", "/pause")
+    def archive() -> bytes:
+        layer = tar_members({"pause": (b"\x7fELF...", 0o755)})
+        return docker_archive(["localhost/x:1"], layer, ["/pause"], user="65535:65535")
+
+    data = archive()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
         [entry] = manifest
@@ -94,4 +98,5 @@ def test_pause_archive_is_a_docker_archive_whose_config_names_its_layer() -> Non
     with tarfile.open(fileobj=io.BytesIO(layer)) as inner:
         member = inner.getmember("pause")
         assert member.mode == 0o755 and member.mtime == 0
-    assert docker_archive("localhost/x:1", b"\x7fELF...", "/pause") == data  # reproducible
+    assert config["config"]["User"] == "65535:65535"
+    assert archive() == data  # reproducible

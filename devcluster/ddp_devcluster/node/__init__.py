@@ -46,18 +46,9 @@ from .pause import pause_archive
 
 
 def _bin(tool: str, name: str) -> Path:
-    from .. import versions
+    from ..build import binary
 
-    version = {
-        "kubernetes-node": versions.KUBERNETES,
-        "containerd": versions.CONTAINERD,
-        "coredns": versions.COREDNS,
-        "local-path-provisioner": versions.LOCAL_PATH_PROVISIONER,
-    }[tool]
-    path = cache_dir() / "bin" / f"{tool}-{version}" / name
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `make binaries` first")
-    return path
+    return binary(tool, name)
 
 
 def missing_host_tools() -> list[str]:

@@ -1,0 +1,320 @@
+"""The kind node image, assembled from the cached binaries; tagged by a hash of its inputs and
+built only when that tag is missing from podman storage."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import versions
+from ..archive import docker_archive, tar_dir, tar_members
+from ..build import binary, tools
+from ..images import podman_env
+from ..node.pause import pause_binary
+from ..paths import cache_dir
+
+FILES = Path(__file__).parent / "files"
+REPO = "localhost/ddp-kind-node"
+BASE_REPO = "localhost/ddp-kind-base"
+PYTHON_BASE = "docker.io/library/python:3.11-slim-bookworm"
+# The sandbox image of kind's containerd config; kubeadm 1.36 lists the same (both are tags of
+# our static pause binary).
+PAUSE_REF = "registry.k8s.io/pause:3.10.2"
+Log = Callable[[str], None]
+
+
+def kind_module() -> Path:
+    """kind's Go module in the module cache (``go install`` of kind put it there).
+
+    Its images/base/files (entrypoint, containerd config, kubelet units, /kind/bin scripts) and
+    its default storage manifest are kind's own runtime files, which a kind node image must
+    contain; they are read from there at build time, not copied into this repository."""
+    gomodcache = subprocess.run(
+        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    path = Path(gomodcache) / f"sigs.k8s.io/kind@v{versions.KIND}"
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is missing: run `make binaries` (it builds kind)")
+    return path
+
+
+# --- pure decisions -------------------------------------------------------------------------
+
+
+def containerd_config(kind_config: str) -> str:
+    """kind's containerd config.toml, changed for this machine and the host registry."""
+    fuse = r'\[proxy_plugins\]\n(#.*\n)?\[proxy_plugins\."fuse-overlayfs"\]\n(  .*\n)+'
+    out = re.sub(fuse, "", kind_config)  # no fuse-overlayfs here (it is for rootless)
+    # The sandbox lacks CAP_SYS_RESOURCE: without this every pod sandbox fails with
+    # "can't get final child's PID from pipe: EOF" (oom_score_adj -998 is refused).
+    out = out.replace("restrict_oom_score_adj = false", "restrict_oom_score_adj = true")
+    out = re.sub(r'sandbox_image = ".*"', f'sandbox_image = "{PAUSE_REF}"', out)
+    if "restrict_oom_score_adj = true" not in out or "fuse-overlayfs" in out:
+        raise ValueError("kind's containerd config.toml changed shape: update containerd_config")
+    return (
+        out
+        + "\n# registries: per-host config (localhost:5001 is the host registry, see hosts.toml)\n"
+        + '[plugins."io.containerd.grpc.v1.cri".registry]\n'
+        + '  config_path = "/etc/containerd/certs.d"\n'
+    )
+
+
+def storage_manifest(const_storage_go: str) -> tuple[str, dict[str, str]]:
+    """kind's default-storage.yaml from its const_storage.go, and its two image refs."""
+    refs = dict(re.findall(r'const (storage\w+Image) = "([^"]+)"', const_storage_go))
+    body = re.search(r"const defaultStorageManifest = `(.*?\n)`$", const_storage_go, re.S | re.M)
+    if len(refs) != 2 or body is None:
+        raise ValueError("kind's const_storage.go changed shape: update storage_manifest")
+    text = re.sub(r"` \+ (storage\w+Image) \+ `", lambda m: refs[m.group(1)], body.group(1))
+    return text.lstrip("\n"), {
+        "provisioner": refs["storageProvisionerImage"],
+        "helper": refs["storageHelperImage"],
+    }
+
+
+def control_plane_images(kubeadm_list: list[str]) -> dict[str, str]:
+    """kubeadm's image refs (``kubeadm config images list``) by the component each one runs."""
+    out = {}
+    for ref in kubeadm_list:
+        name = ref.rsplit("/", 1)[1].split(":", 1)[0]
+        out[name] = ref
+    expected = {
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+        "coredns",
+        "pause",
+        "etcd",
+    }
+    if set(out) != expected:
+        raise ValueError(f"kubeadm lists {sorted(out)}, expected {sorted(expected)}")
+    return out
+
+
+def input_key(parts: dict[str, bytes]) -> str:
+    """The hash that tags an image: every input's name and content."""
+    h = hashlib.sha256()
+    for name in sorted(parts):
+        h.update(name.encode() + b"\0" + hashlib.sha256(parts[name]).digest())
+    return h.hexdigest()[:12]
+
+
+# --- I/O ------------------------------------------------------------------------------------
+
+
+def _image_exists(ref: str) -> bool:
+    proc = subprocess.run(
+        ["podman", "image", "exists", ref], env=podman_env(), capture_output=True, check=False
+    )
+    return proc.returncode == 0
+
+
+def _buildah(context: Path, containerfile: Path, ref: str, log_file: Path, *args: str) -> None:
+    with log_file.open("w") as log:
+        proc = subprocess.run(
+            ["nice", "-n", "10", "buildah", "build", "--pull=never", "--runtime", "runc",
+             "-f", str(containerfile), "-t", ref, *args, str(context)],
+            env=podman_env(), stdout=log, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+    if proc.returncode != 0:
+        tail = log_file.read_text()[-3000:]
+        raise RuntimeError(f"buildah build of {ref} failed (log {log_file}):\n{tail}")
+
+
+def _files_of(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def ensure_base(log: Log) -> str:
+    """The base image (Debian + systemd + kind's base files), built when its tag is missing."""
+    kind_files = kind_module() / "images" / "base" / "files"
+    parts = {f"kind-base/{k}": v for k, v in _files_of(kind_files).items()}
+    parts["base.Containerfile"] = (FILES / "base.Containerfile").read_bytes()
+    ref = f"{BASE_REPO}:{input_key(parts)}"
+    if _image_exists(ref):
+        return ref
+    work = cache_dir() / "kind" / "base-context"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(kind_files, work / "kind-base")
+    t0 = time.monotonic()
+    log(f"building {ref} (apt-get: systemd, iptables, runc, ...)")
+    _buildah(work, FILES / "base.Containerfile", ref, cache_dir() / "kind" / "base-build.log")
+    log(f"{ref} built in {time.monotonic() - t0:.0f}s")
+    shutil.rmtree(work, ignore_errors=True)
+    return ref
+
+
+def _rootfs(base: str) -> Path:
+    """kube-proxy's and the storage helper's root filesystems, made in the base image."""
+    out = cache_dir() / "kind" / f"rootfs-{base.rsplit(':', 1)[1]}"
+    if (out / "helper" / "bin" / "busybox").is_file():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    subprocess.run(
+        ["podman", "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "/bin/bash",
+         "-v", f"{FILES / 'rootfs.sh'}:/rootfs.sh:ro,z", "-v", f"{tmp}:/out:z", base, "/rootfs.sh"],
+        env=podman_env(), check=True, capture_output=True,
+    )  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def helper_image() -> str:
+    """The busybox image every node holds (local-path-provisioner's helper), for test pods
+    that need a shell, httpd and wget without a pull."""
+    go = (kind_module() / "pkg/build/nodeimage/const_storage.go").read_text()
+    return storage_manifest(go)[1]["helper"]
+
+
+def helper_rootfs() -> Path:
+    """The busybox root filesystem (for small test images); the base image must exist."""
+    return _rootfs(ensure_base(lambda m: None)) / "helper"
+
+
+def _single_binary_layer(binary_path: Path, at: str) -> bytes:
+    return tar_members({at.lstrip("/"): (binary_path.read_bytes(), 0o755)})
+
+
+def _kubectl() -> Path:
+    from ..plane import kubectl_path
+
+    return Path(kubectl_path())
+
+
+def node_ref(base: str) -> str:
+    """The node image's tag: the Kubernetes version and a hash of every input."""
+    kind = kind_module()
+    parts: dict[str, bytes] = {"base": base.encode()}
+    parts.update({f"files/{k}": v for k, v in _files_of(FILES).items()})
+    parts["nodeimage.py"] = Path(__file__).read_bytes()
+    parts["const_storage.go"] = (kind / "pkg/build/nodeimage/const_storage.go").read_bytes()
+    parts["config.toml"] = (kind / "images/base/files/etc/containerd/config.toml").read_bytes()
+    # The binaries are keyed by their cache folders, which their pins (and CoreDNS' plugin
+    # list) name; kubectl by its path, which names the lock's hash.
+    for t in tools():
+        parts[f"bin/{t.name}"] = str(t.install_dir).encode()
+    parts["kubectl"] = str(_kubectl()).encode()
+    parts["pause"] = pause_binary().read_bytes()
+    return f"{REPO}:v{versions.KUBERNETES}-{input_key(parts)}"
+
+
+def _write_images(dst: Path, rootfs: Path, storage_refs: dict[str, str]) -> None:
+    kubeadm = binary("kubernetes-node", "kubeadm")
+    listed = subprocess.run(
+        [str(kubeadm), "config", "images", "list", f"--kubernetes-version=v{versions.KUBERNETES}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    refs = control_plane_images(listed)
+    single = {
+        "kube-apiserver": binary("kubernetes", "kube-apiserver"),
+        "kube-controller-manager": binary("kubernetes", "kube-controller-manager"),
+        "kube-scheduler": binary("kubernetes", "kube-scheduler"),
+        "etcd": binary("etcd", "etcd"),
+    }
+    archives: dict[str, tuple[list[str], bytes, list[str]]] = {}
+    for name, path in single.items():
+        # kubeadm's static pod manifests call the binary by name, through PATH
+        at = f"/usr/local/bin/{name}"
+        archives[name] = ([refs[name]], _single_binary_layer(path, at), [at])
+    pause_refs = sorted({refs["pause"], PAUSE_REF})
+    archives["pause"] = (pause_refs, _single_binary_layer(pause_binary(), "/pause"), ["/pause"])
+    archives["coredns"] = (
+        [refs["coredns"]],
+        _single_binary_layer(binary("coredns", "coredns"), "/coredns"),
+        ["/coredns"],
+    )
+    kp = rootfs / "kube-proxy"
+    (kp / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary("kubernetes-node", "kube-proxy"), kp / "usr/local/bin/kube-proxy")
+    archives["kube-proxy"] = ([refs["kube-proxy"]], tar_dir(kp), ["/usr/local/bin/kube-proxy"])
+    lpp = binary("local-path-provisioner", "local-path-provisioner")
+    archives["local-path-provisioner"] = (
+        [storage_refs["provisioner"]],
+        _single_binary_layer(lpp, "/usr/local/bin/local-path-provisioner"),
+        ["/usr/local/bin/local-path-provisioner"],
+    )
+    archives["local-path-helper"] = (
+        [storage_refs["helper"]],
+        tar_dir(rootfs / "helper"),
+        ["/bin/sh"],
+    )
+    dst.mkdir(parents=True)
+    for name, (tags, layer, entrypoint) in archives.items():
+        (dst / f"{name}.tar").write_bytes(docker_archive(tags, layer, entrypoint, compress=True))
+
+
+def ensure_node_image(log: Log = print) -> str:
+    """The node image's ref; builds the base and the node image only when their tags are
+    missing (about a minute; seconds when both exist)."""
+    base = ensure_base(log)
+    ref = node_ref(base)
+    if _image_exists(ref):
+        return ref
+    t0 = time.monotonic()
+    log(f"building {ref}")
+    kind = kind_module()
+    ctx = cache_dir() / "kind" / "node-context"
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "bin" / "cni").mkdir(parents=True)
+    for name in ("containerd", "containerd-shim-runc-v2", "ctr"):
+        shutil.copy2(binary("containerd", name), ctx / "bin")
+    for name in ("kubeadm", "kubelet"):
+        shutil.copy2(binary("kubernetes-node", name), ctx / "bin")
+    shutil.copy2(_kubectl(), ctx / "bin" / "kubectl")
+    for name in next(t for t in tools() if t.name == "cni-plugins").binaries:
+        shutil.copy2(binary("cni-plugins", name), ctx / "bin" / "cni")
+    kind_config = (kind / "images/base/files/etc/containerd/config.toml").read_text()
+    (ctx / "containerd-config.toml").write_text(containerd_config(kind_config))
+    storage, storage_refs = storage_manifest(
+        (kind / "pkg/build/nodeimage/const_storage.go").read_text()
+    )
+    (ctx / "kind" / "manifests").mkdir(parents=True)
+    (ctx / "kind" / "manifests" / "default-storage.yaml").write_text(storage)
+    shutil.copy2(FILES / "default-cni.yaml", ctx / "kind" / "manifests")
+    (ctx / "kind" / "bin").mkdir()
+    shutil.copy2(FILES / "kindnet-lite.sh", ctx / "kind" / "bin")
+    (ctx / "kind" / "version").write_text(f"v{versions.KUBERNETES}\n")
+    shutil.copy2(FILES / "kindnet-lite.service", ctx)
+    shutil.copy2(FILES / "import-images.sh", ctx)
+    (ctx / "certs.d" / "localhost:5001").mkdir(parents=True)
+    shutil.copy2(FILES / "hosts.toml", ctx / "certs.d" / "localhost:5001")
+    _write_images(ctx / "images", _rootfs(base), storage_refs)
+    log(f"image archives written in {time.monotonic() - t0:.0f}s")
+    _buildah(
+        ctx,
+        FILES / "node.Containerfile",
+        ref,
+        cache_dir() / "kind" / "node-build.log",
+        "--build-arg",
+        f"BASE={base}",
+    )
+    shutil.rmtree(ctx, ignore_errors=True)
+    log(f"{ref} built in {time.monotonic() - t0:.0f}s")
+    _remove_older(REPO, keep=ref, log=log)
+    return ref
+
+
+def _remove_older(repo: str, keep: str, log: Log) -> None:
+    """Removes this repository's other node images (1 GB each); one a cluster runs on stays."""
+    tags = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
+        env=podman_env(), capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    for tag in tags:
+        if tag != keep and tag.startswith(repo + ":"):
+            rmi = subprocess.run(
+                ["podman", "rmi", tag], env=podman_env(), capture_output=True, check=False
+            )
+            if rmi.returncode == 0:
+                log(f"removed the older node image {tag}")

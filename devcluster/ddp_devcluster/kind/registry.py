@@ -1,0 +1,96 @@
+"""The image registry on the host (CNCF distribution) that the kind nodes pull from: one
+background process, recorded in the run folder for ``stop`` to find."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from ..build import binary
+from ..paths import cache_dir, state_dir
+from ..polling import until
+
+PORT = 5001  # pods name images localhost:5001/...; the nodes map it to the host (hosts.toml)
+HOST = f"localhost:{PORT}"
+
+
+def config(data_dir: Path, port: int = PORT) -> str:
+    """The registry's config.yml: filesystem storage, plain HTTP on every address (the kind
+    nodes reach it through podman's network gateway)."""
+    return (
+        "version: 0.1\n"
+        "log:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {data_dir}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: 0.0.0.0:{port}\n"
+    )
+
+
+def _record() -> Path:
+    return state_dir() / "kind-registry.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _answers() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}/v2/", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def running() -> int | None:
+    """The pid of the registry that ``start`` left running, if it still runs."""
+    if not _record().exists():
+        return None
+    pid = int(json.loads(_record().read_text())["pid"])
+    return pid if _alive(pid) else None
+
+
+def start() -> int:
+    """Starts the registry unless it runs already; returns its pid once it answers."""
+    pid = running()
+    if pid is None:
+        root = cache_dir() / "registry"
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        (root / "config.yml").write_text(config(root / "data"))
+        state_dir().mkdir(parents=True, exist_ok=True)
+        log = (state_dir() / "kind-registry.log").open("ab")
+        proc = subprocess.Popen(
+            [str(binary("registry", "registry")), "serve", str(root / "config.yml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # outlives kind-up; kind-down stops it
+        )
+        pid = proc.pid
+        _record().write_text(json.dumps({"pid": pid, "port": PORT}))
+    until(f"the registry on {HOST}", _answers, timeout_s=30)
+    return pid
+
+
+def stop() -> bool:
+    """Stops the registry that ``start`` started; False if none was running."""
+    pid = running()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _record().unlink(missing_ok=True)
+    return pid is not None
