@@ -4,9 +4,11 @@ built only when that tag is missing from podman storage."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +27,11 @@ PYTHON_BASE = "docker.io/library/python:3.11-slim-bookworm"
 # The sandbox image of kind's containerd config; kubeadm 1.36 lists the same (both are tags of
 # our static pause binary).
 PAUSE_REF = "registry.k8s.io/pause:3.10.2"
+# The ReadWriteMany class: local-path-provisioner's shared-filesystem mode over SHARED_PATH,
+# which cluster.py bind-mounts from one host folder into every node, so a volume's files are
+# the same on every machine (what NFS, CephFS, Filestore or EFS give a real cluster).
+SHARED_CLASS = "ddp-shared"
+SHARED_PATH = "/ddp-shared"
 Log = Callable[[str], None]
 
 
@@ -75,6 +82,35 @@ def storage_manifest(const_storage_go: str) -> tuple[str, dict[str, str]]:
         "provisioner": refs["storageProvisionerImage"],
         "helper": refs["storageHelperImage"],
     }
+
+
+def with_shared_class(manifest: str, default_class: str = "standard") -> str:
+    """kind's storage manifest with a second, ReadWriteMany class: the provisioner's
+    ``storageClassConfigs`` keep kind's node-local paths for ``default_class`` and give
+    SHARED_CLASS the shared-filesystem path (no node affinity; any access mode)."""
+    block = re.search(r"  config.json: \|-\n((?:    .*\n)+)", manifest)
+    if block is None or "nodePathMap" not in block.group(1):
+        raise ValueError("kind's storage manifest changed shape: update with_shared_class")
+    node_local = json.loads(textwrap.dedent(block.group(1)))
+    config = {
+        "storageClassConfigs": {
+            default_class: node_local,
+            SHARED_CLASS: {"sharedFileSystemPath": SHARED_PATH},
+        }
+    }
+    body = textwrap.indent(json.dumps(config, indent=2), "    ")
+    out = manifest.replace(block.group(0), f"  config.json: |-\n{body}\n")
+    shared = (
+        "---\n"
+        "apiVersion: storage.k8s.io/v1\n"
+        "kind: StorageClass\n"
+        "metadata:\n"
+        f"  name: {SHARED_CLASS}\n"
+        "provisioner: rancher.io/local-path\n"
+        "volumeBindingMode: Immediate\n"
+        "reclaimPolicy: Delete\n"
+    )
+    return out.rstrip("\n") + "\n\n" + shared
 
 
 def control_plane_images(kubeadm_list: list[str]) -> dict[str, str]:
@@ -280,7 +316,7 @@ def ensure_node_image(log: Log = print) -> str:
         (kind / "pkg/build/nodeimage/const_storage.go").read_text()
     )
     (ctx / "kind" / "manifests").mkdir(parents=True)
-    (ctx / "kind" / "manifests" / "default-storage.yaml").write_text(storage)
+    (ctx / "kind" / "manifests" / "default-storage.yaml").write_text(with_shared_class(storage))
     shutil.copy2(FILES / "default-cni.yaml", ctx / "kind" / "manifests")
     (ctx / "kind" / "bin").mkdir()
     shutil.copy2(FILES / "kindnet-lite.sh", ctx / "kind" / "bin")
