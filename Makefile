@@ -98,7 +98,7 @@ test: deps-and-images lint ## everything CI runs: lint, type check, the images, 
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: e2e-kind
-e2e-kind: deps ## the cluster suite on kind: docker build, kind load, helm install, the examples (needs docker and kind)
+e2e-kind: deps-and-images ## only the cluster suite, on the 4-node kind cluster (podman; reuses `make up`'s)
 	DDP_CLUSTER=kind $(PY) -m pytest tests/cluster -v -rs $(PYTEST_ARGS)
 
 .PHONY: cluster-up cluster-down
@@ -109,7 +109,7 @@ cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
 .PHONY: up down
-up: deps ## a 4-node kind cluster (podman) and the registry it pulls from; prints the KUBECONFIG (docs/kind.md)
+up: deps-and-images ## a 4-node kind cluster (podman), its registry, the images and the chart; prints the KUBECONFIG (docs/kind.md)
 	$(PY) -m ddp_devcluster kind-up
 
 down: ## delete the kind cluster of `make up`, its registry and kind's podman network

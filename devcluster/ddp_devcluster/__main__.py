@@ -6,8 +6,9 @@ images [operator|trainer] [--save-dir D]
 up [--nodes N]        start the plane in the background; prints the KUBECONFIG to export
 down                  stop the plane that `up` started, leaving no process behind
 serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
-kind-up               a kind cluster of 4 nodes (podman) and the host registry it pulls from;
-                      prints the KUBECONFIG to export (kind/cluster-4.yaml, docs/kind.md)
+kind-up               a kind cluster of 4 nodes (podman), the host registry it pulls from, both
+                      images pushed there and the chart installed; prints the KUBECONFIG to
+                      export (kind/cluster-4.yaml, docs/kind.md)
 kind-down             delete that cluster, stop the registry, remove kind's podman network
 """
 
@@ -174,9 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":
         return _serve(args.nodes, args.ready_file)
     if args.cmd == "kind-up":
-        from .kind.cluster import up
+        from .kind.cluster import install, up, user_tools
 
-        print(f"export KUBECONFIG={up(log=lambda m: print(f'>> {m}', flush=True))}")
+        def log(m: str) -> None:
+            print(f">> {m}", flush=True)
+
+        kubeconfig = up(log=log)
+        install(kubeconfig, log=log)
+        print("# kubectl and `kubectl ddp` for this cluster, in your shell:")
+        print(f"export KUBECONFIG={kubeconfig} PATH={user_tools()}:$PATH")
         return 0
     if args.cmd == "kind-down":
         from .kind.cluster import down

@@ -35,10 +35,11 @@ CHART = REPO / "helm" / "ddp-operator"
 def helm_install_args(
     operator_ref: str, trainer_ref: str, pull_policy: str, kueue: bool = False
 ) -> list[str]:
-    """``helm install`` of the chart with these images (pure: the tests check the flags)."""
+    """``helm upgrade --install`` of the chart with these images: installs it, or moves an
+    installed release to these images and values (pure)."""
     repo, tag = operator_ref.rsplit(":", 1)
     return [
-        "install", "ddp-operator", str(CHART), "--namespace", NAMESPACE,
+        "upgrade", "--install", "ddp-operator", str(CHART), "--namespace", NAMESPACE,
         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
         "--set", f"image.pullPolicy={pull_policy}", "--set", f"trainerImage={trainer_ref}",
         "--set", "settings.backoffBaseSeconds=2", "--set", f"kueue.enabled={str(kueue).lower()}",

@@ -14,13 +14,22 @@ import pytest
 
 from ddp_devcluster.archive import docker_archive, tar_dir
 from ddp_devcluster.kind import registry
-from ddp_devcluster.kind.cluster import node_count, ready_names
+from ddp_devcluster.kind.cluster import (
+    go_duration_s,
+    node_count,
+    pulled_s,
+    ready_names,
+    rendered_config,
+)
 from ddp_devcluster.kind.nodeimage import (
     PAUSE_REF,
+    SHARED_CLASS,
+    SHARED_PATH,
     containerd_config,
     control_plane_images,
     input_key,
     storage_manifest,
+    with_shared_class,
 )
 
 KIND_CONFIG = """# explicitly use v2 config format
@@ -128,3 +137,95 @@ def test_a_compressed_archive_of_a_directory_keeps_links_and_the_uncompressed_di
     with tarfile.open(fileobj=io.BytesIO(layer)) as inner:
         assert inner.getmember("bin/sh").issym() and inner.getmember("bin/sh").linkname == "busybox"
         assert inner.getmember("bin/busybox").uid == 0 and inner.getmember("bin").mtime == 0
+
+
+KIND_STORAGE = """apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+provisioner: rancher.io/local-path
+---
+kind: ConfigMap
+apiVersion: v1
+metadata:
+  name: local-path-config
+  namespace: local-path-storage
+data:
+  config.json: |-
+    {
+            "nodePathMap":[
+            {
+                    "node":"DEFAULT_PATH_FOR_NON_LISTED_NODES",
+                    "paths":["/var/local-path-provisioner"]
+            }
+            ]
+    }
+  setup: |-
+    #!/bin/sh
+"""
+
+
+def test_the_shared_class_keeps_kinds_node_local_paths_and_adds_a_shared_path() -> None:
+    import yaml
+
+    docs = list(yaml.safe_load_all(with_shared_class(KIND_STORAGE)))
+    config = json.loads(docs[1]["data"]["config.json"])
+    assert config == {
+        "storageClassConfigs": {
+            "standard": {
+                "nodePathMap": [
+                    {
+                        "node": "DEFAULT_PATH_FOR_NON_LISTED_NODES",
+                        "paths": ["/var/local-path-provisioner"],
+                    }
+                ]
+            },
+            SHARED_CLASS: {"sharedFileSystemPath": SHARED_PATH},
+        }
+    }
+    assert docs[1]["data"]["setup"] == "#!/bin/sh"
+    assert docs[2]["kind"] == "StorageClass" and docs[2]["metadata"]["name"] == SHARED_CLASS
+    assert docs[2]["provisioner"] == docs[0]["provisioner"]
+    with pytest.raises(ValueError, match="changed shape"):
+        with_shared_class("data:\n  other: x\n")
+
+
+def test_every_node_of_the_rendered_config_mounts_the_shared_folder(tmp_path: Path) -> None:
+    import yaml
+
+    config = Path(__file__).resolve().parents[2] / "kind" / "cluster-4.yaml"
+    out = yaml.safe_load(rendered_config(config.read_text(), tmp_path / "shared"))
+    assert len(out["nodes"]) == 4
+    for node in out["nodes"]:
+        assert node["extraMounts"] == [
+            {"hostPath": str(tmp_path / "shared"), "containerPath": SHARED_PATH}
+        ]
+    assert out["kubeadmConfigPatches"] == yaml.safe_load(config.read_text())["kubeadmConfigPatches"]
+
+
+def test_registry_refs_follow_the_image_id() -> None:
+    ref = registry.remote_ref("ghcr.io/ddp-operator/trainer:0.1.0", "sha256:" + "ab12" * 16)
+    assert ref == f"{registry.HOST}/ddp-operator/trainer:0.1.0-ab12ab12ab12"
+    assert (
+        registry.remote_ref("trainer:dev", "cd34" * 16)
+        == f"{registry.HOST}/trainer:dev-cd34cd34cd34"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("41.2s", 41.2), ("1m2.5s", 62.5), ("812ms", 0.812), ("1h0m0s", 3600.0)],
+)
+def test_go_durations(text: str, seconds: float) -> None:
+    assert go_duration_s(text) == pytest.approx(seconds)
+
+
+def test_pull_time_from_kubelets_event() -> None:
+    pulled = (
+        'Successfully pulled image "localhost:5001/t:1" in 41.2s (41.3s including waiting).'
+        " Image size: 5123456789 bytes."
+    )
+    assert pulled_s(pulled) == pytest.approx(41.2)
+    assert pulled_s('Container image "localhost:5001/t:1" already present on machine') is None
+    with pytest.raises(ValueError, match="Go duration"):
+        go_duration_s("soon")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +18,7 @@ from ..images import CONTAINERS_CONF, REPO
 from ..paths import state_dir
 from ..polling import until
 from . import registry
-from .nodeimage import ensure_node_image
+from .nodeimage import SHARED_PATH, ensure_node_image
 
 NAME = "ddp"
 CONFIG = REPO / "kind" / "cluster-4.yaml"
@@ -37,10 +39,27 @@ def kubeconfig_path(name: str = NAME) -> Path:
     return state_dir() / f"kind-{name}.kubeconfig"
 
 
+def shared_dir(name: str = NAME) -> Path:
+    """The host folder behind the ReadWriteMany class: mounted at SHARED_PATH in every node."""
+    return state_dir() / f"kind-{name}-shared"
+
+
 def node_count(config_text: str) -> int:
     import yaml
 
     return len(yaml.safe_load(config_text)["nodes"])
+
+
+def rendered_config(config_text: str, shared: Path) -> str:
+    """The cluster config kind is given: the one in kind/, with the shared folder mounted
+    into every node (a host path, which a file in the repository cannot name)."""
+    import yaml
+
+    config = yaml.safe_load(config_text)
+    mount = {"hostPath": str(shared), "containerPath": SHARED_PATH}
+    for node in config["nodes"]:
+        node.setdefault("extraMounts", []).append(mount)
+    return str(yaml.safe_dump(config, sort_keys=False))
 
 
 def is_ready(obj: Mapping[str, Any]) -> bool:
@@ -120,19 +139,32 @@ def up(log: Log = print, name: str = NAME, config: Path = CONFIG) -> Path:
     log(f"registry on {registry.HOST} (data in {registry.cache_dir() / 'registry'})")
     kubeconfig = kubeconfig_path(name)
     nodes = node_count(config.read_text())
+    shared = shared_dir(name)
+    wanted = rendered_config(config.read_text(), shared)
+    given = state_dir() / f"kind-{name}.yaml"  # the config the running cluster was made with
     if exists(name):
         kubeconfig.write_text(_kind("get", "kubeconfig", "--name", name))
-        if _node_image(name) == image and _ready(kubeconfig, nodes):
+        same = given.exists() and given.read_text() == wanted and _node_image(name) == image
+        if same and _ready(kubeconfig, nodes):
             log(f"kind cluster {name!r} is up already")
             return kubeconfig
-        log(f"kind cluster {name!r} is unhealthy or on another node image: recreating it")
+        log(f"kind cluster {name!r} is unhealthy or of another config or image: recreating it")
         _kind("delete", "cluster", "--name", name)
+    shared.mkdir(parents=True, exist_ok=True)
+    given.parent.mkdir(parents=True, exist_ok=True)
+    given.write_text(wanted)
     t0 = time.monotonic()
     log(f"creating kind cluster {name!r} ({nodes} nodes, {image})")
     kubeconfig.parent.mkdir(parents=True, exist_ok=True)
     _kind(
-        "create", "cluster", "--name", name, "--image", image, "--config", str(config),
+        "create", "cluster", "--name", name, "--image", image, "--config", str(given),
         "--kubeconfig", str(kubeconfig),
+    )  # fmt: skip
+    # Every machine takes training pods, the control plane too (kind taints it when there are
+    # workers): four machines for up to four node pods, on two cores.
+    kubectl(
+        kubeconfig, "taint", "nodes", "-l", "node-role.kubernetes.io/control-plane",
+        "node-role.kubernetes.io/control-plane:NoSchedule-", check=False,
     )  # fmt: skip
     until(
         f"{nodes} Ready nodes and CoreDNS",
@@ -152,6 +184,11 @@ def down(log: Log = print, name: str = NAME) -> None:
         _kind("delete", "cluster", "--name", name)
         log(f"kind cluster {name!r} deleted in {time.monotonic() - t0:.0f}s")
     kubeconfig_path(name).unlink(missing_ok=True)
+    (state_dir() / f"kind-{name}.yaml").unlink(missing_ok=True)
+    shutil.rmtree(state_dir() / "kind-bin", ignore_errors=True)
+    if shared_dir(name).exists():
+        shutil.rmtree(shared_dir(name))
+        log(f"shared volume folder {shared_dir(name)} removed")
     if registry.stop():
         log("registry stopped")
     if not _kind("get", "clusters").split():  # the network is shared by every kind cluster
@@ -164,3 +201,153 @@ def down(log: Log = print, name: str = NAME) -> None:
         )
         if proc.returncode == 0:
             log(f"podman network {NETWORK!r} removed")
+
+
+def export_logs(where: Path, name: str = NAME) -> None:
+    """Each node's kubelet and containerd journals (``kind export logs`` needs crictl, which
+    cannot be built here)."""
+    where.mkdir(parents=True, exist_ok=True)
+    for node in _kind("get", "nodes", "--name", name, check=False).split():
+        for unit in ("kubelet", "containerd"):
+            proc = subprocess.run(
+                ["podman", "exec", node, "journalctl", "--no-pager", "-u", unit, "-n", "3000"],
+                env=kind_env(), capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            (where / f"{node}-{unit}.log").write_text(proc.stdout + proc.stderr)
+
+
+# --- pulling an image onto every machine ------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration_s(text: str) -> float:
+    """A Go duration as kubelet prints it (``41.2s``, ``1m2.5s``, ``812ms``) in seconds."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a Go duration: {text!r}")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def pulled_s(message: str) -> float | None:
+    """How long a pull took, from kubelet's ``Pulled`` event; None when nothing was pulled
+    (``Container image ... already present on machine``)."""
+    m = re.match(r'Successfully pulled image "[^"]+" in (\S+) ', message)
+    return go_duration_s(m.group(1)) if m else None
+
+
+def _pull_pod(node: str, ref: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"pull-{node}", "labels": {"app": "ddp-pull"}},
+        "spec": {
+            "nodeName": node,  # every machine, the control plane too: no scheduler involved
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "pull", "image": ref, "imagePullPolicy": "IfNotPresent",
+                            "command": ["true"]}],
+        },
+    }  # fmt: skip
+
+
+def pull_everywhere(kubeconfig: Path, ref: str, log: Log = print) -> dict[str, float | None]:
+    """Pulls ``ref`` onto every node at once (one pod per node that runs ``true``); returns
+    each node's pull time from kubelet's event (None: the image was there already)."""
+    ns = "ddp-pull"
+    kubectl(kubeconfig, "create", "namespace", ns, check=False)
+    nodes = json.loads(kubectl(kubeconfig, "get", "nodes", "-o", "json"))["items"]
+    names = [n["metadata"]["name"] for n in nodes]
+    kubectl(kubeconfig, "-n", ns, "delete", "pods", "-l", "app=ddp-pull", "--wait=true")
+    listing = {"apiVersion": "v1", "kind": "List", "items": [_pull_pod(n, ref) for n in names]}
+    t0 = time.monotonic()
+    kubectl(kubeconfig, "-n", ns, "apply", "-f", "-", input=json.dumps(listing))
+
+    def done() -> bool:
+        pods = json.loads(kubectl(kubeconfig, "-n", ns, "get", "pods", "-o", "json"))["items"]
+        phases = [p.get("status", {}).get("phase") for p in pods]
+        failed = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Failed"]
+        if failed:
+            raise RuntimeError(f"pulling {ref} failed on {failed}")
+        log(f"pulling {ref}: {phases.count('Succeeded')}/{len(names)} nodes done"
+            f" ({time.monotonic() - t0:.0f}s)")  # fmt: skip
+        return phases.count("Succeeded") == len(names)
+
+    until(f"{ref} on every node", done, timeout_s=900, interval_s=5)
+    events = json.loads(
+        kubectl(kubeconfig, "-n", ns, "get", "events", "--field-selector", "reason=Pulled",
+                "-o", "json")
+    )["items"]  # fmt: skip
+    out: dict[str, float | None] = dict.fromkeys(names)
+    for e in events:
+        node = e["involvedObject"]["name"].removeprefix("pull-")
+        if node in out:
+            out[node] = pulled_s(e.get("message", ""))
+    kubectl(kubeconfig, "delete", "namespace", ns, "--wait=false")
+    return out
+
+
+def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
+    """Both images (built by `make images` when missing) pushed to the host registry, the
+    trainer's pulled onto every machine, and the chart installed (or upgraded) with them;
+    returns the refs the cluster runs, by image name."""
+    from .. import images
+    from ..stack import install_chart
+
+    refs = images.ensure_images(log=log)
+    remote = {name: registry.push(ref, log) for name, ref in refs.items()}
+    t0 = time.monotonic()
+    pulled = pull_everywhere(kubeconfig, remote["trainer"], log)
+    took = ", ".join(f"{n} {'present' if s is None else f'{s:.1f}s'}" for n, s in pulled.items())
+    log(f"trainer image on every machine in {time.monotonic() - t0:.0f}s ({took})")
+    install_chart(kubeconfig, remote["operator"], remote["trainer"], "IfNotPresent")
+    log(f"chart installed: operator {remote['operator']}, trainer {remote['trainer']}")
+    return remote
+
+
+def user_tools() -> Path:
+    """A folder for the user's PATH with ``kubectl`` (the pinned one) and ``kubectl-ddp`` (this
+    checkout's client, run by the project's Python), so that ``kubectl ddp`` works at once."""
+    import sys
+
+    from ..plane import kubectl_path
+
+    tools = state_dir() / "kind-bin"
+    tools.mkdir(parents=True, exist_ok=True)
+    kubectl_link = tools / "kubectl"
+    kubectl_link.unlink(missing_ok=True)
+    kubectl_link.symlink_to(kubectl_path())
+    plugin = tools / "kubectl-ddp"
+    plugin.write_text(
+        "#!/bin/sh\n# kubectl ddp from this checkout (written by `make up`)\n"
+        f'PYTHONPATH="{REPO / "operator"}${{PYTHONPATH:+:$PYTHONPATH}}" '
+        f'exec "{sys.executable}" -m ddp_operator.cli "$@"\n'
+    )
+    plugin.chmod(0o755)
+    return tools
+
+
+# --- losing a machine -------------------------------------------------------------------------
+
+
+def _podman(*args: str) -> None:
+    proc = subprocess.run(
+        ["podman", *args], env=kind_env(), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"podman {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
+
+
+def freeze(node: str) -> None:
+    """The machine stops answering, as after a kernel hang or a network partition: every
+    process of its container (kubelet, containerd, the pods) is frozen (cgroup freezer), so
+    nothing is said to anyone: no TCP reset, no status, no heartbeat."""
+    if node.endswith("-control-plane"):
+        raise ValueError("freezing the control plane would freeze the API server")
+    _podman("pause", node)
+
+
+def thaw(node: str) -> None:
+    """The machine comes back: its kubelet finds its pods deleted and removes them."""
+    _podman("unpause", node)
