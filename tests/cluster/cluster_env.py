@@ -3,12 +3,14 @@ way to load images.
 
 ``DDP_CLUSTER`` picks the provider:
 
-* ``local`` (the default; `make test`): the embedded control plane and one real node of this
-  machine (:mod:`ddp_devcluster.node`: kubelet, containerd, runc, CNI, CoreDNS, kube-proxy,
-  local-path-provisioner), the images built by `make images` (buildah, from stand-in bases
-  made from Debian packages) and imported into its containerd.
-* ``kind`` (`make e2e-kind`, on hosts with Docker): ``docker build`` of both images, a kind
-  cluster from kind/cluster.yaml, ``kind load``.
+* ``kind`` (the default; `make test`): the kind cluster of `make up` (kind/cluster-4.yaml:
+  one control plane and three workers, podman's provider, the node image assembled by
+  :mod:`ddp_devcluster.kind.nodeimage`), reused when it is up already. The images that
+  `make images` built (buildah) are pushed to the registry on the host and pulled from it by
+  every machine's containerd; checkpoints go on the ``ddp-shared`` ReadWriteMany class.
+* ``local``: the embedded control plane and one real node of this machine
+  (:mod:`ddp_devcluster.node`), the images imported into its containerd; everything on one
+  machine, so checkpoints go on ReadWriteOnce claims.
 
 Either way the chart is installed with the built operator image, and a test gets a fresh
 namespace that enforces the ``restricted`` Pod Security Standard.
@@ -20,7 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +31,12 @@ import yaml
 
 from ddp_devcluster.polling import until
 from ddp_devcluster.pytest_plugin import unavailable
-from ddp_devcluster.stack import LocalStack, install_chart
+from ddp_devcluster.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "manifests" / "examples"
 LOGS = REPO / "out" / "cluster-logs"
-PROVIDER = os.environ.get("DDP_CLUSTER", "local")
+PROVIDER = os.environ.get("DDP_CLUSTER", "kind")
 T = TypeVar("T")
 
 
@@ -64,6 +65,9 @@ class Cluster:
     operator_image: str
     trainer_image: str
     extra_logs: Callable[[Path], None] = field(default=lambda where: None)
+    # The examples' checkpoint claims that fit the cluster: ReadWriteMany where pods of a job
+    # run on several machines, ReadWriteOnce on one machine.
+    claims: str = "checkpoint-pvc.yaml"
 
     def k(self, *args: str, input: str | None = None, check: bool = True) -> str:
         return sh(
@@ -117,7 +121,7 @@ class Cluster:
         self.extra_logs(where)
 
 
-def _local(tmp: Path) -> Iterator[Cluster]:
+def _local(kubeconfig: Path | None, tmp: Path) -> Iterator[Cluster]:
     """The embedded plane and one real node of this machine, the chart installed."""
     from ddp_devcluster.node import requirements
 
@@ -141,39 +145,26 @@ def _local(tmp: Path) -> Iterator[Cluster]:
         stack.stop()
 
 
-def _kind(tmp: Path) -> Iterator[Cluster]:
-    """A kind cluster (Docker): both images built with docker and loaded with `kind load`."""
-    if shutil.which("kind") is None or shutil.which("docker") is None:
-        unavailable("the kind provider needs kind and docker on PATH")
-    probe = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
-    if probe.returncode != 0:
-        unavailable(f"docker's daemon does not answer: {probe.stderr.strip()[:200]}")
-    name = os.environ.get("KIND_CLUSTER", f"ddp-e2e-{uuid.uuid4().hex[:6]}")
-    operator_image, trainer_image = "ddp-operator:e2e", "ddp-trainer:e2e"
-    kubeconfig = tmp / "kubeconfig"
-    sh("docker", "build", "-t", operator_image, str(REPO))
-    sh("docker", "build", "-f", str(REPO / "trainer_image" / "Dockerfile"),
-       "--build-arg", "VARIANT=cpu", "-t", trainer_image, str(REPO))  # fmt: skip
-    sh("kind", "create", "cluster", "--name", name, "--config", str(REPO / "kind" / "cluster.yaml"),
-       "--kubeconfig", str(kubeconfig), "--wait", "180s")  # fmt: skip
-    try:
-        for image in (operator_image, trainer_image):
-            sh("kind", "load", "docker-image", image, "--name", name)
-        cluster = Cluster(
-            "kind",
-            kubeconfig,
-            operator_image,
-            trainer_image,
-            extra_logs=lambda where: (
-                sh("kind", "export", "logs", str(where / "kind"), "--name", name, check=False)
-                and None
-            ),
-        )
-        install_chart(kubeconfig, operator_image, trainer_image, "Never")
-        yield cluster
-    finally:
-        if os.environ.get("KEEP_KIND_CLUSTER") != "1":
-            sh("kind", "delete", "cluster", "--name", name, check=False)
+def _kind(kubeconfig: Path | None, tmp: Path) -> Iterator[Cluster]:
+    """The 4-machine kind cluster (``kind_cluster``): both images pushed to the host registry
+    and pulled onto every machine before the first test, the chart installed from them."""
+    from ddp_devcluster.kind import cluster as kind
+
+    assert kubeconfig is not None
+    remote = kind.install(kubeconfig, log=lambda m: print(f"\n[kind] {m}", flush=True))
+    yield Cluster(
+        "kind",
+        kubeconfig,
+        remote["operator"],
+        remote["trainer"],
+        extra_logs=lambda where: kind.export_logs(where / "kind"),
+        claims="checkpoint-pvc-shared.yaml",
+    )
+    # The release stays: the cluster is deleted after its last test when this session made it,
+    # and a cluster of `make up` keeps the chart it had (the same images).
 
 
-PROVIDERS = {"local": _local, "kind": _kind}
+PROVIDERS: dict[str, Callable[[Path | None, Path], Iterator[Cluster]]] = {
+    "local": _local,
+    "kind": _kind,
+}

@@ -1,13 +1,28 @@
-"""Fixtures of the cluster suite: ``cluster`` (one per module, from the provider that
-``DDP_CLUSTER`` names: see cluster_env.py) and ``ns`` (a restricted namespace per test)."""
+"""Fixtures of the cluster suite: ``kind_cluster`` (the 4-node kind cluster of `make up`,
+once per session), ``cluster`` (the chart installed on the cluster that ``DDP_CLUSTER`` names:
+see cluster_env.py) and ``ns`` (a restricted namespace per test).
+
+The kind cluster is created here unless one is up already, and deleted after the last test
+that uses it (when this session created it), so that the tests after it do not share the two
+cores with four idle machines."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 from cluster_env import LOGS, PROVIDER, PROVIDERS, Cluster
+from kind_env import KindCluster, requirements
+
+from ddp_devcluster.kind import cluster as kind
+
+KIND_FIXTURE = "kind_cluster"
+_release: list[Callable[[], None]] = []  # set while the kind cluster runs
+
+
+def _log(msg: str) -> None:
+    print(f"\n[kind] {msg}", flush=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -17,17 +32,58 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.cluster_failed = True  # type: ignore[attr-defined]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+@pytest.fixture(scope="session")
+def kind_cluster() -> Iterator[KindCluster]:
+    requirements()
+    ours = not kind.exists()
+    kubeconfig = kind.up(log=_log)
+
+    def release() -> None:
+        _release.clear()
+        if ours:
+            kind.down(log=_log)
+
+    _release.append(release)
+    yield KindCluster(kubeconfig)
+    if _release:
+        release()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    yield
+    if not _release or KIND_FIXTURE not in getattr(item, "fixturenames", ()):
+        return
+    later = item.session.items[item.session.items.index(item) + 1 :]
+    if not any(KIND_FIXTURE in getattr(i, "fixturenames", ()) for i in later):
+        _release[0]()
+
+
+def _check_provider() -> None:
     if PROVIDER not in PROVIDERS:
         pytest.fail(f"DDP_CLUSTER={PROVIDER!r}: pick one of {', '.join(PROVIDERS)}")
-    yield from PROVIDERS[PROVIDER](tmp_path_factory.mktemp(f"cluster-{PROVIDER}"))
+
+
+if PROVIDER == "kind":
+
+    @pytest.fixture(scope="session")
+    def cluster(
+        kind_cluster: KindCluster, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Cluster]:
+        yield from PROVIDERS["kind"](kind_cluster.kubeconfig, tmp_path_factory.mktemp("kind"))
+
+else:
+
+    @pytest.fixture(scope="session")
+    def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+        _check_provider()
+        yield from PROVIDERS[PROVIDER](None, tmp_path_factory.mktemp(f"cluster-{PROVIDER}"))
 
 
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace enforcing the restricted Pod Security Standard. Its state and logs
-    are collected when the test fails; it is deleted afterwards (the node has two cores)."""
+    are collected when the test fails; it is deleted afterwards (the cores are few)."""
     name = "e2e-" + request.node.name.removeprefix("test_")[:20].replace("_", "-").strip("-")
     namespace = {
         "apiVersion": "v1",

@@ -1,13 +1,15 @@
 """The shipped images, chart and examples on a real cluster (see cluster_env.py for providers).
 
-`make test` runs it on this machine's real node (``DDP_CLUSTER=local``: containerd and runc run
-the images that `make images` built); `make e2e-kind` on a kind cluster. The chart is installed
-with the built operator image; then, each in a namespace that enforces the restricted Pod
-Security Standard: the operator Ready through its probes, with JSON logs; `digits` to
-Succeeded with its checkpoints on a provisioned volume and rank 0's training in its logs; the
-elastic `charlm` scaled from 2 to 3 nodes and then a worker pod deleted (the job recovers and
-succeeds); the rendezvous store pod deleted mid-run; the own-script example. On a failure the
-cluster's state, events and logs go to out/cluster-logs/.
+`make test` runs it on the 4-machine kind cluster (``DDP_CLUSTER=kind``, the default: the
+images that `make images` built, pulled by every machine from the registry on the host;
+checkpoints on the ReadWriteMany ``ddp-shared`` class). The chart is installed with the built
+operator image; then, each in a namespace that enforces the restricted Pod Security Standard:
+the operator Ready through its probes, with JSON logs; `digits` to Succeeded with its
+checkpoints on the volume and rank 0's training in its logs; the elastic `charlm` with
+``spread: Required`` scaled 2 -> 3 -> 4, a pod per machine, then a worker pod deleted; the
+rendezvous store pod deleted mid-run and recreated on a machine without workers; the
+own-script example; rank 0 moved to another machine, resuming exactly from its checkpoint.
+On a failure the cluster's state, events and logs go to out/cluster-logs/.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 import pytest
 from cluster_env import Cluster
+
+from ddp_devcluster.pytest_plugin import unavailable
 
 # The first test also starts the cluster, which imports the images on a cold store (minutes).
 pytestmark = pytest.mark.timeout(1500)
@@ -72,7 +76,7 @@ def test_the_operator_is_ready_through_its_probes_and_logs_json(cluster: Cluster
 def test_digits_succeeds_and_leaves_its_checkpoints_on_the_volume(
     cluster: Cluster, ns: str
 ) -> None:
-    cluster.apply_example(ns, "checkpoint-pvc.yaml", "digits.yaml")
+    cluster.apply_example(ns, cluster.claims, "digits.yaml")
 
     def rank0_training() -> str | None:
         # Rendezvous hands out ranks in order of arrival: rank 0 may be on either pod.
@@ -101,7 +105,7 @@ def test_digits_succeeds_and_leaves_its_checkpoints_on_the_volume(
                 {
                     "name": "ls",
                     "image": cluster.trainer_image,
-                    "imagePullPolicy": "Never",
+                    "imagePullPolicy": "IfNotPresent",
                     "securityContext": {
                         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                     },
@@ -123,19 +127,35 @@ def test_digits_succeeds_and_leaves_its_checkpoints_on_the_volume(
     assert [f for f in files if f.startswith("step-") and f.endswith(".pt")], files
 
 
-def test_charlm_scales_from_2_to_3_nodes_and_recovers_from_a_deleted_pod(
+def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_and_recovers_from_a_deleted_pod(
     cluster: Cluster, ns: str
 ) -> None:
-    # Paused after steps 11 and 31: the test resizes and deletes a pod at known steps.
-    cluster.apply_example(ns, "checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding(11, 31))
+    """``spread: Required``: each pod that ``kubectl scale`` adds lands on a machine that had
+    none of the job's pods (where the cluster has the machines), and the world size follows."""
+    spread = cluster.provider == "kind"  # four machines; the local cluster has one
 
-    status = cluster.until("charlm held after step 11", held(cluster, ns, "charlm", 11))
-    assert status["progress"]["worldSize"] == 2
-    cluster.k("scale", "-n", ns, "ddpjob/charlm", "--replicas", "3")
-    status = cluster.until(
-        "charlm held after step 31 at world size 3", held(cluster, ns, "charlm", 31)
-    )
-    assert status["progress"]["worldSize"] == 3 and status["nodes"] == 3
+    def edit(job: dict[str, Any]) -> None:
+        holding(11, 21, 31)(job)
+        if spread:
+            job["spec"]["spread"] = "Required"
+
+    cluster.apply_example(ns, cluster.claims, "charlm-elastic.yaml", edit=edit)
+
+    def node_machines() -> list[str]:
+        where = machines(cluster, ns, "charlm")
+        return [m for p, m in sorted(where.items()) if p != "charlm-rdzv"]
+
+    for hold, size in ((11, 2), (21, 3), (31, 4)):
+        status = cluster.until(
+            f"charlm held after step {hold} at world size {size}", held(cluster, ns, "charlm", hold)
+        )
+        assert status["progress"]["worldSize"] == size and status["nodes"] == size, status
+        on = node_machines()
+        print(f"step {hold}: world size {size} on {on}")
+        if spread:
+            assert len(set(on)) == size, on  # one pod per machine
+        if size < 4:  # the held workers stop; rank 0 saves the held step; all resume after it
+            cluster.k("scale", "-n", ns, "ddpjob/charlm", "--replicas", str(size + 1))
 
     cluster.k("delete", "pod", "-n", ns, "charlm-node-1", "--wait=false")
     cluster.until(
@@ -149,11 +169,13 @@ def test_charlm_scales_from_2_to_3_nodes_and_recovers_from_a_deleted_pod(
     )
     done = cluster.phase(ns, "charlm", "Succeeded")
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
-    assert done["progress"]["worldSize"] == 3
+    assert done["progress"]["worldSize"] == 4
+    if spread:
+        assert len(set(node_machines())) == 4, node_machines()
 
 
 def test_own_torchrun_script_from_a_configmap_succeeds(cluster: Cluster, ns: str) -> None:
-    cluster.apply_example(ns, "checkpoint-pvc.yaml", "own-script.yaml")
+    cluster.apply_example(ns, cluster.claims, "own-script.yaml")
     cluster.phase(ns, "own-script", "Succeeded")
     # Rendezvous hands out ranks in order of arrival: the script's rank 0 may be on either pod.
     logs = [cluster.k("logs", "-n", ns, f"own-script-node-{i}") for i in (0, 1)]
@@ -161,7 +183,7 @@ def test_own_torchrun_script_from_a_configmap_succeeds(cluster: Cluster, ns: str
 
 
 def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster, ns: str) -> None:
-    cluster.apply_example(ns, "checkpoint-pvc.yaml", "digits.yaml", edit=holding(25))
+    cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=holding(25))
     cluster.until("digits held after step 25", held(cluster, ns, "digits", 25))
     # Every pod the operator made was admitted by the restricted namespace, and their
     # processes run as the trainer image's user.
@@ -169,6 +191,12 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
         ids = cluster.k("exec", "-n", ns, pod, "--", "id", "-u", "-n")
         assert ids.strip() == "trainer", (pod, ids)
     old = json.loads(cluster.k("get", "pod", "-n", ns, "digits-rdzv", "-o", "json"))
+    # Across machines: the new store pod goes where no worker runs, so every rendezvous
+    # message after this crosses the pod network between machines.
+    workers = {m for p, m in machines(cluster, ns, "digits").items() if p != "digits-rdzv"}
+    closed = sorted(workers) if cluster.provider == "kind" else []
+    for machine in closed:
+        cluster.k("cordon", machine)
     cluster.k("delete", "pod", "-n", ns, "digits-rdzv", "--wait=false")
 
     def new_store_running() -> bool:
@@ -179,10 +207,84 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
             and pod.get("status", {}).get("phase") == "Running"
         )
 
-    cluster.until("a new store pod Running", new_store_running)
+    try:
+        cluster.until("a new store pod Running", new_store_running)
+    finally:
+        for machine in closed:
+            cluster.k("uncordon", machine)
+    store_on = machines(cluster, ns, "digits")["digits-rdzv"]
+    if cluster.provider == "kind":
+        assert store_on not in workers, (store_on, workers)
     cluster.k(
         "exec", "-n", ns, "digits-node-0", "--", "touch", "/checkpoints/release-step-00000025"
     )
     done = cluster.phase(ns, "digits", "Succeeded")
     assert done.get("restarts", 0) == 0, done  # the store's loss costs no restart
+    assert done["progress"]["step"] == done["progress"]["totalSteps"]
+
+
+def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
+    """The machine (Kubernetes node) of each pod of a job, by pod name."""
+    pods = json.loads(cluster.k("get", "pods", "-n", ns, "-l", f"ddp.dev/job-name={job}",
+                                "-o", "json"))["items"]  # fmt: skip
+    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
+
+
+def step_lines(cluster: Cluster, ns: str, pod: str) -> list[dict[str, Any]]:
+    """metrics.jsonl of the job's checkpoint volume, read through one of its pods."""
+    text = cluster.k("exec", "-n", ns, pod, "--", "cat", "/checkpoints/metrics.jsonl")
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def rank0_pod(cluster: Cluster, ns: str, job: str) -> str | None:
+    """The pod whose worker logs as global rank 0 (rendezvous orders ranks by arrival)."""
+    for pod in machines(cluster, ns, job):
+        if pod.endswith("-rdzv"):
+            continue
+        logs = cluster.k("logs", "-n", ns, pod, check=False)
+        if any(line.startswith("[rank0]:") and " loss " in line for line in logs.splitlines()):
+            return pod
+    return None
+
+
+def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint(
+    cluster: Cluster, ns: str
+) -> None:
+    """Rank 0 writes the step-20 checkpoint on machine A; its pod is lost at step 30 and A is
+    closed to new pods; the job resumes on other machines from that checkpoint, through the
+    ReadWriteMany volume, and its step 30 is the same as before: same step, same loss."""
+    if cluster.provider != "kind":
+        unavailable("one machine only: rank 0 cannot move to another (DDP_CLUSTER=kind)")
+    cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=holding(30))
+    cluster.until("digits held after step 30", held(cluster, ns, "digits", 30))
+    first = cluster.until("the pod of rank 0", lambda: rank0_pod(cluster, ns, "digits"))
+    where = machines(cluster, ns, "digits")
+    machine_a = where[first]
+    other = next(p for p in where if p not in (first, "digits-rdzv"))
+    before = [r for r in step_lines(cluster, ns, other) if r["event"] == "step"]
+    assert [r["step"] for r in before] == [10, 20, 30], before
+    cluster.k("cordon", machine_a)
+    try:
+        cluster.k("delete", "pod", "-n", ns, first, "--wait=true")
+
+        def held_again() -> list[dict[str, Any]] | None:
+            rows = step_lines(cluster, ns, other)
+            holds = [r for r in rows if r["event"] == "hold" and r["step"] == 30]
+            return rows if len(holds) == 2 else None
+
+        rows = cluster.until("digits held after step 30 again, resumed", held_again)
+        now = machines(cluster, ns, "digits")
+        second = cluster.until("the new rank 0", lambda: rank0_pod(cluster, ns, "digits"))
+    finally:
+        cluster.k("uncordon", machine_a)
+    starts = [r for r in rows if r["event"] == "start"]
+    assert (starts[-1]["step"], starts[-1]["resumedFrom"]) == (20, "step-00000020.pt"), starts
+    assert now[second] != machine_a, (machine_a, now)
+    replayed = [r for r in rows[rows.index(starts[-1]) :] if r["event"] == "step"]
+    assert [r["step"] for r in replayed] == [30], replayed
+    assert replayed[0]["loss"] == before[-1]["loss"], (before[-1], replayed[0])
+    print(f"rank 0: {first} on {machine_a} -> {second} on {now[second]};"
+          f" step 30 loss {before[-1]['loss']} both times")  # fmt: skip
+    cluster.k("exec", "-n", ns, other, "--", "touch", "/checkpoints/release-step-00000030")
+    done = cluster.phase(ns, "digits", "Succeeded")
     assert done["progress"]["step"] == done["progress"]["totalSteps"]

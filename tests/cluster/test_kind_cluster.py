@@ -1,11 +1,12 @@
 """The 4-node kind cluster of `make up`: its nodes, its pod network and Services across nodes,
-pulls from the host registry, and local-path volumes."""
+pulls from the host registry, local-path volumes (one machine's) and the shared class's
+(every machine's)."""
 
 from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from kind_env import KindCluster
 
 from ddp_devcluster.kind import registry
 from ddp_devcluster.kind.cluster import is_ready
-from ddp_devcluster.kind.nodeimage import helper_image, helper_rootfs
+from ddp_devcluster.kind.nodeimage import SHARED_CLASS, helper_image, helper_rootfs
 from ddp_devcluster.versions import CONTAINERD, KUBERNETES
 
 NODES = ["ddp-control-plane", "ddp-worker", "ddp-worker2", "ddp-worker3"]
@@ -190,3 +191,52 @@ def test_a_read_write_once_local_path_claim_binds_and_keeps_data(
     # local-path pins the volume to the node the pod ran on
     terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
     assert terms[0]["matchExpressions"][0]["values"] == [p["spec"]["nodeName"]]
+
+
+def test_a_read_write_many_claim_is_the_same_files_on_every_machine(
+    kind_cluster: KindCluster, ns: str
+) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "shared", "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": SHARED_CLASS,
+            "resources": {"requests": {"storage": "16Mi"}},
+        },
+    }
+    volume = [{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}}]
+    mount = [{"name": "data", "mountPath": "/data"}]
+
+    def on(node: str, name: str, script: str) -> dict:
+        p = pod(name, ns, node, helper_image(), script, imagePullPolicy="Never", volumeMounts=mount)
+        p["spec"]["volumes"] = volume
+        return p
+
+    def finished(name: str) -> Callable[[], dict | None]:
+        def probe() -> dict | None:
+            p = kind_cluster.get("pod", "-n", ns, name)
+            return p if p.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+        return probe
+
+    # Written on one worker while a pod on another reads it: both mount the claim at once.
+    kind_cluster.apply(
+        claim,
+        on("ddp-worker", "writer", "echo written-on-ddp-worker > /data/x && sleep 3600"),
+        on("ddp-worker2", "reader", "until [ -s /data/x ]; do sleep 0.2; done; cat /data/x"),
+    )
+    p = kind_cluster.until("the reader on ddp-worker2", finished("reader"), ns=ns)
+    assert p["status"]["phase"] == "Succeeded"
+    assert kind_cluster.k("logs", "-n", ns, "reader").strip() == "written-on-ddp-worker"
+    # ... and a third machine appends while the first still has it mounted.
+    kind_cluster.apply(on("ddp-worker3", "appender", "echo more >> /data/x && cat /data/x"))
+    kind_cluster.until("the appender on ddp-worker3", finished("appender"), ns=ns)
+    out = kind_cluster.k("exec", "-n", ns, "writer", "--", "cat", "/data/x")
+    assert out.split() == ["written-on-ddp-worker", "more"]
+    pvc = kind_cluster.get("pvc", "-n", ns, "shared")
+    assert pvc["status"]["accessModes"] == ["ReadWriteMany"]
+    pv = kind_cluster.get("pv", pvc["spec"]["volumeName"])
+    assert "nodeAffinity" not in pv["spec"], pv["spec"]  # not pinned to a machine
+    kind_cluster.k("delete", "pod", "-n", ns, "writer", "--wait=false")
