@@ -150,6 +150,7 @@ MAX_LIST = 64
 MAX_ARGS = 256
 MAX_STRING = 4096
 MAX_MAP = 64
+MAX_SPREAD_CONSTRAINTS = 8  # one per topology key (hostname, zone, rack...) is the usual use
 ShortString = Annotated[str, Field(max_length=253)]
 Arg = Annotated[str, Field(max_length=MAX_STRING)]
 
@@ -176,6 +177,14 @@ class RestartPolicy(StrEnum):
     ON_FAILURE = "OnFailure"
     EXIT_CODE = "ExitCode"
     NEVER = "Never"
+
+
+class Spread(StrEnum):
+    """How a job's node pods spread across machines (nodes by ``kubernetes.io/hostname``)."""
+
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+    NONE = "None"
 
 
 class DDPJobPhase(StrEnum):
@@ -318,6 +327,13 @@ class PodTemplateOverrides(_Model):
         description="core/v1 Tolerations of the pods, e.g. for tainted GPU nodes.",
     )
     affinity: KubeObject | None = Field(default=None, description="core/v1 Affinity of the pods.")
+    topology_spread_constraints: list[KubeObject] | None = Field(
+        default=None,
+        max_length=MAX_SPREAD_CONSTRAINTS,
+        description="core/v1 TopologySpreadConstraints of the node pods (not the rendezvous"
+        " store pod's), e.g. across zones. One on kubernetes.io/hostname replaces the one"
+        " spec.spread adds.",
+    )
     env: list[KubeObject] | None = Field(
         default=None,
         max_length=MAX_ARGS,
@@ -566,6 +582,21 @@ class DDPJobSpec(_Model):
         default=False,
         description="true deletes the job's pods (rank 0 checkpoints first) and keeps the job;"
         " false again resumes it from the newest checkpoint. Default: false.",
+    )
+    spread: Spread = Field(
+        json_schema_extra=IMMUTABLE,
+        default=Spread.PREFERRED,
+        description="How the node pods spread across machines. Required: a pod goes only to a"
+        " machine with the fewest of the job's node pods (a topology spread constraint on"
+        " kubernetes.io/hostname, maxSkew 1, whenUnsatisfiable DoNotSchedule): with no more"
+        " pods than machines each has a machine of its own, with more they stay even, and a"
+        " pod waits Pending while no such machine has room. Preferred: the scheduler favours"
+        " such a machine but places the pod anyway, e.g. on a single-machine cluster or when"
+        " the empty machines are full (whenUnsatisfiable ScheduleAnyway). None: no"
+        " constraint. Machines the pods may not run on (taints they do not tolerate, such as"
+        " a control plane's or a lost machine's; nodeSelector and affinity) are not counted."
+        " A kubernetes.io/hostname constraint in template.topologySpreadConstraints replaces"
+        " this one. The rendezvous store pod is not spread. Default: Preferred.",
     )
     template: PodTemplateOverrides | None = Field(
         json_schema_extra=IMMUTABLE,

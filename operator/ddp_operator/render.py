@@ -69,7 +69,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from .api import API_VERSION, KIND, DDPJob
+from .api import API_VERSION, KIND, DDPJob, Spread
 
 LABEL_JOB = "ddp.dev/job-name"
 LABEL_ROLE = "ddp.dev/role"
@@ -84,6 +84,7 @@ STORE_CONTAINER = "store"
 # of its namespace: its pods keep it until they end (see Controller.retire_legacy_trainer).
 LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
 SHM_SIZE = "2Gi"
+HOSTNAME_KEY = "kubernetes.io/hostname"  # the well-known label naming a node's machine
 
 # torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
 LOG_LINE_PREFIX_TEMPLATE = "[rank${rank}]: "
@@ -347,6 +348,31 @@ def _pod_spec_overrides(job: DDPJob) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v}
 
 
+def spread_constraints(job: DDPJob) -> list[dict[str, Any]]:
+    """The node pods' topologySpreadConstraints: the user's own (``spec.template``), then one on
+    the machine (``spec.spread``) unless the user's include one on kubernetes.io/hostname.
+
+    maxSkew 1 rather than a required pod anti-affinity: with no more pods than machines each
+    pod gets a machine of its own, and with more they stay even instead of Pending forever.
+    Honoring taints and node affinity keeps machines the pods may not run on (a control
+    plane, a lost machine) from counting as empty machines that every pod must wait for."""
+    t, spread = job.spec.template, job.spec.spread
+    own = [dict(c) for c in (t.topology_spread_constraints if t else None) or []]
+    if spread == Spread.NONE or any(c.get("topologyKey") == HOSTNAME_KEY for c in own):
+        return own
+    _, name, _ = job_key(job)
+    unsatisfiable = "DoNotSchedule" if spread == Spread.REQUIRED else "ScheduleAnyway"
+    machine = {
+        "maxSkew": 1,
+        "topologyKey": HOSTNAME_KEY,
+        "whenUnsatisfiable": unsatisfiable,
+        "labelSelector": {"matchLabels": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER}},
+        "nodeAffinityPolicy": "Honor",
+        "nodeTaintsPolicy": "Honor",
+    }
+    return [*own, machine]
+
+
 def _resources(resources: dict[str, Any]) -> dict[str, Any]:
     """core/v1 ResourceRequirements with every quantity as a string (2 -> "2")."""
     out: dict[str, Any] = dict(resources)
@@ -394,6 +420,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
         )
     meta = _meta(job, worker_name(name, index), ROLE_WORKER, {LABEL_INDEX: str(index)})
     meta["annotations"][ANNOTATION_ATTEMPT] = str(attempt)
+    spread = spread_constraints(job)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -408,6 +435,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
             "containers": [container],
             "volumes": volumes,
             **_pod_spec_overrides(job),
+            **({"topologySpreadConstraints": spread} if spread else {}),
         },
     }
 

@@ -411,6 +411,59 @@ def test_pods_on_a_lost_machine_are_deleted_at_once_and_recreated(c: Cluster) ->
         c.cp.kubectl("delete", "node", machine, "--wait=false")
 
 
+def test_spread_required_gives_each_node_pod_a_machine_of_its_own(c: Cluster) -> None:
+    """kube-scheduler places the pods; the job's spread constraint is all that keeps them apart:
+    every pod prefers machine 0, and a machine none of them tolerates must not hold them back."""
+    machines = [f"spread-{c.ns}-{i}" for i in range(4)]
+    # Like a control plane's: a taint the pods do not tolerate. Its machine must not count as
+    # an empty one that the fourth pod waits for.
+    tainted = machines[3]
+    for machine in machines:
+        c.cp.add_kwok_node(machine, labels={"machines": c.ns})
+    try:
+        c.cp.kubectl("taint", "node", tainted, "ddp.dev/test=spread:NoSchedule")
+
+        def settled() -> bool:  # Ready, and the node controller's not-ready taints gone
+            nodes = json.loads(
+                c.cp.kubectl("get", "nodes", "-l", f"machines={c.ns}", "-o", "json").stdout
+            )
+            ready = all(
+                x["status"] == "True"
+                for n in nodes["items"]
+                for x in n["status"].get("conditions", [])
+                if x["type"] == "Ready"
+            )
+            taints = {
+                n["metadata"]["name"]: [t["key"] for t in n["spec"].get("taints", [])]
+                for n in nodes["items"]
+            }
+            expected = {m: ["ddp.dev/test"] if m == tainted else [] for m in machines}
+            return len(nodes["items"]) == 4 and ready and taints == expected
+
+        c.until("the four machines Ready, one tainted", settled)
+        first = {"key": "kubernetes.io/hostname", "operator": "In", "values": machines[:1]}
+        prefer = [{"weight": 100, "preference": {"matchExpressions": [first]}}]
+        prefer_first = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": prefer}}
+        template = {"nodeSelector": {"machines": c.ns}, "affinity": prefer_first}
+        spec = {"nodes": 3, "minNodes": 1, "maxNodes": 4, "spread": "Required"}
+        c.apply("spread", {**spec, "template": template})
+        c.running("spread", 3)
+
+        def placement() -> dict[str, str]:
+            return {n: p["spec"]["nodeName"] for n, p in c.workers("spread").items()}
+
+        assert sorted(placement().values()) == machines[:3]
+        # A fourth pod shares a machine (the skew stays 1) instead of waiting for the tainted one.
+        c.k("scale", "ddpjob/spread", "--replicas", "4")
+        c.running("spread", 4)
+        on = placement()
+        assert set(on.values()) == set(machines[:3]) and len(on) == 4
+    finally:
+        c.k("delete", "ddpjob", "spread", "--wait=false", check=False)
+        for machine in machines:
+            c.cp.kubectl("delete", "node", machine, "--wait=false")
+
+
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:
     c.apply("budget", {"nodes": 2, "backoffLimit": 1})
     c.running("budget", 2)

@@ -90,6 +90,7 @@ def test_a_valid_job_is_accepted_and_defaults_appear(ddpjob_crd: ControlPlane, n
     assert spec["backoffLimit"] == 3
     assert spec["workerRestarts"] == 3
     assert spec["suspend"] is False
+    assert spec["spread"] == "Preferred"
     assert spec["checkpoint"]["path"] == "/checkpoints"
     assert spec["checkpoint"]["everySteps"] == 50
     assert spec["trainer"]["lr"] == 0.003  # the trainer's own default
@@ -139,6 +140,19 @@ def test_unknown_workload_is_refused(ddpjob_crd: ControlPlane, ns: str) -> None:
     refused(result, "spec.trainer.workload", "must be one of digits, charlm, synthetic")
     plugin = {"workload": "my_pkg.models:build"}
     accepted(apply(ddpjob_crd, ns, job(ELASTIC, trainer=plugin)))
+
+
+def test_spread_is_one_of_its_three_values(ddpjob_crd: ControlPlane, ns: str) -> None:
+    refused(
+        apply(ddpjob_crd, ns, job(ELASTIC, spread="Always")),
+        "spec.spread: Unsupported value",
+        '"Required", "Preferred", "None"',
+    )
+    constraint = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}
+    template = {"topologySpreadConstraints": [constraint]}
+    accepted(apply(ddpjob_crd, ns, job(ELASTIC, spread="None", template=template)))
+    spec = get(ddpjob_crd, ns, "digits")["spec"]
+    assert spec["spread"] == "None" and spec["template"] == template
 
 
 def test_trainer_and_command_are_mutually_exclusive(ddpjob_crd: ControlPlane, ns: str) -> None:
@@ -218,6 +232,7 @@ IMMUTABLE_CHANGES: list[tuple[str, str, dict[str, Any]]] = [
     ("checkpoint", ELASTIC, {"checkpoint": {**CKPT, "everySteps": 10}}),
     ("template", ELASTIC, {"template": {"nodeSelector": {"gpu": "a100"}}}),
     ("workerRestarts", ELASTIC, {"workerRestarts": 0}),
+    ("spread", ELASTIC, {"spread": "Required"}),
 ]
 
 

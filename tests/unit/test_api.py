@@ -15,6 +15,7 @@ from ddp_operator.api import (
     DDPJobSpec,
     DDPJobStatus,
     RestartPolicy,
+    Spread,
 )
 from ddp_trainer.config import TrainerConfig
 
@@ -31,6 +32,7 @@ def test_an_empty_spec_gets_the_documented_defaults() -> None:
     assert s.backoff_limit == 3
     assert s.worker_restarts == 3
     assert s.suspend is False
+    assert s.spread is Spread.PREFERRED
     assert s.trainer is None and s.command is None and s.checkpoint is None
     assert not s.elastic
     assert s.node_range() == (1, 1)
@@ -78,6 +80,9 @@ def test_trainer_is_the_trainers_own_settings_model() -> None:
         ({"activeDeadlineSeconds": 0}, "activeDeadlineSeconds"),
         ({"restartPolicy": "Always"}, "restartPolicy"),
         ({"imagePullPolicy": "Sometimes"}, "imagePullPolicy"),
+        ({"spread": "Always"}, "spread"),
+        ({"spread": "required"}, "spread"),  # as strict as the API server's enum
+        ({"template": {"topologySpreadConstraints": [{}] * 9}}, "topologySpreadConstraints"),
         ({"replicas": 3}, "replicas"),  # unknown fields are refused
         ({"template": {"nodeSelectors": {}}}, "nodeSelectors"),
         ({"resources": {"limits": {"cpu": 1.5}}}, "limits"),
@@ -107,7 +112,9 @@ def test_a_full_spec_round_trips() -> None:
             "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
             "imagePullSecrets": [{"name": "registry"}],
             "serviceAccountName": "trainer",
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone"}],
         },
+        "spread": "Required",
     }
     s = spec(**raw)
     assert s.template is not None and s.template.image_pull_secrets is not None
@@ -120,6 +127,7 @@ def test_immutable_fields_are_spec_fields() -> None:
     aliases = {f.alias for f in DDPJobSpec.model_fields.values()}
     assert set(SPEC_IMMUTABLE_FIELDS) <= aliases
     assert {"nodes", "suspend", "backoffLimit"}.isdisjoint(SPEC_IMMUTABLE_FIELDS)
+    assert "spread" in SPEC_IMMUTABLE_FIELDS  # it shapes the pods
 
 
 def test_status_as_the_operator_writes_it() -> None:

@@ -84,6 +84,8 @@ def test_defaults_bounds_and_enums_survive(schema: dict[str, Any]) -> None:
     assert (nodes["type"], nodes["default"], nodes["minimum"]) == ("integer", 1, 1)
     assert spec["properties"]["restartPolicy"]["enum"] == ["OnFailure", "ExitCode", "Never"]
     assert spec["properties"]["restartPolicy"]["default"] == "OnFailure"
+    assert spec["properties"]["spread"]["enum"] == ["Required", "Preferred", "None"]
+    assert spec["properties"]["spread"]["default"] == "Preferred"
     nproc = spec["properties"]["nprocPerNode"]
     assert nproc["x-kubernetes-int-or-string"] is True and nproc["default"] == 1
     assert resolve(schema, ".spec.trainer.amp")["enum"] == ["auto", "bf16", "fp16", "off"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ddp_operator import render
 from ddp_operator.api import DDPJob
 
@@ -139,3 +141,60 @@ def test_the_bundled_trainer_declares_its_metrics_port() -> None:
     assert ports(command=["torchrun", "/scripts/train.py"]) == {"c10d": 29400}
     store = render.render_store(job(), CFG)["spec"]["containers"][0]
     assert [p["name"] for p in store["ports"]] == ["c10d"]
+
+
+def machine_spread(**spec: object) -> list[dict[str, object]]:
+    """The node pod's topologySpreadConstraints on the machine (kubernetes.io/hostname)."""
+    constraints = render.render_worker(job(**spec), 1, 0, CFG)["spec"].get(
+        "topologySpreadConstraints", []
+    )
+    return [c for c in constraints if c["topologyKey"] == "kubernetes.io/hostname"]
+
+
+@pytest.mark.parametrize(
+    ("spread", "unsatisfiable"), [("Required", "DoNotSchedule"), ("Preferred", "ScheduleAnyway")]
+)
+def test_node_pods_spread_one_per_machine_when_asked(spread: str, unsatisfiable: str) -> None:
+    assert machine_spread(spread=spread) == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": unsatisfiable,
+            # this job's node pods only: not its store, not another job's pods
+            "labelSelector": {
+                "matchLabels": {"ddp.dev/job-name": "digits", "ddp.dev/role": "worker"}
+            },
+            # a tainted control plane or a lost machine is no empty machine to wait for
+            "nodeAffinityPolicy": "Honor",
+            "nodeTaintsPolicy": "Honor",
+        }
+    ]
+
+
+def test_preferred_is_the_default_and_none_adds_no_constraint() -> None:
+    assert machine_spread()[0]["whenUnsatisfiable"] == "ScheduleAnyway"
+    pod = render.render_worker(job(spread="None"), 0, 0, CFG)
+    assert "topologySpreadConstraints" not in pod["spec"]
+
+
+def test_the_users_own_constraints_are_kept_and_their_hostname_one_wins() -> None:
+    zone = {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone"}
+    own = {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "x"}
+    pod = render.render_worker(
+        job(spread="Required", template={"topologySpreadConstraints": [zone]}), 0, 0, CFG
+    )
+    got = pod["spec"]["topologySpreadConstraints"]
+    assert got[0] == zone and got[1]["whenUnsatisfiable"] == "DoNotSchedule" and len(got) == 2
+    assert machine_spread(spread="Required", template={"topologySpreadConstraints": [own]}) == [own]
+    pod = render.render_worker(
+        job(spread="None", template={"topologySpreadConstraints": [zone]}), 0, 0, CFG
+    )
+    assert pod["spec"]["topologySpreadConstraints"] == [zone]
+
+
+def test_the_store_pod_is_not_spread() -> None:
+    zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}
+    store = render.render_store(
+        job(spread="Required", template={"topologySpreadConstraints": [zone]}), CFG
+    )
+    assert "topologySpreadConstraints" not in store["spec"]
