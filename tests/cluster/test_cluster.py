@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster_env import Cluster
 
+from ddp_devcluster.kind import cluster as kind
+from ddp_devcluster.kind.nodeimage import SHARED_PATH
 from ddp_devcluster.pytest_plugin import unavailable
 
 # The first test also starts the cluster, which imports the images on a cold store (minutes).
@@ -230,9 +233,18 @@ def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
 
 
-def step_lines(cluster: Cluster, ns: str, pod: str) -> list[dict[str, Any]]:
-    """metrics.jsonl of the job's checkpoint volume, read through one of its pods."""
-    text = cluster.k("exec", "-n", ns, pod, "--", "cat", "/checkpoints/metrics.jsonl")
+def claim_dir(cluster: Cluster, ns: str, claim: str) -> Path:
+    """The host folder of a ``ddp-shared`` claim on the kind cluster (every machine mounts
+    that same folder): what the job wrote, readable whatever its pods are doing."""
+    pvc = json.loads(cluster.k("get", "pvc", "-n", ns, claim, "-o", "json"))
+    pv = json.loads(cluster.k("get", "pv", pvc["spec"]["volumeName"], "-o", "json"))
+    inside = Path(pv["spec"]["hostPath"]["path"])
+    return kind.shared_dir() / inside.relative_to(SHARED_PATH)
+
+
+def metrics(folder: Path) -> list[dict[str, Any]]:
+    """The rows of a checkpoint folder's metrics.jsonl (rank 0 appends them)."""
+    text = (folder / "metrics.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
@@ -260,15 +272,15 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
     first = cluster.until("the pod of rank 0", lambda: rank0_pod(cluster, ns, "digits"))
     where = machines(cluster, ns, "digits")
     machine_a = where[first]
-    other = next(p for p in where if p not in (first, "digits-rdzv"))
-    before = [r for r in step_lines(cluster, ns, other) if r["event"] == "step"]
-    assert [r["step"] for r in before] == [10, 20, 30], before
+    folder = claim_dir(cluster, ns, "digits-checkpoints")
+    before = [r for r in metrics(folder) if r["event"] == "step"]
+    assert [r["step"] for r in before][-3:] == [10, 20, 30], before  # logged every 10 (and 1)
     cluster.k("cordon", machine_a)
     try:
         cluster.k("delete", "pod", "-n", ns, first, "--wait=true")
 
         def held_again() -> list[dict[str, Any]] | None:
-            rows = step_lines(cluster, ns, other)
+            rows = metrics(folder)
             holds = [r for r in rows if r["event"] == "hold" and r["step"] == 30]
             return rows if len(holds) == 2 else None
 
@@ -285,6 +297,6 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
     assert replayed[0]["loss"] == before[-1]["loss"], (before[-1], replayed[0])
     print(f"rank 0: {first} on {machine_a} -> {second} on {now[second]};"
           f" step 30 loss {before[-1]['loss']} both times")  # fmt: skip
-    cluster.k("exec", "-n", ns, other, "--", "touch", "/checkpoints/release-step-00000030")
+    (folder / "release-step-00000030").touch()
     done = cluster.phase(ns, "digits", "Succeeded")
     assert done["progress"]["step"] == done["progress"]["totalSteps"]

@@ -10,33 +10,17 @@ job has moved on, as a repaired machine would come back.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 import pytest
 from cluster_env import Cluster
-from test_cluster import held, holding, machines
+from test_cluster import claim_dir, held, holding, machines, metrics
 
 from ddp_devcluster.kind import cluster as kind
-from ddp_devcluster.kind.nodeimage import SHARED_PATH
 from ddp_devcluster.pytest_plugin import unavailable
 
 pytestmark = pytest.mark.timeout(1500)
 CONTROL_PLANE = "ddp-control-plane"
 EVERY = 20  # digits.yaml's checkpoint.everySteps
-
-
-def claim_dir(cluster: Cluster, ns: str, claim: str) -> Path:
-    """The host folder of a ``ddp-shared`` claim (every node mounts the same one)."""
-    pvc = json.loads(cluster.k("get", "pvc", "-n", ns, claim, "-o", "json"))
-    pv = json.loads(cluster.k("get", "pv", pvc["spec"]["volumeName"], "-o", "json"))
-    inside = Path(pv["spec"]["hostPath"]["path"])
-    return kind.shared_dir() / inside.relative_to(SHARED_PATH)
-
-
-def metrics(folder: Path) -> list[dict[str, Any]]:
-    text = (folder / "metrics.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succeeds(
