@@ -119,5 +119,6 @@ def test_the_step_timeout_applies_once_training_runs_and_zero_turns_it_off() -> 
     assert TrainerConfig().steady_timeout_s == 60
     assert build_config({"stepTimeoutS": 0, "pgTimeoutS": 300}).steady_timeout_s == 300
     assert build_config({"stepTimeoutS": 45}).steady_timeout_s == 45
+    assert build_config({"pgTimeoutS": 30}).steady_timeout_s == 30  # never longer
     with pytest.raises(ConfigError, match=r"^stepTimeoutS: "):
         build_config({"stepTimeoutS": -1})

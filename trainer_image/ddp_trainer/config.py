@@ -178,7 +178,7 @@ class TrainerConfig(BaseModel):
         "step: how long survivors wait for a silent peer (a lost machine sends nothing) before "
         "their workers fail and torchrun re-rendezvouses without it. Longer than the longest "
         "stall of one rank between two steps (rank 0 waits for the previous checkpoint write "
-        "before copying the next). 0: pgTimeoutS throughout.",
+        "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout.",
     )
 
     @field_validator("workload")
@@ -202,7 +202,7 @@ class TrainerConfig(BaseModel):
     @property
     def steady_timeout_s(self) -> int:
         """The collective timeout once every rank has finished its first step."""
-        return self.step_timeout_s or self.pg_timeout_s
+        return min(self.step_timeout_s or self.pg_timeout_s, self.pg_timeout_s)
 
     @property
     def is_plugin(self) -> bool:
