@@ -51,6 +51,7 @@ def measure(
     give_up_s: float,
     nnodes: str = "1:2",
     replace_after_s: float | None = None,
+    workdir: Path | None = None,
 ) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "workload": "digits",
@@ -67,7 +68,7 @@ def measure(
     if step_timeout_s is not None:
         settings["stepTimeoutS"] = step_timeout_s
     with tempfile.TemporaryDirectory(prefix="silent-peer-") as tmp:
-        launcher = Launcher(Path(tmp))
+        launcher = Launcher(workdir or Path(tmp))
         try:
             ckpt = launcher.workdir / "ckpt"
             _, endpoint = launcher.store()
@@ -146,6 +147,7 @@ def main() -> None:
         default=None,
         help="start a third node (the operator's replacement pod) this long after the SIGSTOP",
     )
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the logs there")
     args = parser.parse_args()
     defaults = TrainerConfig()
     result = {
@@ -163,6 +165,7 @@ def main() -> None:
             args.give_up_s,
             args.nnodes,
             args.replace_after_s,
+            args.workdir,
         ),
     }
     print(json.dumps(result))
