@@ -41,3 +41,12 @@ def kill_tree(pid: int) -> None:
     for p in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
+
+
+def freeze_tree(pid: int) -> None:
+    """SIGSTOP `pid` and all its descendants, like a machine that vanishes without a word
+    (power off, network partition): its sockets stay open and nothing answers on them.
+    The process itself first, so that it never sees its children stop."""
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)

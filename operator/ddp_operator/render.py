@@ -16,7 +16,10 @@ PET_RDZV_ENDPOINT               ``<job>-rdzv.<namespace>.svc:29400``: the job's 
 PET_RDZV_ID                     the DDPJob's uid (never ``none``: jobs must not share state);
                                 rank 0's completion record in the checkpoint folder names it
 PET_RDZV_CONF                   ``is_host=false`` plus join/last-call/close/read timeouts for
-                                pods that start minutes apart
+                                pods that start minutes apart, and a keep-alive every 2 s, 3
+                                missed ones a dead node (torchrun: 5 s, 3): a machine that went
+                                silent leaves the rendezvous in 6 s, before a round's 15 s last
+                                call can admit it (its collectives: ``stepTimeoutS``, below)
 PET_LOCAL_ADDR                  the pod IP (fieldRef): pod hostnames may not resolve for peers
 PET_MAX_RESTARTS                ``workerRestarts``: worker restarts inside one pod, and restarts
                                 of torchrun after losing the store (``ddp_trainer.node``)
@@ -40,6 +43,14 @@ PYTHONUNBUFFERED                ``1``: torchrun relays those lines without flush
 OMP_NUM_THREADS                 the container's CPUs (limit, else request) per worker process,
                                 at least 1; not set without a CPU quantity
 ==============================  ================================================================
+
+A lost machine sends nothing (no FIN, no RST), and torchrun's agent re-rendezvouses only when a
+worker fails or a new node waits: a peer's keep-alive going stale changes nothing for a round in
+progress. Survivors notice a silent peer when their next collective times out: the bundled
+trainer's ``stepTimeoutS`` (60 s) once every rank has taken its first step, ``pgTimeoutS``
+(1800 s) before that and around the end; then their workers fail, torchrun starts them again
+(one of ``workerRestarts``), and the rendezvous completes without the lost node after the last
+call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A silent peer".
 
 Read by the bundled trainer but not set by the operator (``spec.template.env`` may set it):
 ``DDPJOB_EXIT_BARRIER_S``, how long torchrun's agent waits at its exit barrier for the other
@@ -89,7 +100,10 @@ HOSTNAME_KEY = "kubernetes.io/hostname"  # the well-known label naming a node's 
 # torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
 LOG_LINE_PREFIX_TEMPLATE = "[rank${rank}]: "
 
-RDZV_CONF = "is_host=false,join_timeout=900,last_call_timeout=15,close_timeout=60,read_timeout=60"
+RDZV_CONF = (
+    "is_host=false,join_timeout=900,last_call_timeout=15,close_timeout=60,read_timeout=60,"
+    "keep_alive_interval=2,keep_alive_max_attempt=3"
+)
 
 
 @dataclass(frozen=True)

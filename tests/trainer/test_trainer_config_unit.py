@@ -113,3 +113,12 @@ def test_invalid_settings_exit_with_a_message() -> None:
         [sys.executable, "-m", "ddp_trainer"], env=env, capture_output=True, text=True
     )
     assert out.returncode == 2 and "amp:" in out.stderr
+
+
+def test_the_step_timeout_applies_once_training_runs_and_zero_turns_it_off() -> None:
+    assert TrainerConfig().steady_timeout_s == 60
+    assert build_config({"stepTimeoutS": 0, "pgTimeoutS": 300}).steady_timeout_s == 300
+    assert build_config({"stepTimeoutS": 45}).steady_timeout_s == 45
+    assert build_config({"pgTimeoutS": 30}).steady_timeout_s == 30  # never longer
+    with pytest.raises(ConfigError, match=r"^stepTimeoutS: "):
+        build_config({"stepTimeoutS": -1})

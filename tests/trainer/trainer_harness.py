@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ddp_devcluster.procs import free_port, kill_tree
+from ddp_devcluster.procs import free_port, freeze_tree, kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -72,6 +72,10 @@ class Proc:
     def kill_tree(self) -> None:
         """SIGKILL the process and all its descendants at once, like a node that dies."""
         kill_tree(self.popen.pid)
+
+    def freeze_tree(self) -> None:
+        """SIGSTOP the process and all its descendants, like a machine that goes silent."""
+        freeze_tree(self.popen.pid)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -135,10 +139,13 @@ class Launcher:
         rdzv_id: str = "job",
         max_restarts: int = 3,
         supervised: bool = False,
+        rdzv_conf: str = RDZV_CONF,
     ) -> Proc:
         """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer;
-        ``supervised``: under ``ddp_trainer.node``, as the operator's pods run it."""
-        conf = f"{RDZV_CONF},is_host={'true' if is_host else 'false'}"
+        ``supervised``: under ``ddp_trainer.node``, as the operator's pods run it;
+        ``rdzv_conf``: its ``--rdzv-conf`` (``is_host`` comes from ``is_host``)."""
+        kept = [kv for kv in rdzv_conf.split(",") if kv and not kv.startswith("is_host=")]
+        conf = ",".join([*kept, f"is_host={'true' if is_host else 'false'}"])
         args = [
             "-m",
             "ddp_trainer.node" if supervised else "torch.distributed.run",

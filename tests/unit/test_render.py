@@ -45,6 +45,14 @@ def test_worker_pod_carries_the_env_contract() -> None:
     assert cfg["checkpointEverySteps"] == 100 and cfg["checkpointKeep"] == 3
 
 
+def test_a_silent_node_leaves_the_rendezvous_before_a_forming_round_closes() -> None:
+    pod = render.render_worker(job(), 0, 0, CFG)
+    conf = dict(kv.split("=", 1) for kv in str(env_of(pod)["PET_RDZV_CONF"]).split(","))
+    dead_after_s = int(conf["keep_alive_interval"]) * int(conf["keep_alive_max_attempt"])
+    assert dead_after_s < int(conf["last_call_timeout"])  # torchrun's defaults: 15 s, not <
+    assert conf["is_host"] == "false"
+
+
 def test_worker_pod_is_restricted_and_has_shm_and_labels() -> None:
     pod = render.render_worker(job(), 0, 0, CFG)
     spec, c = pod["spec"], pod["spec"]["containers"][0]

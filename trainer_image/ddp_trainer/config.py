@@ -167,8 +167,18 @@ class TrainerConfig(BaseModel):
     pg_timeout_s: int = Field(
         1800,
         ge=1,
-        description="Timeout of collectives in seconds: how long a process waits for a dead "
-        "peer before failing (and being restarted by torchrun).",
+        description="Timeout of collectives in seconds while a run starts and ends (model "
+        "broadcast, first step after a resume, the barrier after rank 0's evaluation): how long "
+        "a process waits there for a dead peer before failing (and being restarted by torchrun).",
+    )
+    step_timeout_s: int = Field(
+        60,
+        ge=0,
+        description="Timeout of collectives in seconds once every rank has finished its first "
+        "step: how long survivors wait for a silent peer (a lost machine sends nothing) before "
+        "their workers fail and torchrun re-rendezvouses without it. Longer than the longest "
+        "stall of one rank between two steps (rank 0 waits for the previous checkpoint write "
+        "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout.",
     )
 
     @field_validator("workload")
@@ -188,6 +198,11 @@ class TrainerConfig(BaseModel):
         if self.n_embd % self.n_head:
             raise ValueError(f"nEmbd ({self.n_embd}) must be divisible by nHead ({self.n_head})")
         return self
+
+    @property
+    def steady_timeout_s(self) -> int:
+        """The collective timeout once every rank has finished its first step."""
+        return min(self.step_timeout_s or self.pg_timeout_s, self.pg_timeout_s)
 
     @property
     def is_plugin(self) -> bool:

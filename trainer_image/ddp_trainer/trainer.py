@@ -78,6 +78,7 @@ class Trainer:
         self.is_main = self.env.rank == 0
         self.prometheus = prometheus or process_metrics(self.env)
         self.distributed = dist.is_available() and dist.is_initialized()
+        self._collective_timeout_s = config.pg_timeout_s  # init_distributed's
         e = self.env
         self.parts = parts or build_parts(
             config, e.rank, e.local_rank, e.world_size, self.distributed
@@ -402,6 +403,8 @@ class Trainer:
             for micro_batches in self.sampler.batches():
                 started = time.perf_counter()
                 self._train_step(micro_batches)
+                if first:  # every rank is past its start: a silent peer is noticed sooner
+                    self._set_collective_timeout(self.config.steady_timeout_s)
                 step = self.position.step
                 self.prometheus.step_done(
                     seconds=time.perf_counter() - started,
@@ -420,6 +423,14 @@ class Trainer:
                     self._hold(step)
                 if step >= self.total_steps or self.position.samples_in_epoch == 0:
                     break
+
+    def _set_collective_timeout(self, seconds: int) -> None:
+        """The timeout of this process's next collectives (``pgTimeoutS`` while a run starts and
+        ends, ``stepTimeoutS`` in between): how long it waits in one for a peer that went silent.
+        """
+        if self.distributed and seconds != self._collective_timeout_s:
+            set_collective_timeout(timedelta(seconds=seconds))
+            self._collective_timeout_s = seconds
 
     def _agree(self, released: bool) -> tuple[bool, bool]:
         """(rank 0 found the release file, some rank got SIGTERM), the same on every rank."""
@@ -480,6 +491,8 @@ class Trainer:
             self.writer.wait()  # the final checkpoint is on disk before training is called done
             last = self.writer.last.name if self.writer.last else self.resumed_from
             self.store.mark_complete(self.env.run_id, self.position.step, last)
+        # Rank 0 evaluates alone while the others wait at the barrier below.
+        self._set_collective_timeout(self.config.pg_timeout_s)
         results: dict[str, float] = {}
         if self.is_main and self.config.evaluate and self.test_set is not None:
             results = evaluate(
@@ -537,6 +550,13 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+
+def set_collective_timeout(timeout: timedelta) -> None:
+    """Sets the default process group's timeout for its next collectives (``dist.set_timeout``;
+    ``_set_pg_timeout`` in older torch releases)."""
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timeout)
 
 
 def process_metrics(env: DistEnv) -> TrainerMetrics:
