@@ -301,6 +301,10 @@ def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
     pulled = pull_everywhere(kubeconfig, remote["trainer"], log)
     took = ", ".join(f"{n} {'present' if s is None else f'{s:.1f}s'}" for n, s in pulled.items())
     log(f"trainer image on every machine in {time.monotonic() - t0:.0f}s ({took})")
+    # Helm installs a chart's crds/ only once and never upgrades them: this checkout's CRD is
+    # applied first, so that a cluster kept across changes validates the current API.
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f",
+            str(REPO / "helm" / "ddp-operator" / "crds"))  # fmt: skip
     install_chart(kubeconfig, remote["operator"], remote["trainer"], "IfNotPresent")
     log(f"chart installed: operator {remote['operator']}, trainer {remote['trainer']}")
     return remote
