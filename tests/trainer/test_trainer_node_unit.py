@@ -3,12 +3,18 @@ its store probe against a real TCPStore; torchrun's exit codes from the forked c
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from datetime import timedelta
 
 from torch.distributed import TCPStore
 
 from ddp_devcluster.procs import free_port
+from ddp_trainer import node
 from ddp_trainer.node import (
     STORE_ID_KEY,
     Outcome,
@@ -100,3 +106,32 @@ def test_torchruns_exit_barrier_is_bounded_by_the_environment(monkeypatch) -> No
     spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=None, entrypoint="x", args=())
     agent = api.LocalElasticAgent(spec=spec, logs_specs=DefaultLogsSpecs())  # as launch_agent
     assert agent._exit_barrier_timeout == 7.0
+
+
+def test_only_another_store_answering_means_the_joined_one_was_replaced() -> None:
+    assert node.store_replaced("a", "b")
+    assert not node.store_replaced("a", "a")
+    assert not node.store_replaced("a", None)  # silent: maybe slow, maybe lost; torchrun judges
+    assert not node.store_replaced(None, "b")  # no store was joined (no endpoint)
+
+
+def test_descendants_reach_grandchildren_in_other_sessions() -> None:
+    script = (
+        "import subprocess, sys, time;"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        found: list[int] = []
+        for _ in range(100):
+            found = node.descendants(parent.pid)
+            if found:
+                break
+            time.sleep(0.05)
+        assert len(found) == 1, found
+        assert node.descendants(found[0]) == []
+    finally:
+        for pid in [*node.descendants(parent.pid), parent.pid]:
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()

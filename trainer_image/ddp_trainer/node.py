@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -51,6 +52,8 @@ STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes a
 LOST_CHECK_S = 5.0  # after torchrun failed: how long to look for the store it joined
 PROBE_TIMEOUT_S = 1.0  # one try at the store: short, so none sleeps past a new store
 STORE_POLL_S = 0.25
+STORE_WATCH_S = 5.0  # while torchrun runs: how often to look whether its store was replaced
+STOP_GRACE_S = 45.0  # torchrun stopped for a replaced store: SIGTERM, then SIGKILL after this
 ENV_EXIT_BARRIER = "DDPJOB_EXIT_BARRIER_S"
 DEFAULT_EXIT_BARRIER_S = 30.0
 
@@ -81,6 +84,34 @@ def after_exit(
             False, code, f"the rendezvous store {lost}, and no store-loss restarts are left"
         )
     return Outcome(True, code, f"the rendezvous store {lost}")
+
+
+def store_replaced(joined: str | None, now: str | None) -> bool:
+    """Whether the store torchrun joined is gone for sure: another store answers at its
+    address (a store that does not answer may only be slow, or its machine not yet declared
+    lost: torchrun's own timeouts judge that)."""
+    return joined is not None and now is not None and now != joined
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun's workers run in sessions of their own, so its
+    process group does not hold them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115 (one read)
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def split_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
@@ -213,6 +244,39 @@ class Torchrun:
                 os.kill(self.pid, signum)
 
 
+def watch_store(child: Torchrun, endpoint: str, joined: str | None, stopping: Any) -> None:
+    """While torchrun runs, looks every STORE_WATCH_S whether another store answers at the
+    endpoint. When the store's machine is lost without a word (no TCP reset), torchrun's agent
+    can hang on the old store's connection; a new store (the operator replaced the lost pod)
+    means the old one is gone for sure: torchrun is stopped (SIGTERM, then SIGKILL of it and
+    its workers after STOP_GRACE_S), and started again by ``main`` as after any store loss."""
+
+    def watch() -> None:
+        while child.code is None and not stopping():
+            time.sleep(STORE_WATCH_S)
+            now = read_store_id(endpoint)
+            if child.code is None and store_replaced(joined, now):
+                log.warning(
+                    "the rendezvous store torchrun joined (%s) was replaced (%s answers at %s):"
+                    " stopping torchrun",
+                    joined,
+                    now,
+                    endpoint,
+                )
+                child.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + STOP_GRACE_S
+                while child.code is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                if child.code is None:
+                    log.warning("torchrun did not stop in %.0fs: SIGKILL", STOP_GRACE_S)
+                    for pid in [child.pid, *descendants(child.pid)]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                return
+
+    threading.Thread(target=watch, name="store-watch", daemon=True).start()
+
+
 def torchrun_setting(args: Sequence[str], environ: Any, flag: str) -> str | None:
     """A torchrun flag's value as torchrun reads it: ``--flag=V``/``--flag V`` (either
     spelling) over ``PET_FLAG``."""
@@ -292,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         child = Torchrun(args, barrier_s)
         if stopping:  # a signal between the fork and the line above found no child to pass on to
             child.send_signal(signal.SIGTERM)
+        if endpoint:
+            watch_store(child, endpoint, joined, lambda: stopping)
         code = child.wait()
         now = (
             wait_for_store(endpoint, LOST_CHECK_S, lambda: stopping)
