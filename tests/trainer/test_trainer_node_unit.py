@@ -135,3 +135,15 @@ def test_descendants_reach_grandchildren_in_other_sessions() -> None:
         for pid in [*node.descendants(parent.pid), parent.pid]:
             os.kill(pid, signal.SIGKILL)
         parent.wait()
+
+
+def test_a_store_that_accepts_but_never_answers_is_no_store_and_does_not_block() -> None:
+    """What a frozen machine's store looks like: its kernel completes the TCP handshake (the
+    listening socket's backlog), its process never replies."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # never accept()ed, never answered
+        endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
+        assert node.probe_store_id(endpoint, wait_s=3.0) is None

@@ -147,12 +147,27 @@ def read_store_id(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | No
         return None
 
 
+def probe_store_id(endpoint: str, wait_s: float = 2 * PROBE_TIMEOUT_S) -> str | None:
+    """:func:`read_store_id` that returns within ``wait_s`` whatever happens. A store whose
+    machine froze still accepts connections (its kernel answers) while its process never
+    replies, and TCPStore's client can then block past its timeout: the probe runs in a
+    thread of its own, which is left behind (blocked on that dead connection) when it takes
+    too long, and the answer is None: no store answers."""
+    found: list[str | None] = []
+    probe = threading.Thread(
+        target=lambda: found.append(read_store_id(endpoint)), name="store-probe", daemon=True
+    )
+    probe.start()
+    probe.join(wait_s)
+    return found[0] if found else None
+
+
 def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | None:
     """Polls until the store answers with its id (None past the deadline or when stopping)."""
     started = time.monotonic()
     said = 0.0
     while not stopping():
-        found = read_store_id(endpoint)
+        found = probe_store_id(endpoint)
         if found is not None:
             return found
         waited = time.monotonic() - started
@@ -254,7 +269,7 @@ def watch_store(child: Torchrun, endpoint: str, joined: str | None, stopping: An
     def watch() -> None:
         while child.code is None and not stopping():
             time.sleep(STORE_WATCH_S)
-            now = read_store_id(endpoint)
+            now = probe_store_id(endpoint)
             if child.code is None and store_replaced(joined, now):
                 log.warning(
                     "the rendezvous store torchrun joined (%s) was replaced (%s answers at %s):"
