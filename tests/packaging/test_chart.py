@@ -3,6 +3,7 @@ tests/controlplane/test_shipping.py for the API server's verdict)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,22 @@ def test_the_values_schema_refuses(bad: str) -> None:
     assert proc.returncode != 0 and "values don't meet the specifications" in proc.stderr, (
         proc.stderr
     )
+
+
+def test_the_operator_leaves_a_lost_machine_in_30_s_not_300() -> None:
+    def tolerations(*values: str) -> list[dict[str, Any]]:
+        spec = one(render(*values), "Deployment")["spec"]["template"]["spec"]
+        return list(spec.get("tolerations", []))
+
+    ours = {t["key"]: t for t in tolerations()}
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        assert ours[key] == {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        }
+    assert tolerations("--set", "lostMachineTolerationSeconds=0") == []
+    mine = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    both = tolerations("--set-json", f"tolerations=[{json.dumps(mine)}]")
+    assert both[-1] == mine and len(both) == 3
