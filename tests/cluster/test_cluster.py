@@ -194,6 +194,7 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
         ids = cluster.k("exec", "-n", ns, pod, "--", "id", "-u", "-n")
         assert ids.strip() == "trainer", (pod, ids)
     old = json.loads(cluster.k("get", "pod", "-n", ns, "digits-rdzv", "-o", "json"))
+    worker_uids = uids(cluster, ns, "digits")
     # Across machines: the new store pod goes where no worker runs, so every rendezvous
     # message after this crosses the pod network between machines.
     workers = {m for p, m in machines(cluster, ns, "digits").items() if p != "digits-rdzv"}
@@ -224,6 +225,11 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
     done = cluster.phase(ns, "digits", "Succeeded")
     assert done.get("restarts", 0) == 0, done  # the store's loss costs no restart
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
+    assert uids(cluster, ns, "digits") == worker_uids  # the same pods ran to the end
+    events = json.loads(cluster.k("get", "events", "-n", ns, "--field-selector",
+                                  "involvedObject.name=digits", "-o", "json"))["items"]  # fmt: skip
+    reasons = {e["reason"] for e in events}
+    assert "StoreLost" in reasons and "PodFailed" not in reasons, reasons
 
 
 def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
@@ -231,6 +237,13 @@ def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
     pods = json.loads(cluster.k("get", "pods", "-n", ns, "-l", f"ddp.dev/job-name={job}",
                                 "-o", "json"))["items"]  # fmt: skip
     return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
+
+
+def uids(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
+    """The uid of each node pod of a job (not the store's), by pod name."""
+    selector = f"ddp.dev/job-name={job},ddp.dev/role=worker"
+    pods = json.loads(cluster.k("get", "pods", "-n", ns, "-l", selector, "-o", "json"))
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods["items"]}
 
 
 def claim_dir(cluster: Cluster, ns: str, claim: str) -> Path:

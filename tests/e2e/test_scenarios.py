@@ -176,15 +176,6 @@ def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) ->
     assert status["restarts"] == 0
 
 
-def test_a_users_own_torchrun_script_from_a_configmap_succeeds(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "own-script.yaml")
-    sc.succeeded("own-script")
-    pods = sc.workers("own-script")
-    logs = "\n".join(sc.logs(p) for p in pods)
-    assert "step 200/200" in logs and "world 2" in logs
-    assert (sc.claim("own-script-checkpoints") / "own-script.pt").is_file()
-
-
 def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -> None:
     """Five broken jobs at once, each a digits job with one thing wrong: they are said apart,
     each by the reason the kubelet, the runtime or the scheduler gave for its own pods."""
