@@ -222,21 +222,22 @@ def test_a_read_write_many_claim_is_the_same_files_on_every_machine(
         return probe
 
     # Written on one worker while a pod on another reads it: both mount the claim at once.
+    # (Pod names of their own: this module's namespace holds the other tests' pods.)
     kind_cluster.apply(
         claim,
-        on("ddp-worker", "writer", "echo written-on-ddp-worker > /data/x && sleep 3600"),
-        on("ddp-worker2", "reader", "until [ -s /data/x ]; do sleep 0.2; done; cat /data/x"),
+        on("ddp-worker", "rwx-writer", "echo written-on-ddp-worker > /data/x && sleep 3600"),
+        on("ddp-worker2", "rwx-reader", "until [ -s /data/x ]; do sleep 0.2; done; cat /data/x"),
     )
-    p = kind_cluster.until("the reader on ddp-worker2", finished("reader"), ns=ns)
+    p = kind_cluster.until("the reader on ddp-worker2", finished("rwx-reader"), ns=ns)
     assert p["status"]["phase"] == "Succeeded"
-    assert kind_cluster.k("logs", "-n", ns, "reader").strip() == "written-on-ddp-worker"
+    assert kind_cluster.k("logs", "-n", ns, "rwx-reader").strip() == "written-on-ddp-worker"
     # ... and a third machine appends while the first still has it mounted.
-    kind_cluster.apply(on("ddp-worker3", "appender", "echo more >> /data/x && cat /data/x"))
-    kind_cluster.until("the appender on ddp-worker3", finished("appender"), ns=ns)
-    out = kind_cluster.k("exec", "-n", ns, "writer", "--", "cat", "/data/x")
+    kind_cluster.apply(on("ddp-worker3", "rwx-appender", "echo more >> /data/x && cat /data/x"))
+    kind_cluster.until("the appender on ddp-worker3", finished("rwx-appender"), ns=ns)
+    out = kind_cluster.k("exec", "-n", ns, "rwx-writer", "--", "cat", "/data/x")
     assert out.split() == ["written-on-ddp-worker", "more"]
     pvc = kind_cluster.get("pvc", "-n", ns, "shared")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"]
     pv = kind_cluster.get("pv", pvc["spec"]["volumeName"])
     assert "nodeAffinity" not in pv["spec"], pv["spec"]  # not pinned to a machine
-    kind_cluster.k("delete", "pod", "-n", ns, "writer", "--wait=false")
+    kind_cluster.k("delete", "pod", "-n", ns, "rwx-writer", "--wait=false")
