@@ -46,6 +46,20 @@ def pod(name: str, ns: str, node: str | None, image: str, script: str, **spec: A
     }
 
 
+def claim_of(name: str, ns: str, mode: str, storage_class: str) -> dict:
+    """A 16Mi PersistentVolumeClaim of one access mode on one class."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "accessModes": [mode],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": "16Mi"}},
+        },
+    }
+
+
 def test_every_node_is_ready_on_the_pinned_versions(kind_cluster: KindCluster) -> None:
     nodes = kind_cluster.get("nodes")["items"]
     assert sorted(n["metadata"]["name"] for n in nodes) == NODES
@@ -154,16 +168,7 @@ def test_an_image_pushed_with_buildah_is_pulled_from_the_host_registry(
 def test_a_read_write_once_local_path_claim_binds_and_keeps_data(
     kind_cluster: KindCluster, ns: str
 ) -> None:
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "data", "namespace": ns},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "standard",
-            "resources": {"requests": {"storage": "16Mi"}},
-        },
-    }
+    claim = claim_of("data", ns, "ReadWriteOnce", "standard")
     writer = pod(
         "writer",
         ns,
@@ -196,16 +201,7 @@ def test_a_read_write_once_local_path_claim_binds_and_keeps_data(
 def test_a_read_write_many_claim_is_the_same_files_on_every_machine(
     kind_cluster: KindCluster, ns: str
 ) -> None:
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "shared", "namespace": ns},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": SHARED_CLASS,
-            "resources": {"requests": {"storage": "16Mi"}},
-        },
-    }
+    claim = claim_of("shared", ns, "ReadWriteMany", SHARED_CLASS)
     volume = [{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}}]
     mount = [{"name": "data", "mountPath": "/data"}]
 
