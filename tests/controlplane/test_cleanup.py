@@ -47,7 +47,9 @@ def run_nested(tmp_path: Path, mode: str) -> tuple[str, int]:
         "MODE": mode,
         "READY_FILE": str(ready),
         "DDP_DEVCLUSTER_NODES": "1",
-        "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "trainer_image", "devcluster")),
+        "PYTHONPATH": os.pathsep.join(
+            str(REPO / d) for d in ("operator", "trainer_image", "devcluster")
+        ),
     }
     proc = subprocess.Popen(
         [

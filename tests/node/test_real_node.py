@@ -221,7 +221,9 @@ def test_nothing_is_left_after_the_owner_is_killed_with_sigkill(tmp_path: Path) 
     env = {
         **os.environ,
         MARKER_ENV: marker,
-        "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("devcluster", "operator", "trainer_image")),
+        "PYTHONPATH": os.pathsep.join(
+            str(REPO / d) for d in ("devcluster", "operator", "trainer_image")
+        ),
     }
     log = tmp_path / "node.log"
     with log.open("w") as out:
