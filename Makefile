@@ -38,9 +38,16 @@ $(BIN_STAMP): | $(VENV)/.ok
 	$(PY) -m ddp_devcluster build
 	touch $@
 
-.PHONY: venv binaries deps
+# `make demo` needs fewer of them (build.DEMO_TOOLS): a new machine builds only those first.
+DEMO_STAMP := $(subst .stamp-,.stamp-demo-,$(BIN_STAMP))
+$(DEMO_STAMP): | $(VENV)/.ok
+	$(PY) -m ddp_devcluster build --for demo
+	touch $@
+
+.PHONY: venv binaries demo-binaries deps
 venv: $(VENV)/.ok ## the pinned Python environment (cached)
 binaries: $(BIN_STAMP) ## the control plane, kwok, helm, kueue, prometheus and the real node's kubelet, kube-proxy, containerd, CoreDNS, local-path-provisioner (cached)
+demo-binaries: $(DEMO_STAMP)
 deps: venv binaries ## everything the tests and the demo need
 
 # One lock per image and one for development, all from pyproject.toml's extras. The images
@@ -116,7 +123,8 @@ down: ## delete the kind cluster of `make up`, its registry and kind's podman ne
 	$(PY) -m ddp_devcluster kind-down
 
 .PHONY: demo
-demo: deps-and-images ## the chart's operator runs the digits example on a real node here (as root)
+demo: venv host-packages ## the chart's operator runs the digits example on a real node here (as root)
+	$(MAKE) --no-print-directory -j2 demo-binaries images
 	$(PY) -m ddp_devcluster demo
 
 .PHONY: clean

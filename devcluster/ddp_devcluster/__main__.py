@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the pinned binaries into the cache")
     b.add_argument("--force", action="store_true")
+    b.add_argument("--for", dest="what", default="all", help="all | demo")
     for name in ("up", "serve"):
         p = sub.add_parser(name)
         p.add_argument("--nodes", type=int, default=2, help="kwok nodes to create")
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         from .build import main as build_main
 
-        return build_main(["--force"] if args.force else [])
+        return build_main(["--force"] * args.force + ["--for", args.what])
     if args.cmd == "up":
         return _up(args.nodes)
     if args.cmd == "serve":
