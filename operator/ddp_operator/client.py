@@ -41,7 +41,6 @@ from .client_objects import (
     InvalidJob,
     ScriptOptions,
     metrics_reader_pod,
-    owner_reference,
     reader_image,
     script_objects,
 )
@@ -56,6 +55,7 @@ from .follow import (
     parse_pod_log,
     pick_rank,
 )
+from .metav1 import owner_reference
 from .render import CONTAINER, LABEL_INDEX, selector
 
 __all__ = [
@@ -309,7 +309,7 @@ class DDPClient:
                     name, self.namespace, _request_timeout=REQUEST_TIMEOUT
                 )
             raise
-        owner = owner_reference(cast(dict[str, Any], created))
+        owner = owner_reference(cast(dict[str, Any], created)["metadata"], controller=False)
         patch = {"metadata": {"ownerReferences": [owner]}}
         with self._calls():
             self._core.patch_namespaced_config_map(

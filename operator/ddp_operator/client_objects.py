@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from ddp_trainer.progress import METRICS_FILE
 
 from .api import API_VERSION, KIND, MAX_NAME_LENGTH, CheckpointSpec, DDPJob
+from .metav1 import owner_reference
 from .render import CONTAINER, RESTRICTED_CONTAINER, RESTRICTED_POD, OperatorConfig
 
 SCRIPT_DIR = "/scripts"  # where a submitted script's ConfigMap is mounted
@@ -120,13 +121,6 @@ def script_objects(
     return config_map, job
 
 
-def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
-    """Makes an object the job's, so that the garbage collector deletes it with the job. Not
-    the controller, and not blocking the job's deletion (that needs more permissions)."""
-    meta = job["metadata"]
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"]}
-
-
 def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
     """The image that reads the checkpoint volume: the job's, as its pods run it (the operator
     fills in its default image), else ``spec.image``, else the operator's built-in default."""
@@ -193,7 +187,7 @@ def metrics_reader_pod(job: Mapping[str, Any], image: str) -> dict[str, Any]:
             "generateName": f"{meta['name']}-plot-",
             "namespace": meta.get("namespace", "default"),
             "labels": dict(MANAGED_BY),
-            "ownerReferences": [owner_reference(job)],
+            "ownerReferences": [owner_reference(meta, controller=False)],
         },
         "spec": pod_spec,
     }

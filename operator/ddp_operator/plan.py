@@ -58,6 +58,7 @@ from ddp_trainer.contract import parse_rfc3339, rfc3339
 
 from . import diagnosis, queueing, render, reports
 from .api import DDPJob, DDPJobPhase, RestartPolicy
+from .metav1 import transition_time
 
 TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
 POD_DONE = ("Succeeded", "Failed")
@@ -202,17 +203,14 @@ parse_ts = parse_rfc3339
 def conditions(
     previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
 ) -> list[dict[str, Any]]:
-    """One condition per phase the job has been in; only the current one is True.
-
-    ``lastTransitionTime`` moves only when a condition's status flips.
-    """
+    """One condition per phase the job has been in; only the current one is True
+    (``lastTransitionTime``: :func:`ddp_operator.metav1.transition_time`)."""
     by_type = {c["type"]: dict(c) for c in previous}
     by_type.setdefault(phase, {"type": phase, "status": "False"})
     out = []
     for ctype, c in by_type.items():
         status = "True" if ctype == phase else "False"
-        if c.get("status") != status or "lastTransitionTime" not in c:
-            c["lastTransitionTime"] = now
+        c["lastTransitionTime"] = transition_time(c, status, now)
         c["status"] = status
         if ctype == phase:
             c["reason"], c["message"] = reason, message
@@ -276,8 +274,7 @@ class _State:
                 new["conditions"] = conditions(kept, phase, reason, message, ts(self.now))
                 old: dict[str, Any] = next((c for c in previous if c.get("type") == ADMITTED), {})
                 cond = {**old, **self.admitted}
-                if old.get("status") != cond["status"] or "lastTransitionTime" not in old:
-                    cond["lastTransitionTime"] = ts(self.now)
+                cond["lastTransitionTime"] = transition_time(old, cond["status"], ts(self.now))
                 new["conditions"].append(cond)
         alive = [x for x in self.workers if not x.deleting and not x.done]
         ready = [x for x in alive if x.ready]

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .api import API_VERSION, KIND, DDPJob, PodTemplateOverrides
+from .api import KIND, DDPJob, PodTemplateOverrides
+from .metav1 import owner_reference, transition_time
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -149,16 +150,7 @@ def render_workload(
             "name": workload_name(job),
             "namespace": meta.get("namespace", "default"),
             "labels": {job_label: meta["name"], JOB_UID_LABEL: str(meta.get("uid", ""))},
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "name": meta["name"],
-                    "uid": meta.get("uid", ""),
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [owner_reference(meta)],
         },
         "spec": spec,
     }
@@ -306,10 +298,7 @@ def _status_patch(wl: Mapping[str, Any], conditions: list[dict[str, Any]]) -> di
 def _set(conds: dict[str, dict[str, Any]], new: dict[str, Any], now: str) -> None:
     """metav1 SetStatusCondition: lastTransitionTime moves only when the status flips."""
     old = conds.get(new["type"])
-    if old is not None and old.get("status") == new["status"]:
-        new["lastTransitionTime"] = old.get("lastTransitionTime") or now
-    else:
-        new["lastTransitionTime"] = now
+    new["lastTransitionTime"] = transition_time(old, new["status"], now)
     conds[new["type"]] = {**(old or {}), **new}
 
 

@@ -80,7 +80,8 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from .api import API_VERSION, KIND, DDPJob, Spread
+from .api import DDPJob, Spread
+from .metav1 import owner_reference
 
 LABEL_JOB = "ddp.dev/job-name"
 LABEL_ROLE = "ddp.dev/role"
@@ -143,18 +144,6 @@ def job_key(job: DDPJob) -> tuple[str, str, str]:
     return str(m.get("namespace", "default")), str(m["name"]), str(m.get("uid", ""))
 
 
-def _owner(job: DDPJob) -> dict[str, Any]:
-    _, name, uid = job_key(job)
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _owned(job: DDPJob, name: str) -> dict[str, Any]:
     """The metadata of an object that belongs to ``job`` and goes with it, pods aside."""
     ns, job_name, _ = job_key(job)
@@ -162,7 +151,7 @@ def _owned(job: DDPJob, name: str) -> dict[str, Any]:
         "name": name,
         "namespace": ns,
         "labels": {LABEL_JOB: job_name},
-        "ownerReferences": [_owner(job)],
+        "ownerReferences": [owner_reference(job.metadata)],
     }
 
 
@@ -178,7 +167,7 @@ def _meta(job: DDPJob, name: str, role: str, extra: dict[str, str] | None = None
         "namespace": ns,
         "labels": labels,
         "annotations": annotations,
-        "ownerReferences": [_owner(job)],
+        "ownerReferences": [owner_reference(job.metadata)],
     }
 
 
