@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ddp_operator.api import TERMINAL_PHASES
 from ddp_operator.follow import LiveView
 from ddp_trainer.progress import read_metrics
 
@@ -38,7 +39,6 @@ EXAMPLE_FILES = ("checkpoint-pvc.yaml", "digits.yaml")
 # The trainer reports status.progress at most every 10 s by default: a live view of a
 # half-minute job wants it more often. Added to the applied object only (the file is as is).
 PROGRESS_INTERVAL_S = "2"
-TERMINAL = ("Succeeded", "Failed")
 
 
 # -- pure helpers (no I/O) --------------------------------------------------------------------
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
         t_job = time.monotonic()
         try:
-            status = stack.wait_for_phase(JOB, TERMINAL, args.stall_timeout, on_status=view)
+            status = stack.wait_for_phase(JOB, TERMINAL_PHASES, args.stall_timeout, on_status=view)
         except TimeoutError as e:
             view.close()
             print(f"\nFAILED: {e}\n{stack.diagnostics()}", file=sys.stderr)

@@ -200,6 +200,11 @@ class DDPJobPhase(StrEnum):
     QUEUED = "Queued"  # waiting for Kueue to admit it (or to admit it again after an eviction)
 
 
+# The phases a job never leaves. A pod's phase ends in the same two words (core/v1 PodPhase), so
+# ``pod_phase in TERMINAL_PHASES`` also says whether a pod is done.
+TERMINAL_PHASES = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
+
+
 class ConditionStatus(StrEnum):
     """Whether a condition holds."""
 

@@ -36,7 +36,7 @@ from typing import Any, cast
 from ddp_trainer.contract import GROUP, PLURAL, VERSION
 from ddp_trainer.progress import parse_metrics
 
-from .api import DDPJob, DDPJobStatus, Progress
+from .api import TERMINAL_PHASES, DDPJob, DDPJobStatus, Progress
 from .client_objects import (
     InvalidJob,
     ScriptOptions,
@@ -45,7 +45,6 @@ from .client_objects import (
     script_objects,
 )
 from .follow import (
-    FINISHED,
     Curves,
     LiveMerge,
     LogLine,
@@ -344,7 +343,7 @@ class DDPClient:
                 continue
             if on_status is not None:
                 on_status(status)
-            if status.phase in FINISHED:
+            if status.phase in TERMINAL_PHASES:
                 return status
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(
@@ -411,7 +410,7 @@ class DDPClient:
                 now = time.monotonic()
                 if now >= next_list:
                     next_list = now + POD_LIST_INTERVAL_S
-                    finished = self.status(name).phase in FINISHED
+                    finished = self.status(name).phase in TERMINAL_PHASES
                     for pod in self._workers(name):
                         uid = pod["metadata"]["uid"]
                         stream = streams.get(uid)
@@ -472,7 +471,7 @@ class DDPClient:
                         pod_name, self.namespace, _request_timeout=REQUEST_TIMEOUT
                     )
                 )
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 return dict(pod)
             if time.monotonic() >= deadline:
                 raise NoMetrics(
@@ -594,7 +593,7 @@ def _started(pod: Mapping[str, Any], container: str) -> bool:
 
 def _terminated(pod: Mapping[str, Any], container: str) -> bool:
     return "terminated" in _container_state(pod, container) or (
-        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
     )
 
 

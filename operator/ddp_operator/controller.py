@@ -29,7 +29,7 @@ from ddp_trainer.contract import parse_rfc3339
 
 from . import informer, kube, policy, queueing, render, reports
 from . import plan as planner
-from .api import API_VERSION, KIND, PLURAL, DDPJob
+from .api import API_VERSION, KIND, PLURAL, TERMINAL_PHASES, DDPJob
 from .metrics import OperatorMetrics
 from .settings import Settings
 
@@ -256,7 +256,7 @@ class Controller:
         assert self.api is not None
         worker = render.render_worker(job, 0, 0, self.settings.render)
         if workload is None:
-            if status.get("phase") not in planner.TERMINAL:
+            if status.get("phase") not in TERMINAL_PHASES:
                 pcn = worker["spec"].get("priorityClassName")
                 priority = await self._priority(pcn) if pcn else None
                 wl = queueing.render_workload(job, worker, queue, priority, render.LABEL_JOB)
@@ -282,7 +282,7 @@ class Controller:
         assert self.api is not None
         now = planner.ts(dt.datetime.now(dt.UTC))
         phase = status.get("phase")
-        if phase in planner.TERMINAL:
+        if phase in TERMINAL_PHASES:
             conds = status.get("conditions") or []
             message = next((c.get("message", "") for c in conds if c["type"] == phase), "")
             body = queueing.finish(workload, phase == "Succeeded", message or str(phase), now)

@@ -15,7 +15,6 @@ from typing import Any
 from .api import DDPJobPhase
 from .render import LOG_LINE_PREFIX_TEMPLATE
 
-FINISHED = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
 EXIT_SUCCEEDED, EXIT_FAILED = 0, 1
 
 

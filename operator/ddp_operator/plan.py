@@ -57,11 +57,9 @@ from typing import Any
 from ddp_trainer.contract import parse_rfc3339, rfc3339
 
 from . import diagnosis, queueing, render, reports
-from .api import DDPJob, DDPJobPhase, RestartPolicy
+from .api import TERMINAL_PHASES, DDPJob, DDPJobPhase, RestartPolicy
 from .metav1 import transition_time
 
-TERMINAL = (DDPJobPhase.SUCCEEDED, DDPJobPhase.FAILED)
-POD_DONE = ("Succeeded", "Failed")
 HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
 DISRUPTION_WINDOW_S = 60.0
@@ -94,7 +92,7 @@ class PodView:
 
     @property
     def done(self) -> bool:
-        return self.phase in POD_DONE
+        return self.phase in TERMINAL_PHASES
 
 
 def view(pod: Mapping[str, Any]) -> PodView:
@@ -325,7 +323,7 @@ def plan(
         st.new["progress"] = dict(progress)  # None values: fields the merge patch removes
     prev_phase = status.get("phase") or ""
 
-    if prev_phase in TERMINAL:
+    if prev_phase in TERMINAL_PHASES:
         return _finished(st, prev_phase)
     if job.spec.suspend:
         if admission is not None and admission.state != queueing.State.ADMITTED:

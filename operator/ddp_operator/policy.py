@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import plan as planner
+from .api import TERMINAL_PHASES, DDPJobPhase
 
 EXPECTATION_TTL_S = 30.0
 # Status fields that change with every pod coming up; written at most this often.
@@ -118,7 +119,7 @@ def milestones_to_time(status: Mapping[str, Any], workers: int) -> set[str]:
     """The milestones to time for a job seen for the first time: only those still ahead of it,
     so an operator restarted mid-run never records a job's age as a start-up latency."""
     phase = status.get("phase") or ""
-    if phase in ("Succeeded", "Failed", "Suspended") or status.get("restarts"):
+    if phase in (*TERMINAL_PHASES, DDPJobPhase.SUSPENDED) or status.get("restarts"):
         return set()
     ahead = set()
     if workers == 0:
