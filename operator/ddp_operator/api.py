@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,13 @@ from ddp_trainer.config import BUILTIN_WORKLOADS, PLUGIN_PATTERN, TrainerConfig
 from ddp_trainer.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION"]  # re-exported for the operator
+# What ``apiVersion`` and ``kind`` accept: the contract's values and nothing else. pydantic reads
+# the Literal; mypy cannot take a Literal of a name (only of a value written out), so it sees str.
+if TYPE_CHECKING:
+    ApiVersion: TypeAlias = str
+    Kind: TypeAlias = str
+else:
+    ApiVersion, Kind = Literal[API_VERSION], Literal[KIND]
 SINGULAR = "ddpjob"
 SHORT_NAMES = ["ddpj"]
 # `kubectl get ddp` lists every kind of this project; DDPJobs stay out of `all` (see docs/api.md).
@@ -802,10 +809,8 @@ class DDPJob(_Model):
         }
     )
 
-    api_version: Literal["ddp.dev/v1alpha1"] = Field(
-        default="ddp.dev/v1alpha1", description="ddp.dev/v1alpha1"
-    )
-    kind: Literal["DDPJob"] = Field(default="DDPJob", description="DDPJob")
+    api_version: ApiVersion = Field(default=API_VERSION, description=API_VERSION)
+    kind: Kind = Field(default=KIND, description=KIND)
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: DDPJobSpec = Field(description="What the job should run.")
     status: DDPJobStatus | None = Field(

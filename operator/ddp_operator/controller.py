@@ -25,7 +25,7 @@ import kopf
 from pydantic import ValidationError
 
 from ddp_trainer import contract
-from ddp_trainer.contract import parse_rfc3339
+from ddp_trainer.contract import parse_rfc3339, rfc3339
 
 from . import informer, kube, policy, queueing, render, reports
 from . import plan as planner
@@ -280,7 +280,7 @@ class Controller:
         """Releases an evicted Workload's quota once the job's pods are gone; marks the Workload
         of a finished job Finished (both applied as Kueue's own job reconciler applies them)."""
         assert self.api is not None
-        now = planner.ts(dt.datetime.now(dt.UTC))
+        now = rfc3339(dt.datetime.now(dt.UTC))
         phase = status.get("phase")
         if phase in TERMINAL_PHASES:
             conds = status.get("conditions") or []

@@ -194,10 +194,6 @@ def is_permanent(policy: str, exit_code: int | None) -> bool:
     return False
 
 
-ts = rfc3339
-parse_ts = parse_rfc3339
-
-
 def conditions(
     previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
 ) -> list[dict[str, Any]]:
@@ -255,7 +251,7 @@ class _State:
     def finish(self, phase: DDPJobPhase, reason: str, message: str) -> Plan:
         """Ends the job: stops what still runs (finished worker pods stay, for their logs)."""
         self.delete(x for x in self.live if not x.done or x.role != render.ROLE_WORKER)
-        self.new["completionTime"] = ts(self.now)
+        self.new["completionTime"] = rfc3339(self.now)
         (self.plan.info if phase == DDPJobPhase.SUCCEEDED else self.plan.warn)(reason, message)
         return self.result(phase, reason, message)
 
@@ -266,13 +262,13 @@ class _State:
             new["phase"], new["reason"] = phase, reason
             previous = self.status.get("conditions") or []
             if self.admitted is None:
-                new["conditions"] = conditions(previous, phase, reason, message, ts(self.now))
+                new["conditions"] = conditions(previous, phase, reason, message, rfc3339(self.now))
             else:  # Admitted sits beside the one-per-phase conditions
                 kept = [c for c in previous if c.get("type") != ADMITTED]
-                new["conditions"] = conditions(kept, phase, reason, message, ts(self.now))
+                new["conditions"] = conditions(kept, phase, reason, message, rfc3339(self.now))
                 old: dict[str, Any] = next((c for c in previous if c.get("type") == ADMITTED), {})
                 cond = {**old, **self.admitted}
-                cond["lastTransitionTime"] = transition_time(old, cond["status"], ts(self.now))
+                cond["lastTransitionTime"] = transition_time(old, cond["status"], rfc3339(self.now))
                 new["conditions"].append(cond)
         alive = [x for x in self.workers if not x.deleting and not x.done]
         ready = [x for x in alive if x.ready]
@@ -338,10 +334,10 @@ def plan(
     if prev_phase == DDPJobPhase.SUSPENDED:
         st.plan.info("Resumed", "spec.suspend is false: recreating pods, resuming from checkpoint")
 
-    start = parse_ts(status.get("startTime"))
+    start = parse_rfc3339(status.get("startTime"))
     if start is None:
         start = now
-        st.new["startTime"] = ts(now)
+        st.new["startTime"] = rfc3339(now)
     deadline = job.spec.active_deadline_seconds
     if deadline is not None:
         left = (start - now).total_seconds() + deadline
@@ -380,7 +376,7 @@ def _finished(st: _State, prev_phase: str) -> Plan:
     st.delete(x for x in st.live if not x.done or x.role != render.ROLE_WORKER)
     ttl = st.job.spec.ttl_seconds_after_finished
     if ttl is not None:
-        done_at = parse_ts(st.status.get("completionTime")) or st.now
+        done_at = parse_rfc3339(st.status.get("completionTime")) or st.now
         left = (done_at - st.now).total_seconds() + ttl
         if left <= 0:
             st.plan.delete_job = True
@@ -468,7 +464,9 @@ def _completion(st: _State, grace_s: float) -> Plan | None:
     succeeded = [x for x in workers if x.phase == "Succeeded"]
     if not succeeded:
         return None
-    first = min(succeeded, key=lambda x: (parse_ts(x.finished or x.created) or st.now, x.index))
+    first = min(
+        succeeded, key=lambda x: (parse_rfc3339(x.finished or x.created) or st.now, x.index)
+    )
     known = set(st.handled)
     nodes = st.job.spec.nodes
     lost = [
@@ -480,7 +478,7 @@ def _completion(st: _State, grace_s: float) -> Plan | None:
         if x.uid not in st.handled:
             st.handled.append(x.uid)
     running = [x for x in workers if not x.done and not x.deleting]
-    done_at = parse_ts(first.finished or first.created) or st.now
+    done_at = parse_rfc3339(first.finished or first.created) or st.now
     left = (done_at - st.now).total_seconds() + grace_s
     if running and left > 0:
         st.plan.requeue(left)
@@ -549,7 +547,7 @@ def follows_disruption(
 ) -> bool:
     """Whether ``pod``'s failure (``failed``) or deletion is part of the disruption counted at
     ``last_counted``: the pod is older than it, and it came within the window (module docs)."""
-    created = parse_ts(pod.created)
+    created = parse_rfc3339(pod.created)
     window = DISRUPTION_WINDOW_S if failed else SAME_DELETION_S
     return (
         last_counted is not None
@@ -605,7 +603,7 @@ def _count_disruption(st: _State) -> int:
     """One more disruption in the status; returns how many there have been."""
     n = int(st.new.get("disruptions") or st.status.get("disruptions") or 0) + 1
     st.new["disruptions"] = n
-    st.new["lastDisruptionTime"] = ts(st.now)
+    st.new["lastDisruptionTime"] = rfc3339(st.now)
     return n
 
 
@@ -617,7 +615,7 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
         m = machines.get(x.machine) if x.machine else None
         if m is None or m.ready == "True" or x.done:
             continue
-        gone_s = (st.now - (parse_ts(m.since) or st.now)).total_seconds()
+        gone_s = (st.now - (parse_rfc3339(m.since) or st.now)).total_seconds()
         if gone_s < grace_s:
             st.plan.requeue(grace_s - gone_s)
             continue
@@ -642,7 +640,7 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
 
 def last_counted(status: Mapping[str, Any]) -> dt.datetime | None:
     """When the last failure or disruption was counted: what later losses may follow."""
-    stamps = [parse_ts(status.get(k)) for k in ("lastFailureTime", "lastDisruptionTime")]
+    stamps = [parse_rfc3339(status.get(k)) for k in ("lastFailureTime", "lastDisruptionTime")]
     return max((t for t in stamps if t is not None), default=None)
 
 
@@ -689,7 +687,7 @@ def _failures(st: _State) -> Plan | None:
             continue  # counted with the failure or disruption that began this
         st.restarts += 1
         last = st.now
-        st.new["lastFailureTime"] = ts(st.now)
+        st.new["lastFailureTime"] = rfc3339(st.now)
         if st.restarts > s.backoff_limit:
             return st.finish(
                 DDPJobPhase.FAILED,
@@ -722,7 +720,7 @@ def _converge(
     what ``found`` is while pods show it."""
     s, p, workers = st.job.spec, st.plan, st.workers
     p.create += render.render_services(st.job)
-    last_failure = parse_ts(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
+    last_failure = parse_rfc3339(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
     wait = 0.0
     if last_failure is not None:
         wait = (last_failure - st.now).total_seconds() + backoff_s(st.restarts, backoff_base_s)

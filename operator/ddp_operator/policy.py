@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ddp_trainer.contract import rfc3339
+
 from . import plan as planner
 from .api import TERMINAL_PHASES, DDPJobPhase
 
@@ -67,7 +69,7 @@ def invalid_spec(
     p = planner.Plan()
     text = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
     if status.get("phase") != "Failed":
-        stamp = planner.ts(now)
+        stamp = rfc3339(now)
         p.status = {
             "phase": "Failed",
             "reason": "InvalidSpec",

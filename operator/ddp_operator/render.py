@@ -11,8 +11,9 @@ variable                        value
 PET_NNODES                      ``minNodes:maxNodes`` (elastic bounds)
 PET_NPROC_PER_NODE              ``nprocPerNode`` (an integer or ``auto``)
 PET_RDZV_BACKEND                ``c10d``
-PET_RDZV_ENDPOINT               ``<job>-rdzv.<namespace>.svc:29400``: the job's own store pod,
-                                so no trainer pod hosts the rendezvous and any one may die
+PET_RDZV_ENDPOINT               ``<job>-rdzv.<namespace>.svc:29400`` (``contract.RDZV_PORT``):
+                                the job's own store pod, so no trainer pod hosts the rendezvous
+                                and any one may die
 PET_RDZV_ID                     the DDPJob's uid (never ``none``: jobs must not share state);
                                 rank 0's completion record in the checkpoint folder names it
 PET_RDZV_CONF                   ``is_host=false`` plus join/last-call/close/read timeouts for
@@ -83,13 +84,12 @@ from ddp_trainer import contract
 from .api import DDPJob, Spread
 from .metav1 import owner_reference
 
-LABEL_JOB = "ddp.dev/job-name"
-LABEL_ROLE = "ddp.dev/role"
-LABEL_INDEX = "ddp.dev/node-index"
-ANNOTATION_ATTEMPT = "ddp.dev/attempt"
+LABEL_JOB = f"{contract.LABEL_PREFIX}job-name"
+LABEL_ROLE = f"{contract.LABEL_PREFIX}role"
+LABEL_INDEX = f"{contract.LABEL_PREFIX}node-index"
+ANNOTATION_ATTEMPT = f"{contract.LABEL_PREFIX}attempt"
 ROLE_WORKER = "worker"
 ROLE_STORE = "rdzv-store"
-RDZV_PORT = 29400
 CONTAINER = "trainer"
 STORE_CONTAINER = "store"
 # The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
@@ -130,7 +130,7 @@ def trainer_account(job: str) -> str:
 
 
 def rdzv_endpoint(job: str, namespace: str) -> str:
-    return f"{store_name(job)}.{namespace}.svc:{RDZV_PORT}"
+    return f"{store_name(job)}.{namespace}.svc:{contract.RDZV_PORT}"
 
 
 def selector(job: str) -> str:
@@ -186,7 +186,9 @@ def render_services(job: DDPJob) -> list[dict[str, Any]]:
             "type": "ClusterIP",
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_STORE},
-            "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+            "ports": [
+                {"name": "c10d", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT}
+            ],
         },
     }
     workers = {
@@ -198,7 +200,9 @@ def render_services(job: DDPJob) -> list[dict[str, Any]]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER},
-            "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+            "ports": [
+                {"name": "c10d", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT}
+            ],
         },
     }
     return [rdzv, workers]
@@ -227,7 +231,7 @@ def metrics_port(job: DDPJob) -> int | None:
 
 
 def worker_ports(job: DDPJob) -> list[dict[str, Any]]:
-    ports: list[dict[str, Any]] = [{"name": "c10d", "containerPort": RDZV_PORT}]
+    ports: list[dict[str, Any]] = [{"name": "c10d", "containerPort": contract.RDZV_PORT}]
     port = metrics_port(job)
     if port is not None:
         ports.append({"name": contract.METRICS_PORT_NAME, "containerPort": port})
@@ -450,8 +454,8 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         "name": STORE_CONTAINER,
         "image": s.image or cfg.default_image,
         "command": ["python", "-m", "ddp_trainer.rdzv_store"],
-        "args": ["--host", "0.0.0.0", "--port", str(RDZV_PORT)],
-        "ports": [{"name": "c10d", "containerPort": RDZV_PORT}],
+        "args": ["--host", "0.0.0.0", "--port", str(contract.RDZV_PORT)],
+        "ports": [{"name": "c10d", "containerPort": contract.RDZV_PORT}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": dict(RESTRICTED_CONTAINER),
     }

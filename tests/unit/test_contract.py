@@ -6,10 +6,11 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from ddp_operator import api, kube, plan, render, reports
+from ddp_operator import api, kube, render, reports
 from ddp_operator.api import DDPJob
-from ddp_trainer import contract
+from ddp_trainer import contract, node, rdzv_store
 from ddp_trainer.config import load_settings
 from ddp_trainer.progress import configmap_patch, progress_record, reporting_target
 
@@ -91,8 +92,8 @@ def test_the_declared_metrics_port_is_the_one_the_trainer_serves(spec: dict) -> 
 
 def test_both_sides_write_and_read_one_timestamp_format() -> None:
     when = dt.datetime(2026, 11, 22, 15, 4, 5, tzinfo=dt.UTC)
-    assert plan.ts(when) == contract.rfc3339(when.timestamp()) == "2026-11-22T15:04:05Z"
-    assert plan.parse_ts("2026-11-22T15:04:05Z") == when
+    assert contract.rfc3339(when) == contract.rfc3339(when.timestamp()) == "2026-11-22T15:04:05Z"
+    assert contract.parse_rfc3339("2026-11-22T15:04:05Z") == when
     assert contract.parse_rfc3339(None) is None
     with pytest.raises(ValueError):
         contract.parse_rfc3339("22/11/2026")
@@ -116,3 +117,35 @@ def test_the_trainer_patches_the_configmap_its_pod_may_patch() -> None:
         }
     ]
     assert (api.GROUP, api.VERSION, api.KIND) == ("ddp.dev", "v1alpha1", "DDPJob")
+
+
+def test_the_store_pod_listens_where_every_node_looks_for_it() -> None:
+    store = render.render_store(JOB, CFG)["spec"]["containers"][0]
+    worker = render.render_worker(JOB, 0, 0, CFG)["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+    host, port = node.split_endpoint(env["PET_RDZV_ENDPOINT"])
+    rdzv_service = render.render_services(JOB)[0]
+    assert host == f"{rdzv_service['metadata']['name']}.team.svc"
+    assert port == rdzv_service["spec"]["ports"][0]["targetPort"] == contract.RDZV_PORT
+    assert store["args"][store["args"].index("--port") + 1] == str(contract.RDZV_PORT)
+    # The store's and the agent's own defaults, when started by hand, are the same port.
+    assert rdzv_store.build_parser().parse_args([]).port == contract.RDZV_PORT
+    assert node.split_endpoint("store") == ("store", contract.RDZV_PORT)
+
+
+def test_every_label_and_key_of_the_project_carries_the_api_group() -> None:
+    keys = [render.LABEL_JOB, render.LABEL_ROLE, render.LABEL_INDEX, render.ANNOTATION_ATTEMPT]
+    keys.append(node.STORE_ID_KEY)
+    assert all(k.startswith(contract.LABEL_PREFIX) for k in keys)
+    assert contract.LABEL_PREFIX == f"{contract.GROUP}/" == "ddp.dev/"
+    labels = render.render_worker(JOB, 0, 0, CFG)["metadata"]["labels"]
+    assert labels[render.LABEL_JOB] == "digits" and labels[render.LABEL_INDEX] == "0"
+
+
+def test_a_ddpjob_is_read_only_at_the_contracts_api_version_and_kind() -> None:
+    body = {"metadata": {"name": "j"}, "spec": {}}
+    job = DDPJob.model_validate(body)
+    assert (job.api_version, job.kind) == (contract.API_VERSION, contract.KIND)
+    for key, other in (("apiVersion", "ddp.dev/v1"), ("kind", "PyTorchJob")):
+        with pytest.raises(ValidationError):
+            DDPJob.model_validate({**body, key: other})

@@ -24,8 +24,6 @@ from .contract import DEFAULT_METRICS_PORT, ENV_CHECKPOINT_DIR, ENV_TRAINER_CONF
 
 BUILTIN_WORKLOADS = ("digits", "charlm", "synthetic")
 PLUGIN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-CONFIG_ENV = ENV_TRAINER_CONFIG
-CHECKPOINT_DIR_ENV = ENV_CHECKPOINT_DIR
 DEFAULT_CHECKPOINT_DIR = "./checkpoints"
 
 
@@ -274,9 +272,9 @@ def parse_env_layer(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{CONFIG_ENV}: not valid JSON ({error})") from None
+        raise ConfigError(f"{ENV_TRAINER_CONFIG}: not valid JSON ({error})") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{CONFIG_ENV}: must be a JSON object of camelCase settings")
+        raise ConfigError(f"{ENV_TRAINER_CONFIG}: must be a JSON object of camelCase settings")
     return value
 
 
@@ -335,14 +333,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="python -m ddp_trainer",
         description="Train with PyTorch DDP (run by torchrun, or alone for one process). "
         "Settings, later overriding earlier: defaults < YAML file of --config < env "
-        f"{CONFIG_ENV} (JSON object, camelCase keys) < the flags below.",
+        f"{ENV_TRAINER_CONFIG} (JSON object, camelCase keys) < the flags below.",
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", metavar="YAML", help="YAML file of settings (camelCase keys).")
     parser.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
-        help=f"Folder of checkpoints and metrics.jsonl (env {CHECKPOINT_DIR_ENV}; "
+        help=f"Folder of checkpoints and metrics.jsonl (env {ENV_CHECKPOINT_DIR}; "
         f"default {DEFAULT_CHECKPOINT_DIR}). Only global rank 0 writes into it.",
     )
     settings = parser.add_argument_group("settings")
@@ -386,8 +384,8 @@ def load_settings(
             raise ConfigError(f"--config: no such file {config_path!r}")
         yaml_layer = parse_yaml_layer(path.read_text(), source=config_path)
     checkpoint_dir = namespace.pop("checkpoint_dir", None) or environ.get(
-        CHECKPOINT_DIR_ENV, DEFAULT_CHECKPOINT_DIR
+        ENV_CHECKPOINT_DIR, DEFAULT_CHECKPOINT_DIR
     )
-    env_layer = parse_env_layer(environ.get(CONFIG_ENV))
+    env_layer = parse_env_layer(environ.get(ENV_TRAINER_CONFIG))
     config = build_config(yaml_layer, env_layer, namespace)
     return config, Path(checkpoint_dir)

@@ -1,5 +1,6 @@
 """The contract between the operator and its trainer pods, written once and imported by both:
-the API's names, the environment the operator sets, and the timestamp format of status fields.
+the API's names and label prefix, the rendezvous port, the environment the operator sets, and
+the timestamp format of status fields.
 
 Torch-free, like ``ddp_trainer.config``: the operator imports it in an image without torch.
 ``tests/unit/test_contract.py`` fails when either side drifts from it.
@@ -14,6 +15,13 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "DDPJob"
 PLURAL = "ddpjobs"
+# The prefix of the labels and annotations the operator puts on a job's objects, and of the
+# keys the trainer writes into the rendezvous store.
+LABEL_PREFIX = f"{GROUP}/"
+
+# The port of a job's rendezvous store pod (``python -m ddp_trainer.rdzv_store``): its Service,
+# the store's --port and every node's ``PET_RDZV_ENDPOINT`` (``<job>-rdzv.<namespace>.svc:PORT``).
+RDZV_PORT = 29400
 
 # The environment of a trainer pod that the operator sets (besides torchrun's PET_* flags).
 ENV_JOB_NAME = "DDPJOB_NAME"  # the job whose progress rank 0 reports ...

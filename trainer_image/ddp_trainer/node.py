@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .contract import ENV_CHECKPOINT_DIR
+from .contract import ENV_CHECKPOINT_DIR, LABEL_PREFIX, RDZV_PORT
 
 if TYPE_CHECKING:
     from .checkpoint import Completion
 
 log = logging.getLogger("ddp_trainer.node")
 
-STORE_ID_KEY = "ddp.dev/store-id"
+STORE_ID_KEY = f"{LABEL_PREFIX}store-id"
 DEFAULT_RESTARTS = 3
 STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes apart
 LOST_CHECK_S = 5.0  # after torchrun failed: how long to look for the store it joined
@@ -114,7 +114,7 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def split_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
+def split_endpoint(endpoint: str, default_port: int = RDZV_PORT) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     if not host:
         return endpoint, default_port

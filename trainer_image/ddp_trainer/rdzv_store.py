@@ -1,9 +1,9 @@
 """A dedicated c10d rendezvous store: a long-lived TCPStore server that no trainer hosts.
 
-Run it as ``python -m ddp_trainer.rdzv_store --port 29400`` (in its own small pod behind
-its own Service) and start every torchrun agent with ``--rdzv-backend c10d
---rdzv-endpoint HOST:29400 --rdzv-conf is_host=false,...``: any trainer agent can then die
-without taking the rendezvous down with it.
+Run it as ``python -m ddp_trainer.rdzv_store`` (port :data:`~ddp_trainer.contract.RDZV_PORT`,
+in its own small pod behind its own Service) and start every torchrun agent with
+``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-conf is_host=false,...``: any trainer
+agent can then die without taking the rendezvous down with it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from .contract import RDZV_PORT
+
 log = logging.getLogger("ddp_trainer.rdzv_store")
 
 
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rdzv-conf is_host=false).",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    parser.add_argument("--port", type=int, default=29400, help="port to listen on")
+    parser.add_argument("--port", type=int, default=RDZV_PORT, help="port to listen on")
     parser.add_argument(
         "--timeout-s", type=int, default=300, help="timeout of store operations in seconds"
     )
