@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from ddp_trainer.config import validation_message
 from ddp_trainer.contract import GROUP, PLURAL, VERSION
 from ddp_trainer.progress import parse_metrics
 
@@ -259,9 +260,8 @@ class DDPClient:
         try:
             DDPJob.model_validate(body)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise DDPError(f"invalid DDPJob: {where}: {first['msg']}") from None
+            message = validation_message(error, first_only=True, tidy=False)
+            raise DDPError(f"invalid DDPJob: {message}") from None
         namespace = (body.get("metadata") or {}).get("namespace") or self.namespace
         with self._calls():
             created = self._custom.create_namespaced_custom_object(

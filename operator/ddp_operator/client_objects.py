@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ddp_trainer.config import validation_message
 from ddp_trainer.progress import METRICS_FILE
 
 from .api import API_VERSION, KIND, MAX_NAME_LENGTH, CheckpointSpec, DDPJob
@@ -64,13 +65,6 @@ def script_key(script_file: str) -> str:
     )
 
 
-def _validation_message(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return message if not where or message.startswith("spec.") else f"{where}: {message}"
-
-
 def script_objects(
     script_file: str, source: str, options: ScriptOptions, namespace: str, suffix: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -111,7 +105,7 @@ def script_objects(
     try:
         DDPJob.model_validate(job)
     except ValidationError as error:
-        raise InvalidJob(_validation_message(error)) from None
+        raise InvalidJob(validation_message(error, first_only=True)) from None
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

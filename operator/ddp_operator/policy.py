@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ddp_trainer.config import validation_message
 from ddp_trainer.contract import rfc3339
 
 from . import plan as planner
@@ -67,7 +68,7 @@ def invalid_spec(
 ) -> planner.Plan:
     """A spec the API server accepted but this operator cannot read (say, from a newer CRD)."""
     p = planner.Plan()
-    text = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+    text = validation_message(error, tidy=False)
     if status.get("phase") != "Failed":
         stamp = rfc3339(now)
         p.status = {

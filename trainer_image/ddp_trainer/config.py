@@ -12,7 +12,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -242,19 +242,41 @@ def _field_label(loc: Sequence[int | str]) -> str:
     return ".".join(parts) or "trainer settings"
 
 
-def format_validation_error(error: ValidationError) -> str:
-    """One line per problem, each starting with the camelCase field it is about."""
-    lines = []
-    for item in error.errors():
-        label = _field_label(item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown setting (see `python -m ddp_trainer --help`)"
-        got = "" if item["type"] in ("missing",) else f" (got {item.get('input')!r})"
-        if item["type"] == "extra_forbidden" or not item["loc"]:
-            got = ""
-        lines.append(f"{label}: {message}{got}")
-    return "; ".join(lines)
+def dotted_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a path: ``spec.nodes``, ``spec.template.env.0``."""
+    return ".".join(str(part) for part in loc)
+
+
+def validation_message(
+    error: ValidationError,
+    label: Callable[[Sequence[int | str]], str] = dotted_path,
+    *,
+    first_only: bool = False,
+    tidy: bool = True,
+    show_input: bool = False,
+    unknown: str = "",
+) -> str:
+    """A validation error as one line: ``field: problem`` per problem, joined by "; ".
+
+    ``label`` names the field of an error location; ``first_only`` keeps the first problem.
+    ``tidy`` drops pydantic's "Value error, " and the field where the problem names it itself
+    (a message of a rule on ``spec`` that starts ``spec.minNodes ...``); ``show_input`` adds
+    ``(got VALUE)``; ``unknown`` replaces pydantic's words for a field the model does not have.
+    """
+    items = error.errors()
+    parts = []
+    for item in items[:1] if first_only else items:
+        where, message = label(item["loc"]), str(item["msg"])
+        extra = item["type"] == "extra_forbidden"
+        if tidy:
+            message = message.removeprefix("Value error, ")
+        if extra and unknown:
+            message = unknown
+        if show_input and item["loc"] and not extra and item["type"] != "missing":
+            message += f" (got {item.get('input')!r})"
+        named = tidy and (not where or message.startswith(f"{where.split('.')[0]}."))
+        parts.append(message if named else f"{where}: {message}")
+    return "; ".join(parts)
 
 
 def build_config(*layers: Mapping[str, Any]) -> TrainerConfig:
@@ -262,7 +284,15 @@ def build_config(*layers: Mapping[str, Any]) -> TrainerConfig:
     try:
         return TrainerConfig.model_validate(merge_layers(*layers))
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error)) from None
+        # One problem after another, each naming the camelCase setting and the value given.
+        raise ConfigError(
+            validation_message(
+                error,
+                _field_label,
+                show_input=True,
+                unknown="unknown setting (see `python -m ddp_trainer --help`)",
+            )
+        ) from None
 
 
 def parse_env_layer(text: str | None) -> dict[str, Any]:
