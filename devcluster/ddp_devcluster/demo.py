@@ -16,6 +16,7 @@ packages that `make host-packages` installs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -26,7 +27,8 @@ from typing import Any
 import yaml
 
 from ddp_operator.api import TERMINAL_PHASES
-from ddp_operator.follow import LiveView
+from ddp_operator.client import draw_curves
+from ddp_operator.follow import LiveView, curves
 from ddp_trainer.progress import read_metrics
 
 from . import node
@@ -74,25 +76,6 @@ def checkpoint_problem(rows: list[dict[str, Any]], manifest: dict[str, Any] | No
             f"wrote {logged[-1]}"
         )
     return ""
-
-
-def plot(rows: list[dict[str, Any]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["step"] for r in rows if r.get("event") == "step"]
-    loss = [r["loss"] for r in rows if r.get("event") == "step"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, loss)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss")
-    ax.set_title("DDPJob digits: 2 pods, 1 process each (gloo), from its metrics.jsonl")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
 
 
 # -- the demo -----------------------------------------------------------------------------
@@ -207,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nFAILED: {problem}\n{stack.diagnostics()}", file=sys.stderr)
             return 1
         png = out / "loss.png"
-        plot(rows, png)
+        loss_only = dataclasses.replace(curves(rows), lr=[])
+        title = f"DDPJob {JOB}: 2 pods, 1 process each (gloo), from its metrics.jsonl"
+        draw_curves(loss_only, png, title=title)
         print(f"  loss curve: {png}", flush=True)
     finally:
         print("  tearing down the cluster ...", flush=True)
