@@ -1,7 +1,7 @@
 """The controller: a work queue of jobs, expectations of pods created but not yet watched, and
 the I/O of each reconcile (create, delete, write status, post Events). The decisions are pure:
-:mod:`ddp_operator.plan` (what a job needs) and :mod:`ddp_operator.policy` (what the shell
-believes and writes when); :mod:`ddp_operator.handlers` wires this into kopf.
+:mod:`ddp_operator.plan` (what a job needs) and :mod:`ddp_operator.bookkeeping` (what the
+controller believes and writes when); :mod:`ddp_operator.handlers` wires this into kopf.
 
 Events about a job are coalesced as in Kubernetes' own controllers' work queues: at most one
 reconcile of a job runs at a time, and events that arrive meanwhile cause one more, on the
@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from ddp_trainer import contract
 from ddp_trainer.contract import parse_rfc3339, rfc3339
 
-from . import informer, kube, policy, queueing, render, reports
+from . import bookkeeping, informer, kube, queueing, render, reports
 from . import plan as planner
 from .api import API_VERSION, KIND, PLURAL, TERMINAL_PHASES, DDPJob
 from .metrics import OperatorMetrics
@@ -80,7 +80,7 @@ class Controller:
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    # Job uid -> start-up milestones still to time (policy.milestones_to_time).
+    # Job uid -> start-up milestones still to time (bookkeeping.milestones_to_time).
     ahead: dict[str, set[str]] = field(default_factory=dict)
 
     def start_watches(self, api: kube.Kube) -> None:
@@ -185,16 +185,16 @@ class Controller:
         observed = self.pods.get(key)
         pods = {v.name for v in observed}  # a Service may have a pod's name (<job>-rdzv)
         services = self.services.names(key)
-        expected = policy.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
+        expected = bookkeeping.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
         self.expected[key] = expected
-        status = policy.merged(body.get("status") or {}, self.written.get(meta.get("uid", "")))
+        status = bookkeeping.merged(body.get("status") or {}, self.written.get(meta.get("uid", "")))
         job: DDPJob | None = None
         workload: dict[str, Any] | None = None
         admission: queueing.Admission | None = None
         try:
             job = DDPJob.model_validate({"metadata": meta, "spec": body.get("spec") or {}})
         except ValidationError as e:
-            p = policy.invalid_spec(status, e, dt.datetime.now(dt.UTC))
+            p = bookkeeping.invalid_spec(status, e, dt.datetime.now(dt.UTC))
         else:
             queue = queueing.queue_name(meta) if self.settings.kueue else ""
             if queue:
@@ -324,33 +324,33 @@ class Controller:
         """Observes the start-up histograms once per job, for milestones this process saw."""
         uid = meta.get("uid", "")
         if uid not in self.ahead:
-            self.ahead[uid] = policy.milestones_to_time(status, len(before))
+            self.ahead[uid] = bookkeeping.milestones_to_time(status, len(before))
         ahead = self.ahead[uid]
         if not ahead:
             return
-        reached = policy.milestones_reached(ahead, status, len(before | made), nodes)
+        reached = bookkeeping.milestones_reached(ahead, status, len(before | made), nodes)
         created = parse_rfc3339(meta.get("creationTimestamp"))
         if not reached or created is None:
             return
         age = max(0.0, (dt.datetime.now(dt.UTC) - created).total_seconds())
-        if policy.PODS_CREATED in reached:
+        if bookkeeping.PODS_CREATED in reached:
             self.metrics.job_pods_created.observe(age)
-        if policy.FIRST_STEP in reached:
+        if bookkeeping.FIRST_STEP in reached:
             self.metrics.job_first_step.observe(age)
         ahead -= reached
 
     async def apply(
         self, body: dict[str, Any], job: DDPJob | None, status: dict[str, Any], p: planner.Plan
     ) -> list[dict[str, Any]]:
-        """Acts, and writes status before or after, as :func:`policy.status_write` says."""
+        """Acts, and writes status before or after, as :func:`bookkeeping.status_write` says."""
         assert self.api is not None
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
         job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
         diff = {k for k, v in p.status.items() if status.get(k) != v}
-        never = -policy.STATUS_COUNTS_EVERY_S
+        never = -bookkeeping.STATUS_COUNTS_EVERY_S
         since = time.monotonic() - self.status_written_at.get(uid, never)
-        changed, counted, wait = policy.status_write(diff, since)
+        changed, counted, wait = bookkeeping.status_write(diff, since)
         if wait is not None:
             p.requeue(wait)
 
@@ -388,7 +388,7 @@ class Controller:
         self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
         await asyncio.gather(*(self._event(body, *e) for e in p.events))
         for _, reason, _ in p.events:
-            if reason in policy.RESTART_REASONS:
+            if reason in bookkeeping.RESTART_REASONS:
                 self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()
@@ -503,7 +503,7 @@ class Controller:
     async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
         assert self.api is not None
         meta = body["metadata"]
-        event = policy.event_body(
+        event = bookkeeping.event_body(
             meta,
             etype,
             reason,

@@ -1,5 +1,5 @@
 """The kopf wiring: start-up, the DDPJob watch and index, shutdown. Everything else is in
-:mod:`ddp_operator.controller` (I/O) and :mod:`ddp_operator.plan`/:mod:`~ddp_operator.policy`
+:mod:`ddp_operator.controller` (I/O) and :mod:`ddp_operator.plan`/:mod:`~ddp_operator.bookkeeping`
 (decisions).
 
 Run it with ``kopf run --standalone -m ddp_operator.handlers --all-namespaces`` (or ``-n NS``).

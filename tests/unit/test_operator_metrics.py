@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddp_operator import policy
+from ddp_operator import bookkeeping
 from ddp_operator.metrics import PHASES, OperatorMetrics, phase_counts
 from ddp_operator.settings import Settings
 
@@ -25,19 +25,28 @@ def test_jobs_are_counted_by_namespace_and_phase_with_zeros_for_the_other_phases
 
 
 def test_start_up_milestones_are_timed_only_when_this_process_saw_them_ahead() -> None:
-    assert policy.milestones_to_time({}, workers=0) == {policy.PODS_CREATED, policy.FIRST_STEP}
+    assert bookkeeping.milestones_to_time({}, workers=0) == {
+        bookkeeping.PODS_CREATED,
+        bookkeeping.FIRST_STEP,
+    }
     # An operator restarted mid-run: the job's age is no start-up latency.
     running = {"phase": "Running", "progress": {"step": 40}}
-    assert policy.milestones_to_time(running, workers=2) == set()
-    assert policy.milestones_to_time({"phase": "Running"}, workers=2) == {policy.FIRST_STEP}
-    assert policy.milestones_to_time({"restarts": 1}, workers=0) == set()
-    assert policy.milestones_to_time({"phase": "Suspended"}, workers=0) == set()
+    assert bookkeeping.milestones_to_time(running, workers=2) == set()
+    assert bookkeeping.milestones_to_time({"phase": "Running"}, workers=2) == {
+        bookkeeping.FIRST_STEP
+    }
+    assert bookkeeping.milestones_to_time({"restarts": 1}, workers=0) == set()
+    assert bookkeeping.milestones_to_time({"phase": "Suspended"}, workers=0) == set()
 
-    ahead = {policy.PODS_CREATED, policy.FIRST_STEP}
-    assert policy.milestones_reached(ahead, {}, workers=1, nodes=2) == set()
-    assert policy.milestones_reached(ahead, {}, workers=2, nodes=2) == {policy.PODS_CREATED}
+    ahead = {bookkeeping.PODS_CREATED, bookkeeping.FIRST_STEP}
+    assert bookkeeping.milestones_reached(ahead, {}, workers=1, nodes=2) == set()
+    assert bookkeeping.milestones_reached(ahead, {}, workers=2, nodes=2) == {
+        bookkeeping.PODS_CREATED
+    }
     stepped = {"progress": {"step": 1}}
-    assert policy.milestones_reached({policy.FIRST_STEP}, stepped, 2, 2) == {policy.FIRST_STEP}
+    assert bookkeeping.milestones_reached({bookkeeping.FIRST_STEP}, stepped, 2, 2) == {
+        bookkeeping.FIRST_STEP
+    }
 
 
 def test_every_metric_has_help_text_and_only_bounded_labels() -> None:

@@ -1,5 +1,5 @@
-"""The pure decisions of the operator's I/O shell (policy), its settings, and the API client's
-retry arithmetic."""
+"""The controller's bookkeeping (which status to believe, when to write it, expectations,
+Events), its settings, and the API client's retry arithmetic."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from pydantic import ValidationError
 
-from ddp_operator import kube, policy, render
+from ddp_operator import bookkeeping, kube, render
 from ddp_operator.api import DDPJob, DDPJobSpec
 from ddp_operator.settings import Settings
 
@@ -24,9 +24,9 @@ def test_retries_follow_retry_after_then_double_and_are_capped() -> None:
 def test_our_last_status_write_wins_over_a_staler_watched_status() -> None:
     watched = {"phase": "Running", "restarts": 0, "startTime": "t", "progress": {"step": 9}}
     ours = {"phase": "Restarting", "restarts": 1, "startTime": None}
-    merged = policy.merged(watched, ours)
+    merged = bookkeeping.merged(watched, ours)
     assert merged == {"phase": "Restarting", "restarts": 1, "progress": {"step": 9}}
-    assert policy.merged(watched, None) == watched
+    assert bookkeeping.merged(watched, None) == watched
 
 
 def test_objects_go_to_their_collections() -> None:
@@ -41,17 +41,17 @@ def test_objects_go_to_their_collections() -> None:
 
 def test_creates_stay_expected_until_watched_or_too_old() -> None:
     expected = {"j-node-0": 100.0, "j-node-1": 100.0, "j-rdzv": 50.0}
-    assert policy.pending_creates(expected, {"j-node-0"}, now=110.0) == {"j-node-1": 100.0}
-    assert policy.pending_creates(expected, set(), now=200.0) == {}
+    assert bookkeeping.pending_creates(expected, {"j-node-0"}, now=110.0) == {"j-node-1": 100.0}
+    assert bookkeeping.pending_creates(expected, set(), now=200.0) == {}
 
 
 def test_status_writes_counted_failures_first_and_pod_counts_at_a_bounded_rate() -> None:
-    assert policy.status_write(set(), 5.0) == (False, False, None)
-    assert policy.status_write({"handledFailures", "restarts"}, 0.1) == (True, True, None)
-    assert policy.status_write({"phase", "ready"}, 0.1) == (True, False, None)
-    write, first, wait = policy.status_write({"ready", "readyNodes"}, 0.25)
+    assert bookkeeping.status_write(set(), 5.0) == (False, False, None)
+    assert bookkeeping.status_write({"handledFailures", "restarts"}, 0.1) == (True, True, None)
+    assert bookkeeping.status_write({"phase", "ready"}, 0.1) == (True, False, None)
+    write, first, wait = bookkeeping.status_write({"ready", "readyNodes"}, 0.25)
     assert (write, first) == (False, False) and wait == pytest.approx(0.75)
-    assert policy.status_write({"ready"}, 1.5) == (True, False, None)
+    assert bookkeeping.status_write({"ready"}, 1.5) == (True, False, None)
 
 
 def test_an_unreadable_spec_fails_the_job_once_with_the_fields_named() -> None:
@@ -59,8 +59,8 @@ def test_an_unreadable_spec_fails_the_job_once_with_the_fields_named() -> None:
     try:
         DDPJobSpec.model_validate({"nodes": 0})
     except ValidationError as error:
-        p = policy.invalid_spec({"phase": "Running"}, error, now)
-        again = policy.invalid_spec({"phase": "Failed"}, error, now)
+        p = bookkeeping.invalid_spec({"phase": "Running"}, error, now)
+        again = bookkeeping.invalid_spec({"phase": "Failed"}, error, now)
     assert p.status["phase"] == "Failed" and p.status["completionTime"] == "2026-01-01T00:00:00Z"
     assert [r for _, r, m in p.events if "nodes" in m] == ["InvalidSpec"]
     assert again.status == {} and again.events == []
@@ -69,7 +69,7 @@ def test_an_unreadable_spec_fails_the_job_once_with_the_fields_named() -> None:
 def test_an_event_names_the_job_it_is_about() -> None:
     job = {"name": "digits", "namespace": "team", "uid": "u-1"}
     now = dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
-    e = policy.event_body(
+    e = bookkeeping.event_body(
         job, "Warning", "PodFailed", "x" * 2000, name="digits.1", now=now,
         component="ddp-operator", instance="pod-1", api_version="ddp.dev/v1alpha1", kind="DDPJob",
     )  # fmt: skip

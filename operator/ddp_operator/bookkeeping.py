@@ -1,5 +1,6 @@
-"""Pure decisions of the operator's I/O shell, beside :mod:`ddp_operator.plan`: which status to
-believe, when to write it, which creates are still pending, and how an unreadable spec ends.
+"""The controller's bookkeeping, pure (beside :mod:`ddp_operator.plan`, which decides what a job
+needs): which status to believe, when to write it, which creates are still pending, how an
+unreadable spec ends, the Events it posts and which start-up milestones it times.
 """
 
 from __future__ import annotations
