@@ -35,7 +35,7 @@ import yaml
 
 from ddp_devcluster.polling import until
 from ddp_devcluster.stack import EXAMPLES, LocalStack
-from ddp_trainer.progress import read_metrics
+from ddp_trainer.progress import read_run_log
 
 HOLD = 25
 
@@ -78,7 +78,7 @@ def one_round(stack: LocalStack) -> dict[str, float]:
     store_running = until("the new store pod Running", new_store, timeout_s=120, interval_s=0.1)
 
     def first_step_after_resume() -> tuple[float, float] | None:
-        rows = read_metrics(ckpt)
+        rows = read_run_log(ckpt)
         starts = [r for r in rows if r["event"] == "start" and r.get("resumedFrom")]
         if not starts:
             return None

@@ -89,11 +89,11 @@ def bare_loop_rate(config: Any, steps: int, warmup: int) -> float:
 
 def trainer_rate(config: Any, directory: Path) -> float:
     """Samples/s of ddp_trainer between its first and last logged step."""
-    from ddp_trainer.progress import read_metrics
+    from ddp_trainer.progress import read_run_log
     from ddp_trainer.trainer import Trainer
 
     Trainer(config, directory).train()
-    steps = [m for m in read_metrics(directory) if m["event"] == "step"]
+    steps = [m for m in read_run_log(directory) if m["event"] == "step"]
     first, last = steps[0], steps[-1]
     return (
         (last["step"] - first["step"]) * config.global_batch_size / (last["time"] - first["time"])
@@ -166,7 +166,7 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
     import torch
 
     from ddp_trainer.config import TrainerConfig
-    from ddp_trainer.progress import read_metrics
+    from ddp_trainer.progress import read_run_log
     from ddp_trainer.trainer import Trainer
 
     logging.getLogger("ddp_trainer").setLevel(logging.WARNING)
@@ -183,7 +183,7 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
     trainer = Trainer(config, directory)
     parameters = sum(p.numel() for p in trainer.model.parameters())
     trainer.train()
-    lines = read_metrics(directory)
+    lines = read_run_log(directory)
     step_lines = [m for m in lines if m["event"] == "step"]
     step_ms = {
         m["step"]: 1000 * config.global_batch_size / m["samplesPerSecond"] for m in step_lines
@@ -218,7 +218,7 @@ def wait_for(predicate: Any, timeout: float) -> Any:
 
 
 def measure_recovery(workdir: Path) -> dict[str, Any]:
-    from ddp_trainer.progress import read_metrics
+    from ddp_trainer.progress import read_run_log
 
     directory = workdir / "recovery"
     ckpt = directory / "ckpt"
@@ -282,7 +282,7 @@ def measure_recovery(workdir: Path) -> dict[str, Any]:
         ]
 
         def steps() -> list[dict[str, Any]]:
-            return [m for m in read_metrics(ckpt) if m["event"] == "step"]
+            return [m for m in read_run_log(ckpt) if m["event"] == "step"]
 
         wait_for(lambda: [s for s in steps() if s["worldSize"] == 2 and s["step"] >= 50], 180)
         killed_at = time.time()

@@ -29,7 +29,7 @@ import yaml
 from ddp_operator.api import TERMINAL_PHASES
 from ddp_operator.client import draw_curves
 from ddp_operator.follow import LiveView, curves
-from ddp_trainer.progress import read_metrics
+from ddp_trainer.progress import read_run_log
 
 from . import node
 from .operator_process import REPO
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = out / "checkpoints"
         shutil.copytree(stack.claim_dir(CLAIM), ckpt)
         logs = copy_logs(stack, out / "logs")
-        rows = read_metrics(ckpt)
+        rows = read_run_log(ckpt)
         end = end_event(rows)
         if "testAccuracy" in end:
             print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")

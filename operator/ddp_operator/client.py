@@ -35,7 +35,7 @@ from typing import Any, cast
 
 from ddp_trainer.config import validation_message
 from ddp_trainer.contract import GROUP, PLURAL, VERSION
-from ddp_trainer.progress import parse_metrics
+from ddp_trainer.progress import parse_run_log
 
 from .api import TERMINAL_PHASES, DDPJob, DDPJobStatus, Progress
 from .client_objects import (
@@ -458,7 +458,7 @@ class DDPClient:
             if pod["status"]["phase"] != "Succeeded":
                 said = text.strip().splitlines()[-1:] or ["no output"]
                 raise NoMetrics(f"cannot read ddpjob {name}'s metrics.jsonl: {said[0]}")
-            return parse_metrics(text)
+            return parse_run_log(text)
         finally:
             self._delete_pod(pod_name)
 

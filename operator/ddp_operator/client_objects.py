@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ddp_trainer.config import validation_message
-from ddp_trainer.progress import METRICS_FILE
+from ddp_trainer.progress import RUN_LOG_FILE
 
 from .api import API_VERSION, KIND, MAX_NAME_LENGTH, CheckpointSpec, DDPJob
 from .metav1 import owner_reference
@@ -137,7 +137,7 @@ def metrics_path(job: Mapping[str, Any]) -> str:
             f"ddpjob {name} has no checkpoint volume (spec.checkpoint), so it keeps no"
             " metrics.jsonl to read"
         )
-    return posixpath.join(CheckpointSpec.model_validate(raw).path, METRICS_FILE)
+    return posixpath.join(CheckpointSpec.model_validate(raw).path, RUN_LOG_FILE)
 
 
 def metrics_reader_pod(job: Mapping[str, Any], image: str) -> dict[str, Any]:

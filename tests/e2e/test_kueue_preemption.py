@@ -17,7 +17,7 @@ from e2e_scenario import Scenario, holding_at, local_stack, resumed_at, resumes
 
 from ddp_devcluster.kueue import API
 from ddp_devcluster.stack import LocalStack
-from ddp_trainer.progress import read_metrics
+from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
 HELD = 25  # the low job's step when the high one arrives
@@ -126,7 +126,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     assert status["admissions"] == 2 and status["restarts"] == 0
     assert "Readmitted" in [e[1] for e in _events(sc, "digits")]
 
-    rows = read_metrics(sc.claim("digits-checkpoints"))
+    rows = read_run_log(sc.claim("digits-checkpoints"))
     # SIGTERM made rank 0 save the held step; the new run started from exactly there.
     assert resumed_at(rows) == [HELD]
     assert resumes(rows) == [(HELD, HELD + 1)]

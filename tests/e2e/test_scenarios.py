@@ -19,7 +19,7 @@ import yaml
 from e2e_scenario import Scenario, holding_at, resumed_at, resumes
 
 from ddp_devcluster.stack import EXAMPLES
-from ddp_trainer.progress import read_metrics
+from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ def test_digits_succeeds_with_checkpoints_and_progress_in_kubectl_get(sc: Scenar
     assert (ckpt / manifest["latest"]).is_file()
     assert manifest["latest"] == f"step-{progress['step']:08d}.pt"
     assert progress["lastCheckpoint"].endswith(manifest["latest"])
-    end = next(r for r in read_metrics(ckpt) if r.get("event") == "end")
+    end = next(r for r in read_run_log(ckpt) if r.get("event") == "end")
     assert end["testAccuracy"] >= 0.85
 
     header, row = sc.k("get", "ddpj", "digits").splitlines()[:2]
@@ -62,7 +62,7 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
     status = sc.succeeded("charlm")
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == 60
 
-    rows = read_metrics(sc.claim("charlm-checkpoints"))
+    rows = read_run_log(sc.claim("charlm-checkpoints"))
     sizes = [r["worldSize"] for r in rows if r.get("event") == "step"]
     changes = [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]]
     assert changes == [2, 3, 2]
@@ -91,7 +91,7 @@ def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenari
             "get", "events", "--field-selector", "involvedObject.name=digits"
         ).splitlines()
     )
-    rows = read_metrics(sc.claim("digits-checkpoints"))
+    rows = read_run_log(sc.claim("digits-checkpoints"))
     ((step,),) = [resumed_at(rows)]
     assert 25 - 20 < step <= 25  # held at 25: at most one checkpoint interval (20) lost
 
@@ -157,7 +157,7 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario)
     sc.k("patch", "ddpjob", "digits", "--type=merge", "-p", '{"spec":{"suspend":false}}')
     status = sc.succeeded("digits")
     assert status["restarts"] == 0  # suspending is no failure
-    assert resumed_at(read_metrics(ckpt)) == [25]
+    assert resumed_at(read_run_log(ckpt)) == [25]
 
 
 def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from e2e_scenario import Scenario, holding_at, resumed_at
 
-from ddp_trainer.progress import read_metrics
+from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
 EVERY = 20  # digits.yaml's checkpoint.everySteps
@@ -29,7 +29,7 @@ def resumes_after_losing_the_store(sc: Scenario) -> int:
     """Deletes the store pod while the job is held; waits for the operator's new store and for
     the workers to resume from a checkpoint; returns the step they resumed from."""
     ckpt = sc.claim("digits-checkpoints")
-    before = len(resumed_at(read_metrics(ckpt)))
+    before = len(resumed_at(read_run_log(ckpt)))
     old = store_uid(sc)
     sc.k("delete", "pod", "digits-rdzv", "--wait=false")
 
@@ -41,7 +41,7 @@ def resumes_after_losing_the_store(sc: Scenario) -> int:
         return pod["metadata"]["uid"] != old and pod["status"].get("phase") == "Running"
 
     def resumed() -> int | None:
-        starts = resumed_at(read_metrics(ckpt))
+        starts = resumed_at(read_run_log(ckpt))
         return starts[-1] if len(starts) > before else None
 
     sc.until("a new store pod running", new_store_running)
@@ -71,7 +71,7 @@ def test_the_store_and_then_three_workers_lost_in_turn_fit_the_default_budget(
     assert reasons(sc).count("PodDisrupted") == 3 and "BackoffLimitExceeded" not in reasons(sc)
     # Each disruption came while held at 10, 25, 40 or 55: every resume is from a checkpoint
     # less than one checkpoint interval (20 steps) before it.
-    starts = resumed_at(read_metrics(sc.claim("digits-checkpoints")))
+    starts = resumed_at(read_run_log(sc.claim("digits-checkpoints")))
     assert len(starts) == 4, starts
     for held, start in zip((10, 25, 40, 55), starts, strict=True):
         assert held - EVERY < start <= held, f"resumed from {start} after a loss at {held}"

@@ -12,8 +12,8 @@ from ddp_trainer.amp import resolve_amp
 from ddp_trainer.batching import (
     Position,
     advance,
+    batch_share,
     micro_sizes,
-    plan_batches,
     rank_share,
     settle,
     steps_per_epoch,
@@ -40,9 +40,9 @@ def test_global_batch_smaller_than_world_is_refused() -> None:
 def test_micro_batches_keep_the_last_one_full() -> None:
     assert micro_sizes(10, 3) == (3, 3, 4)
     assert micro_sizes(2, 3) == (0, 1, 1)
-    plan = plan_batches(64, 3, 2, micro_batch_size=8)
-    assert plan.count == 21 and plan.accumulation_steps == 3 and sum(plan.micro_sizes) == 21
-    assert plan_batches(64, 2, 0).micro_sizes == (32,)
+    share = batch_share(64, 3, 2, micro_batch_size=8)
+    assert share.count == 21 and share.accumulation_steps == 3 and sum(share.micro_sizes) == 21
+    assert batch_share(64, 2, 0).micro_sizes == (32,)
 
 
 def test_positions_advance_through_epochs() -> None:
@@ -85,7 +85,7 @@ def consumed(n: int, world: int, epoch: int, start: int, steps: int) -> list[int
     """Indices the whole world consumes in `steps` steps from cursor `start`."""
     taken: list[int] = []
     for rank in range(world):
-        sampler = GlobalBatchSampler(Sized(n), plan_batches(48, world, rank, 10), seed=5)
+        sampler = GlobalBatchSampler(Sized(n), batch_share(48, world, rank, 10), seed=5)
         sampler.set_epoch(epoch)
         sampler.set_start(start)
         for step, micro in enumerate(sampler.batches()):
@@ -99,14 +99,14 @@ def test_resume_at_another_world_size_neither_repeats_nor_skips() -> None:
     n = 500  # 10 full batches of 48 per epoch, 20 samples dropped
     before = consumed(n, world=4, epoch=3, start=0, steps=4)
     after = consumed(n, world=3, epoch=3, start=4 * 48, steps=100)
-    order = GlobalBatchSampler(Sized(n), plan_batches(48, 1, 0), seed=5)
+    order = GlobalBatchSampler(Sized(n), batch_share(48, 1, 0), seed=5)
     order.set_epoch(3)
     assert sorted(before + after) == sorted(order.global_order()[: 10 * 48].tolist())
     assert len(set(before + after)) == 480
 
 
 def test_sampler_behaves_like_a_distributed_sampler() -> None:
-    sampler = GlobalBatchSampler(Sized(100), plan_batches(20, 2, 1), seed=0)
+    sampler = GlobalBatchSampler(Sized(100), batch_share(20, 2, 1), seed=0)
     sampler.set_epoch(1)
     first = list(sampler)
     sampler.set_epoch(2)

@@ -10,11 +10,11 @@ import pytest
 
 from ddp_trainer import progress
 from ddp_trainer.progress import (
-    MetricsLog,
     ProgressReporter,
+    RunLog,
     interval_from_env,
     progress_record,
-    read_metrics,
+    read_run_log,
     reporting_target,
     should_report,
 )
@@ -74,12 +74,12 @@ def test_target_and_interval_from_env() -> None:
 
 
 def test_metrics_lines_survive_a_torn_tail(tmp_path: Path) -> None:
-    log = MetricsLog(tmp_path)
+    log = RunLog(tmp_path)
     log.write("step", step=1, loss=2.0)
     log.close()
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"event": "st')
-    (line,) = read_metrics(tmp_path)
+    (line,) = read_run_log(tmp_path)
     assert line["step"] == 1 and line["event"] == "step"
 
 

@@ -217,9 +217,9 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, every: flo
 
 
 def metrics(directory: Path) -> list[dict[str, Any]]:
-    from ddp_trainer.progress import read_metrics
+    from ddp_trainer.progress import read_run_log
 
-    return read_metrics(directory)
+    return read_run_log(directory)
 
 
 def events(directory: Path, kind: str) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from ddp_operator.follow import (
     progress_line,
     rank_of,
 )
-from ddp_trainer.progress import parse_metrics
+from ddp_trainer.progress import parse_run_log
 
 SECOND = 1_000_000_000
 T0 = parse_timestamp("2026-03-01T10:00:00Z") or 0
@@ -176,7 +176,7 @@ def test_curves_take_loss_and_lr_by_step_the_last_line_of_a_replayed_step_winnin
             '{"event": "step", "step": 5, "lo',  # torn by a crash
         ]
     )
-    rows = parse_metrics(text)
+    rows = parse_run_log(text)
     assert len(rows) == 8
     c = curves(rows)
     assert c.loss == [(1, 2.3), (2, 2.0), (3, 1.8), (4, 1.7)]

@@ -20,8 +20,8 @@ class Position:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
-    """How one process runs its share of a global batch."""
+class BatchShare:
+    """One process's share of every global batch, and how it runs it in micro-batches."""
 
     global_batch_size: int
     world_size: int
@@ -77,13 +77,13 @@ def micro_sizes(count: int, accumulation: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-def plan_batches(
+def batch_share(
     global_batch_size: int, world_size: int, rank: int, micro_batch_size: int | None = None
-) -> BatchPlan:
+) -> BatchShare:
     """This rank's share of every global batch and its micro-batches."""
     start, count = rank_share(global_batch_size, world_size, rank)
     accumulation = accumulation_steps(global_batch_size, world_size, micro_batch_size)
-    return BatchPlan(
+    return BatchShare(
         global_batch_size=global_batch_size,
         world_size=world_size,
         rank=rank,

@@ -10,7 +10,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .amp import Precision, resolve_amp
-from .batching import BatchPlan, plan_batches, steps_per_epoch, total_steps
+from .batching import BatchShare, batch_share, steps_per_epoch, total_steps
 from .config import TrainerConfig
 from .sampler import GlobalBatchSampler
 from .schedule import peak_lr
@@ -31,7 +31,7 @@ class Parts:
     train_set: Any
     test_set: Any
     loss_fn: Any
-    batches: BatchPlan  # this rank's share of each global batch
+    batches: BatchShare  # this rank's share of each global batch
     sampler: GlobalBatchSampler
     per_epoch: int
     total_steps: int
@@ -76,7 +76,7 @@ def build_parts(
     scaler = torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
     global_batch = config.global_batch_size
-    batches = plan_batches(global_batch, world_size, rank, config.micro_batch_size)
+    batches = batch_share(global_batch, world_size, rank, config.micro_batch_size)
     num_samples = len(workload.train_set)  # type: ignore[arg-type]
     per_epoch = steps_per_epoch(num_samples, global_batch)
     if per_epoch == 0:

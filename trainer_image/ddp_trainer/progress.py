@@ -1,4 +1,6 @@
-"""Progress: `metrics.jsonl` lines, and rank 0's progress record for the DDPJob's status.
+"""Progress: the run log (``metrics.jsonl``: one JSON line per step, checkpoint, hold and end,
+which ``kubectl ddp plot`` draws), and rank 0's progress record for the DDPJob's status.
+The trainer's Prometheus metrics are another thing: :mod:`ddp_trainer.metrics`.
 
 Rank 0 writes the record into its job's progress ConfigMap (``contract.progress_configmap``),
 the one object its ServiceAccount may patch; the operator validates it and copies it into
@@ -32,16 +34,16 @@ from .contract import (
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
+RUN_LOG_FILE = "metrics.jsonl"  # the name predates "run log"; checkpoint folders keep it
 DEFAULT_INTERVAL_S = 10.0
 
 
-class MetricsLog:
-    """Appends one JSON object per line to `metrics.jsonl` (global rank 0 only)."""
+class RunLog:
+    """The run log: appends one JSON object per line to `metrics.jsonl` (global rank 0 only)."""
 
     def __init__(self, directory: Path):
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / METRICS_FILE
+        self.path = directory / RUN_LOG_FILE
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (lives as long as the run)
 
     def write(self, event: str, **fields: Any) -> None:
@@ -52,15 +54,15 @@ class MetricsLog:
         self._file.close()
 
 
-def read_metrics(directory: Path | str) -> list[dict[str, Any]]:
+def read_run_log(directory: Path | str) -> list[dict[str, Any]]:
     """The lines of a checkpoint folder's metrics.jsonl (a torn last line is ignored)."""
-    path = Path(directory) / METRICS_FILE
+    path = Path(directory) / RUN_LOG_FILE
     if not path.exists():
         return []
-    return parse_metrics(path.read_text())
+    return parse_run_log(path.read_text())
 
 
-def parse_metrics(text: str) -> list[dict[str, Any]]:
+def parse_run_log(text: str) -> list[dict[str, Any]]:
     """The objects of metrics.jsonl's text; a torn or foreign line is skipped."""
     lines = []
     for line in text.splitlines():

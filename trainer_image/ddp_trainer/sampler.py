@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sized
 import torch
 from torch.utils.data import DistributedSampler
 
-from .batching import BatchPlan
+from .batching import BatchShare
 
 
 class GlobalBatchSampler(DistributedSampler):
@@ -16,20 +16,20 @@ class GlobalBatchSampler(DistributedSampler):
     Like DistributedSampler, `set_epoch(e)` picks the permutation (seeded by seed + e).
     Unlike it, ranks do not take every world_size-th index: each optimizer step takes the
     next `global_batch_size` indices of the permutation from a cursor (`set_start`), and
-    rank r takes its contiguous share of them (see :mod:`ddp_trainer.plan`). Resuming at
+    rank r takes its contiguous share of them (see :mod:`ddp_trainer.batching`). Resuming at
     the cursor with any world size therefore neither repeats nor skips a sample.
     """
 
-    def __init__(self, dataset: Sized, plan: BatchPlan, seed: int, shuffle: bool = True):
+    def __init__(self, dataset: Sized, share: BatchShare, seed: int, shuffle: bool = True):
         super().__init__(
             dataset,  # type: ignore[arg-type]
-            num_replicas=plan.world_size,
-            rank=plan.rank,
+            num_replicas=share.world_size,
+            rank=share.rank,
             shuffle=shuffle,
             seed=seed,
             drop_last=True,
         )
-        self.plan = plan
+        self.share = share
         self.start = 0
         self._size = len(dataset)
 
@@ -48,17 +48,17 @@ class GlobalBatchSampler(DistributedSampler):
         return torch.randperm(self._size, generator=generator)
 
     def steps_left(self) -> int:
-        return max(0, (self._size - self.start) // self.plan.global_batch_size)
+        return max(0, (self._size - self.start) // self.share.global_batch_size)
 
     def batches(self) -> Iterator[list[torch.Tensor]]:
         """Per optimizer step: this rank's micro-batches of indices (the last never empty)."""
         order = self.global_order()
-        batch = self.plan.global_batch_size
+        batch = self.share.global_batch_size
         cursor = self.start
         while cursor + batch <= self._size:
-            first = cursor + self.plan.start
-            share = order[first : first + self.plan.count]
-            yield list(share.split(list(self.plan.micro_sizes)))
+            first = cursor + self.share.start
+            share = order[first : first + self.share.count]
+            yield list(share.split(list(self.share.micro_sizes)))
             cursor += batch
 
     def __iter__(self) -> Iterator[int]:
@@ -67,4 +67,4 @@ class GlobalBatchSampler(DistributedSampler):
                 yield from indices.tolist()
 
     def __len__(self) -> int:
-        return self.steps_left() * self.plan.count
+        return self.steps_left() * self.share.count

@@ -23,7 +23,7 @@ from .batching import Position, advance, step_seed
 from .config import TrainerConfig
 from .metrics import TrainerMetrics, listen_address, serve
 from .parts import Parts, build_parts
-from .progress import MetricsLog, ProgressReporter, progress_record
+from .progress import ProgressReporter, RunLog, progress_record
 from .schedule import lr_at
 from .workloads import evaluate, fetch_batch
 
@@ -71,12 +71,12 @@ class Trainer:
         checkpoint_dir: Path,
         env: DistEnv | None = None,
         parts: Parts | None = None,
-        prometheus: TrainerMetrics | None = None,
+        metrics: TrainerMetrics | None = None,
     ):
         self.config = config
         self.env = env or DistEnv.from_env()
         self.is_main = self.env.rank == 0
-        self.prometheus = prometheus or process_metrics(self.env)
+        self.metrics = metrics or process_metrics(self.env)
         self.distributed = dist.is_available() and dist.is_initialized()
         self._collective_timeout_s = config.pg_timeout_s  # init_distributed's
         e = self.env
@@ -89,7 +89,7 @@ class Trainer:
         self.autocast_dtype = getattr(torch, self.precision.dtype) if self.precision.dtype else None
         self.train_set, self.test_set, self.loss_fn = parts.train_set, parts.test_set, parts.loss_fn
         self.global_batch = config.global_batch_size
-        self.plan, self.sampler = parts.batches, parts.sampler
+        self.share, self.sampler = parts.batches, parts.sampler
         self.per_epoch, self.total_steps, self.peak_lr = (
             parts.per_epoch,
             parts.total_steps,
@@ -103,7 +103,7 @@ class Trainer:
             if self.is_main
             else None
         )
-        self.metrics = MetricsLog(checkpoint_dir) if self.is_main else None
+        self.run_log = RunLog(checkpoint_dir) if self.is_main else None
         self.reporter = ProgressReporter.from_env() if self.is_main else None
         self.resumed_from: str | None = None
         self.saved_step = -1
@@ -180,7 +180,7 @@ class Trainer:
 
         The training loop blocks only for the copy to CPU unless `wait` is set.
         """
-        if self.writer is None or self.metrics is None:
+        if self.writer is None or self.run_log is None:
             return
         started = time.perf_counter()
         step = self.position.step
@@ -194,8 +194,8 @@ class Trainer:
             self.writer.submit(step, ckpt.snapshot(self.state_dict()))
         self.saved_step = step
         blocked_ms = (time.perf_counter() - started) * 1000
-        self.prometheus.checkpoint_blocked(blocked_ms / 1000)
-        self.metrics.write(
+        self.metrics.checkpoint_blocked(blocked_ms / 1000)
+        self.run_log.write(
             "checkpoint",
             step=step,
             name=ckpt.checkpoint_name(step),
@@ -205,7 +205,7 @@ class Trainer:
         )
 
     def _checkpoint_written(self, entry: ckpt.Entry, seconds: float) -> None:
-        self.prometheus.checkpoint_written(step=entry.step, seconds=seconds, size=entry.size)
+        self.metrics.checkpoint_written(step=entry.step, seconds=seconds, size=entry.size)
 
     # one step --------------------------------------------------------------------------
 
@@ -260,7 +260,7 @@ class Trainer:
         """Every rank joins the loss all-reduce; rank 0 then writes, logs and reports."""
         self.last_loss = self._mean_loss()
         self.last_rate = self._rate()
-        self.prometheus.progress(loss=self.last_loss, samples_per_second=self.last_rate)
+        self.metrics.progress(loss=self.last_loss, samples_per_second=self.last_rate)
         if self.is_main:
             self._write_step_line()
             self._report(final=False)
@@ -285,9 +285,9 @@ class Trainer:
 
     def _write_step_line(self) -> None:
         """Rank 0's `step` line in metrics.jsonl and its log line."""
-        assert self.metrics is not None
+        assert self.run_log is not None
         p = self.position
-        self.metrics.write(
+        self.run_log.write(
             "step",
             step=p.step,
             epoch=p.epoch,
@@ -297,8 +297,8 @@ class Trainer:
             samplesPerSecond=round(self.last_rate, 3),
             worldSize=self.env.world_size,
             globalBatchSize=self.global_batch,
-            perRankBatch=self.plan.count,
-            accumulation=self.plan.accumulation_steps,
+            perRankBatch=self.share.count,
+            accumulation=self.share.accumulation_steps,
             rank=self.env.rank,
             attempt=self.env.restart_count,
         )
@@ -343,14 +343,14 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.resume()
-        self.prometheus.started(
+        self.metrics.started(
             step=self.position.step,
             epoch=self.position.epoch,
             total_steps=self.total_steps,
             resumed_step=self.saved_step if self.resumed_from else None,
         )
-        if self.metrics is not None:
-            self.metrics.write(
+        if self.run_log is not None:
+            self.run_log.write(
                 "start",
                 step=self.position.step,
                 epoch=self.position.epoch,
@@ -359,8 +359,8 @@ class Trainer:
                 stepsPerEpoch=self.per_epoch,
                 worldSize=self.env.world_size,
                 globalBatchSize=self.global_batch,
-                perRankBatch=self.plan.count,
-                accumulation=self.plan.accumulation_steps,
+                perRankBatch=self.share.count,
+                accumulation=self.share.accumulation_steps,
                 amp=self.precision.label,
                 device=str(self.device),
                 resumedFrom=self.resumed_from,
@@ -375,8 +375,8 @@ class Trainer:
             self.per_epoch,
             self.global_batch,
             self.env.world_size,
-            self.plan.count,
-            self.plan.accumulation_steps,
+            self.share.count,
+            self.share.accumulation_steps,
             self.precision.label,
             self.device,
         )
@@ -406,7 +406,7 @@ class Trainer:
                 if first:  # every rank is past its start: a silent peer is noticed sooner
                     self._set_collective_timeout(self.config.steady_timeout_s)
                 step = self.position.step
-                self.prometheus.step_done(
+                self.metrics.step_done(
                     seconds=time.perf_counter() - started,
                     step=step,
                     epoch=self.position.epoch,
@@ -454,8 +454,8 @@ class Trainer:
         if released:
             return
         self.held_at = step
-        if self.metrics is not None:
-            self.metrics.write("hold", step=step, release=hold.release_name(step))
+        if self.run_log is not None:
+            self.run_log.write("hold", step=step, release=hold.release_name(step))
             log.info(
                 "holding after step %d until %s exists", step, folder / hold.release_name(step)
             )
@@ -466,8 +466,8 @@ class Trainer:
             if stop:
                 raise self._stopped()
         self.held_at = None
-        if self.metrics is not None:
-            self.metrics.write("release", step=step)
+        if self.run_log is not None:
+            self.run_log.write("release", step=step)
             log.info("released at step %d", step)
         self._report(final=False, urgent=True)
         self._last_log = (time.perf_counter(), self.position.step)  # the pause is no step time
@@ -504,8 +504,8 @@ class Trainer:
                 self.device,
             )
             log.info("evaluation: %s", results)
-        if self.metrics is not None:
-            self.metrics.write(
+        if self.run_log is not None:
+            self.run_log.write(
                 "end",
                 step=self.position.step,
                 epoch=self.position.epoch,
@@ -528,15 +528,15 @@ class Trainer:
         if hold.is_released(folder, step):
             return
         self.held_at = step
-        if self.metrics is not None:
-            self.metrics.write("hold", step=step, release=hold.release_name(step))
+        if self.run_log is not None:
+            self.run_log.write("hold", step=step, release=hold.release_name(step))
             log.info("training complete; holding until %s exists", folder / hold.release_name(step))
         self._report(final=False, urgent=True)
         while not hold.is_released(folder, step) and not self.stop_requested.is_set():
             time.sleep(hold.POLL_S)
         self.held_at = None
-        if self.metrics is not None:
-            self.metrics.write("release", step=step)
+        if self.run_log is not None:
+            self.run_log.write("release", step=step)
 
     def _close(self, final: bool) -> None:
         if self.writer is not None:
@@ -547,9 +547,9 @@ class Trainer:
         if self.reporter is not None:
             self._report(final=True)
             self.reporter.close()
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
+        if self.run_log is not None:
+            self.run_log.close()
+            self.run_log = None
 
 
 def set_collective_timeout(timeout: timedelta) -> None:
@@ -580,14 +580,14 @@ def init_distributed(env: DistEnv, config: TrainerConfig) -> None:
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train in this process (one of torchrun's workers, or alone); returns the exit code."""
     env = DistEnv.from_env()
-    prometheus = process_metrics(env)
+    metrics = process_metrics(env)
     if env.local_rank == 0:  # one process per node: the port is the pod's, bound once
-        serve(prometheus.registry, config.metrics_port, listen_address(os.environ))
+        serve(metrics.registry, config.metrics_port, listen_address(os.environ))
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
     init_distributed(env, config)
-    trainer = Trainer(config, checkpoint_dir, env, prometheus=prometheus)
+    trainer = Trainer(config, checkpoint_dir, env, metrics=metrics)
     code = trainer.train()
     if code == 0 and dist.is_initialized():
         dist.destroy_process_group()
