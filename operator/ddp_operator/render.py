@@ -174,6 +174,7 @@ def _meta(job: DDPJob, name: str, role: str, extra: dict[str, str] | None = None
 def render_services(job: DDPJob) -> list[dict[str, Any]]:
     """The rendezvous Service (published before any pod is ready) and the workers' Service."""
     _, name, _ = job_key(job)
+    c10d = {"name": "c10d", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT}
     rdzv = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -186,9 +187,7 @@ def render_services(job: DDPJob) -> list[dict[str, Any]]:
             "type": "ClusterIP",
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_STORE},
-            "ports": [
-                {"name": "c10d", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT}
-            ],
+            "ports": [dict(c10d)],
         },
     }
     workers = {
@@ -200,9 +199,7 @@ def render_services(job: DDPJob) -> list[dict[str, Any]]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_WORKER},
-            "ports": [
-                {"name": "c10d", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT}
-            ],
+            "ports": [dict(c10d)],
         },
     }
     return [rdzv, workers]
