@@ -14,6 +14,7 @@ over a staler one from the watch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -37,6 +38,7 @@ log = logging.getLogger("ddp_operator")
 
 Key = tuple[str, str]
 COMPONENT = "ddp-operator"
+LEASE_NAMESPACE = "kube-node-lease"  # where each kubelet renews the Lease named after its Node
 
 
 @dataclass
@@ -76,6 +78,11 @@ class Controller:
     machines: informer.Machines[planner.MachineView] = field(
         default_factory=lambda: informer.Machines(planner.machine_view)
     )
+    # Each machine's heartbeat: its kubelet's Lease renewTime, and when we saw it change (our
+    # monotonic clock, our wall clock); machines silent past the grace, with the latter.
+    leases: informer.Machines[str] = field(default_factory=lambda: informer.Machines(_renewed))
+    heard: dict[str, tuple[float, dt.datetime]] = field(default_factory=dict)
+    silent: dict[str, str] = field(default_factory=dict)
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -103,14 +110,51 @@ class Controller:
         self.watches.start()
         nodes = informer.Informer(api, "nodes", None, self.machines, self._machine_changed)
         self.spawn(self._watch_machines(nodes))
+        leases = informer.Informer(api, "leases", LEASE_NAMESPACE, self.leases, self._heartbeat,
+                                   api_version="coordination.k8s.io/v1")  # fmt: skip
+        self.spawn(self._watch_machines(leases))
+        self.spawn(self._watch_silence())
 
-    async def _watch_machines(self, w: informer.Informer[planner.MachineView]) -> None:
-        """Keeps the Nodes cache; without RBAC for it (a namespaced install) lost machines are
-        left to Kubernetes' own eviction of their pods."""
+    async def _watch_machines(self, w: informer.Informer[Any]) -> None:
+        """Keeps the Nodes (or their Leases') cache; without RBAC for it (a namespaced install)
+        lost machines are left to Kubernetes' own eviction of their pods."""
         try:
             await w.run(stop_if_forbidden=True)
         except informer.Forbidden as e:
             log.info("%s; pods on lost machines go when Kubernetes evicts them", e)
+
+    def _heartbeat(self, key: Key) -> None:
+        """A machine's Lease was renewed (or is gone): it is heard, silent no more."""
+        name = key[1]
+        if name in self.leases.by_name:
+            self.heard[name] = (time.monotonic(), dt.datetime.now(dt.UTC))
+        else:
+            self.heard.pop(name, None)
+        if self.silent.pop(name, None) is not None:
+            log.info("machine %s is heard again", name)
+            self._machine_changed(key)
+
+    async def _watch_silence(self) -> None:
+        """Marks a machine silent once its heartbeat has been missing for the grace period;
+        the jobs with pods on it are reconciled then (``plan`` deletes those pods)."""
+        grace_s = self.settings.node_lost_grace_s
+        while True:
+            heard = {name: mono for name, (mono, _) in self.heard.items()}
+            for name in planner.silent_machines(heard, time.monotonic(), grace_s) - set(
+                self.silent
+            ):
+                self.silent[name] = rfc3339(self.heard[name][1])
+                log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name, grace_s)
+                self._machine_changed(("", name))
+            await asyncio.sleep(min(2.0, grace_s / 4 or 2.0))
+
+    def machine_views(self) -> dict[str, planner.MachineView]:
+        """The Nodes as the planner sees them, the silent ones marked."""
+        views = self.machines.by_name
+        return {
+            n: dataclasses.replace(v, silent_since=self.silent[n]) if n in self.silent else v
+            for n, v in views.items()
+        }
 
     def _machine_changed(self, key: Key) -> None:
         """A Node's readiness changed: reconcile the jobs with pods on it."""
@@ -215,7 +259,7 @@ class Controller:
                 admission=admission,
                 progress=progress,
                 completion_grace_s=self.settings.completion_grace_s,
-                machines=self.machines.by_name,
+                machines=self.machine_views(),
                 node_lost_grace_s=self.settings.node_lost_grace_s,
             )
             if refused:
@@ -544,6 +588,11 @@ def _log_failure(task: asyncio.Future[None]) -> None:
 def _is_worker(obj: dict[str, Any]) -> bool:
     labels = obj["metadata"].get("labels") or {}
     return obj["kind"] == "Pod" and labels.get(render.LABEL_ROLE) == render.ROLE_WORKER
+
+
+def _renewed(lease: Any) -> str:
+    """A kubelet's Lease, as its heartbeat: the renewTime (changes every renewal)."""
+    return str((lease.get("spec") or {}).get("renewTime") or "")
 
 
 def _name(obj: Any) -> str:

@@ -29,10 +29,14 @@ starts torchrun again against the new store; training resumes from the newest ch
 the operator only recreates it.
 
 A lost machine: a node pod (or the store pod) on a Kubernetes Node whose Ready condition has
-been False or Unknown for longer than ``node_lost_grace_s`` (:data:`NODE_LOST_GRACE_S`) is
-deleted at once with grace period 0 (its kubelet cannot confirm a graceful end) and recreated,
-which the scheduler places elsewhere; a node pod lost so is a disruption. Kubernetes itself
-would evict it only after its ``not-ready``/``unreachable`` toleration, 300 s by default.
+been False or Unknown for longer than ``node_lost_grace_s`` (:data:`NODE_LOST_GRACE_S`), or
+whose kubelet has not renewed its Lease for that long (:func:`silent_machines`: a frozen or cut
+off machine is silent at once, whereas kube-controller-manager marks it Unknown only after its
+node-monitor grace period, 50 s by default), is deleted at once with grace period 0 (its
+kubelet cannot confirm a graceful end) and recreated, which the scheduler places elsewhere; a
+node pod lost so is a disruption. Kubernetes itself would evict it only after its
+``not-ready``/``unreachable`` toleration, 300 s by default, and then leave it Terminating for
+as long as the machine stays away.
 
 The end of a job: once any node pod exits 0 (its torchrun finished training), the job is
 complete. Missing node pods are not recreated and the others' failures are not counted; the
@@ -66,6 +70,7 @@ DISRUPTION_WINDOW_S = 60.0
 SAME_DELETION_S = 5.0
 COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
 NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
+SILENCE_FLOOR_S = 20.0  # a machine is silent after two missed Lease renewals at the least
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
@@ -138,6 +143,9 @@ class MachineView:
     name: str
     ready: str  # True, False or Unknown
     since: str  # the Ready condition's lastTransitionTime (RFC 3339)
+    # Set by the controller once the machine's kubelet has renewed its Lease for no less than
+    # the grace period: when the operator last saw it renewed (RFC 3339, the operator's clock).
+    silent_since: str = ""
 
 
 def machine_view(node: Mapping[str, Any]) -> MachineView:
@@ -366,6 +374,7 @@ def plan(
             return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
         st.plan.requeue(found.fails_in)
     converged = _converge(st, prev_phase, cfg, backoff_base_s, found)
+    _avoid_silent(st.plan.create, machines or {})
     if lost:  # the condition names the machine; _converge saw the pod still there
         return st.result(DDPJobPhase.RESTARTING, "NodeLost", lost)
     return converged
@@ -607,15 +616,59 @@ def _count_disruption(st: _State) -> int:
     return n
 
 
+def silent_machines(heard: Mapping[str, float], now: float, grace_s: float) -> set[str]:
+    """The machines whose heartbeat (kubelet's Lease in kube-node-lease, renewed every 10 s by
+    default) was last seen ``grace_s`` (at least :data:`SILENCE_FLOOR_S`) or more before
+    ``now``, both on the operator's monotonic clock: a machine's own clock is never compared
+    with ours."""
+    after = max(grace_s, SILENCE_FLOOR_S)
+    return {name for name, at in heard.items() if now - at >= after}
+
+
+def _gone(m: MachineView, now: dt.datetime) -> tuple[float, str]:
+    """For how long a machine has been lost, and how that shows; (0, "") while it is not."""
+    if m.silent_since:
+        silent_s = (now - (parse_rfc3339(m.silent_since) or now)).total_seconds()
+        return silent_s, f"which has sent no heartbeat (its Lease) for {silent_s:.0f}s"
+    if m.ready == "True":
+        return 0.0, ""
+    gone_s = (now - (parse_rfc3339(m.since) or now)).total_seconds()
+    return gone_s, f"whose Ready condition has been {m.ready} for {gone_s:.0f}s"
+
+
+def _avoid_silent(create: list[dict[str, Any]], machines: Mapping[str, MachineView]) -> None:
+    """New pods must not land on a silent machine: its Node still says Ready (and has no
+    taint) until kube-controller-manager's grace runs out, so the scheduler would pick it. A
+    required node affinity term ``kubernetes.io/hostname NotIn`` them is added to every term of
+    the pod's own (terms are ORed, expressions within one ANDed)."""
+    silent = sorted(n for n, m in machines.items() if m.silent_since)
+    if not silent:
+        return
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": silent}
+    for obj in create:
+        if obj.get("kind") != "Pod":
+            continue
+        spec = obj.setdefault("spec", {})
+        node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+        required["nodeSelectorTerms"] = [
+            {**t, "matchExpressions": [*(t.get("matchExpressions") or []), avoid]} for t in terms
+        ]
+
+
 def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: float) -> str:
-    """Deletes at once (grace 0) the pods on machines not Ready for longer than ``grace_s``
-    (module docstring); returns what happened, for the condition ("" when nothing did)."""
+    """Deletes at once (grace 0) the pods on machines not Ready, or silent, for longer than
+    ``grace_s`` (module docstring); returns what happened, for the condition ("" when nothing
+    did)."""
     said = []
     for x in st.pods:
         m = machines.get(x.machine) if x.machine else None
-        if m is None or m.ready == "True" or x.done:
+        if m is None or x.done:
             continue
-        gone_s = (st.now - (parse_rfc3339(m.since) or st.now)).total_seconds()
+        gone_s, how = _gone(m, st.now)
+        if not how:
+            continue
         if gone_s < grace_s:
             st.plan.requeue(grace_s - gone_s)
             continue
@@ -626,8 +679,8 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
         st.handled.append(x.uid)
         st.plan.force.append(x.name)
         what = (
-            f"{x.name} was on machine {m.name}, whose Ready condition has been {m.ready} for"
-            f" {gone_s:.0f}s (more than {grace_s:.0f}s): deleted at once, recreated elsewhere"
+            f"{x.name} was on machine {m.name}, {how} (more than {grace_s:.0f}s):"
+            " deleted at once, recreated elsewhere"
         )
         if x.role == render.ROLE_STORE:
             st.plan.warn("StoreLost", f"{what} (no restart counted)")

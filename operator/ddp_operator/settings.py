@@ -20,7 +20,8 @@ class Settings:
     backoff_base_s: float = 10.0  # first delay before a failed pod is recreated; doubles after
     # Once a node finished training, how long the others get to finish before they are stopped.
     completion_grace_s: float = COMPLETION_GRACE_S
-    # A machine (Node) not Ready this long loses its job pods at once (deleted with grace 0).
+    # A machine (Node) not Ready this long, or silent this long (no Lease renewal; at least
+    # 20 s), loses its job pods at once (deleted with grace 0).
     node_lost_grace_s: float = NODE_LOST_GRACE_S
     resync_s: float = 30.0  # every job is reconciled at least this often
     workers: int = 48  # API requests in flight

@@ -11,6 +11,8 @@ import datetime as dt
 import json
 import ssl
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -161,7 +163,7 @@ class Cluster:
             timeout_s,
         )
 
-    def running(self, job: str, nodes: int) -> dict[str, Any]:
+    def running(self, job: str, nodes: int, timeout_s: float = 30) -> dict[str, Any]:
         return self.until(
             f"{job} Running with {nodes} ready nodes",
             lambda: (
@@ -173,6 +175,7 @@ class Cluster:
                 )
                 or None
             ),
+            timeout_s,
         )
 
 
@@ -376,6 +379,71 @@ def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None
     assert done["reason"] == "Completed"
     assert done["message"] == "ending-node-1 was lost after ending-node-0 completed training"
     assert status["restarts"] == 0
+
+
+def test_pods_on_a_machine_that_stopped_its_heartbeat_go_while_its_node_still_says_ready(
+    c: Cluster,
+) -> None:
+    """A frozen machine is silent at once, but its Node turns Unknown only after
+    kube-controller-manager's grace (50 s): its kubelet's Lease, renewed every 10 s, is what
+    stops first. Here the Lease is renewed a few times, then never (kwok keeps the Node Ready)."""
+    machine = f"quiet-{c.ns}"
+    c.cp.add_kwok_node(machine, labels={"machine": machine})
+
+    def renew() -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": machine, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": machine, "leaseDurationSeconds": 40, "renewTime": now},
+        }  # fmt: skip
+        c.cp.kubectl("apply", "-f", "-", input=json.dumps(lease))
+
+    alive = threading.Event()
+
+    def heartbeat() -> None:  # as its kubelet would, until the machine freezes
+        while not alive.wait(5):
+            renew()
+
+    beating = threading.Thread(target=heartbeat, daemon=True)
+    try:
+        c.apply("quiet", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
+        c.running("quiet", 2)
+        old = {p["metadata"]["uid"] for p in c.workers("quiet").values()}
+        # The Lease only now: kwok leaves the pods of a node whose Lease someone else holds.
+        renew()
+        beating.start()
+        time.sleep(12)  # two more heartbeats
+        alive.set()  # the machine freezes: DDP_NODE_LOST_GRACE_S (30 s) from its last heartbeat
+        beating.join()
+        status = c.until(
+            "both node pods counted as disruptions",
+            lambda: ((s := c.status("quiet")).get("disruptions") == 2 and s) or None,
+            timeout_s=90,
+        )
+        assert status["restarts"] == 0
+        node = json.loads(c.cp.kubectl("get", "node", machine, "-o", "json").stdout)
+        ready = next(x for x in node["status"]["conditions"] if x["type"] == "Ready")
+        assert ready["status"] == "True"  # the Node never said so: the silence did
+        # Recreated, but kept off the silent machine though its Node says Ready: with the job's
+        # nodeSelector on that machine alone, they wait (Pending) instead of landing there.
+        new = c.until(
+            "both recreated",
+            lambda: (
+                (w := c.workers("quiet"))
+                and len(w) == 2
+                and not {p["metadata"]["uid"] for p in w.values()} & old
+                and w
+            ),
+        )
+        assert all(not p["spec"].get("nodeName") for p in new.values()), new
+        lost = [m for t, r, m in c.events("quiet") if (t, r) == ("Warning", "NodeLost")]
+        assert len(lost) == 2, lost
+        assert all(f"on machine {machine}, which has sent no heartbeat" in m for m in lost)
+    finally:
+        alive.set()
+        c.cp.kubectl("delete", "node", machine, "--wait=false")
+        c.cp.kubectl("delete", "lease", machine, "-n", "kube-node-lease", "--ignore-not-found")
 
 
 def test_pods_on_a_lost_machine_are_deleted_at_once_and_recreated(c: Cluster) -> None:

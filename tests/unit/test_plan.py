@@ -477,6 +477,36 @@ def test_a_machine_not_ready_for_less_than_the_grace_is_waited_for() -> None:
     assert p.requeue_after == pytest.approx(20)
 
 
+def test_a_silent_machine_loses_its_pods_while_its_node_still_says_ready() -> None:
+    """Its kubelet stopped renewing its Lease 35 s ago (the controller marks it silent): the
+    Node is still Ready (kube-controller-manager waits 50 s), the pods go now."""
+    observed = [STORE, on(pod(0, uid="a"), "m1"), on(pod(1), "m2")]
+    silent = planner.MachineView("m1", "True", "2026-01-01T10:00:00Z", "2026-01-01T11:59:25Z")
+    machines = {"m1": silent, "m2": machine("m2", "True")}
+    p = planner.plan(job(), RUNNING, observed, NOW, CFG, machines=machines, node_lost_grace_s=30)
+    assert p.force == ["j-node-0"] and p.status["disruptions"] == 1
+    (msg,) = [m for _, r, m in p.events if r == "NodeLost"]
+    assert "on machine m1, which has sent no heartbeat (its Lease) for 35s" in msg
+    # Once gone, recreated, but not where the scheduler would still put it (its Node is Ready).
+    gone = planner.plan(job(), {**RUNNING, **p.status}, [STORE, on(pod(1), "m2")], NOW, CFG,
+                        machines=machines)  # fmt: skip
+    (new,) = [o for o in gone.create if o["metadata"]["name"] == "j-node-0"]
+    terms = new["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["m1"]}
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [avoid]}]
+
+
+def test_a_machine_is_silent_after_the_grace_and_never_before_two_missed_renewals() -> None:
+    heard = {"quiet": 100.0, "fresh": 125.0, "edge": 110.0}
+    assert planner.silent_machines(heard, now=140.0, grace_s=30) == {"quiet", "edge"}
+    assert planner.silent_machines(heard, now=139.0, grace_s=30) == {"quiet"}
+    # A grace of 0 acts on a NotReady machine at once, but silence needs two missed renewals.
+    assert planner.silent_machines(heard, now=140.0, grace_s=0) == {"quiet", "edge"}
+    assert planner.silent_machines({"m": 100.0}, now=119.0, grace_s=0) == set()
+
+
 def test_machine_view_reads_the_ready_condition() -> None:
     body = {
         "metadata": {"name": "m1"},
