@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,10 +52,17 @@ def helm() -> str:
 
 
 def install_chart(
-    kubeconfig: Path, operator_ref: str, trainer_ref: str, pull_policy: str, kueue: bool = False
+    kubeconfig: Path,
+    operator_ref: str,
+    trainer_ref: str,
+    pull_policy: str,
+    kueue: bool = False,
+    values: Sequence[str] = (),
 ) -> str:
+    """Installs or upgrades the release; ``values`` are more ``--set`` pairs (``key=value``)."""
     argv = [helm(), "--kubeconfig", str(kubeconfig)]
     argv += helm_install_args(operator_ref, trainer_ref, pull_policy, kueue)
+    argv += [a for v in values for a in ("--set", v)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"helm install failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
