@@ -11,6 +11,7 @@ import time
 import uuid
 from datetime import timedelta
 
+import pytest
 from torch.distributed import TCPStore
 
 from ddp_devcluster.procs import free_port
@@ -147,3 +148,44 @@ def test_a_store_that_accepts_but_never_answers_is_no_store_and_does_not_block()
         silent.listen(8)  # never accept()ed, never answered
         endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
         assert node.probe_store_id(endpoint, wait_s=3.0) is None
+
+
+def test_a_node_that_ends_leaves_the_rendezvous_open_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a real TCPStore: torchrun's handler closes the c10d rendezvous when its agent ends
+    (a failure, a peer waited for in vain), and the next node to join fails at once; with
+    ``keep_rendezvous_open`` (what every node pod's torchrun runs with) the next node joins."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from ddp_devcluster.procs import free_port
+    from ddp_trainer.node import keep_rendezvous_open
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+
+    def handler(run_id: str) -> DynamicRendezvousHandler:
+        params = RendezvousParameters(
+            backend="c10d", endpoint=f"127.0.0.1:{port}", run_id=run_id, min_nodes=1,
+            max_nodes=2, join_timeout="20", last_call_timeout="1",
+        )  # fmt: skip
+        h = get_rendezvous_handler(params)
+        assert isinstance(h, DynamicRendezvousHandler)
+        return h
+
+    def ends_then_next_joins(run_id: str) -> None:
+        first = handler(run_id)
+        first.next_rendezvous()
+        first.shutdown()  # what torchrun's launcher does when its agent fails
+        handler(run_id).next_rendezvous()
+
+    with pytest.raises(RendezvousClosedError):  # torchrun as it ships
+        ends_then_next_joins("as-shipped")
+    monkeypatch.setattr(DynamicRendezvousHandler, "shutdown", DynamicRendezvousHandler.shutdown)
+    keep_rendezvous_open()
+    ends_then_next_joins("kept-open")
+    del store

@@ -213,6 +213,31 @@ def bound_exit_barrier(seconds: float) -> None:
     setattr(api, "LocalElasticAgent", BoundedExitBarrierAgent)  # noqa: B010  (mypy: a type)
 
 
+def keep_rendezvous_open() -> None:
+    """Makes torchrun leave the job's c10d rendezvous open when it exits (in the forked child
+    only). torchrun's launcher shuts the rendezvous down whenever its agent ends other than by a
+    signal: a node whose workers failed, or that waited in vain for a silent peer, closes it for
+    good, and every node that joins afterwards (the operator's replacement pods, this pod's own
+    restart) fails at once with RendezvousClosedError: a crash loop that spends the job's
+    ``backoffLimit`` until the job fails, for want of one open flag in the store. A node that
+    starts after training completed needs no closed rendezvous to stop: it exits 0 on the
+    completion record (module docstring)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    def shutdown(self: dr.DynamicRendezvousHandler) -> bool:
+        """What torchrun's own does but the closing: stop the heartbeats and leave."""
+        log.info("leaving the rendezvous, open for the nodes that join after this one")
+        self._stop_heartbeats()
+        try:
+            deadline = self._get_deadline(self._settings.timeout.close)
+            self._op_executor.run(dr._RendezvousExitOp(), deadline)
+        except Exception as e:  # its peers drop it after their keep-alive timeout anyway
+            log.warning("could not leave the rendezvous (%r); the others will time it out", e)
+        return True
+
+    setattr(dr.DynamicRendezvousHandler, "shutdown", shutdown)  # noqa: B010
+
+
 def run_torchrun(args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S) -> NoReturn:
     """In the forked child: torchrun's main, exiting as ``python -m torch.distributed.run``
     would (0, its SystemExit's code, or 1 with the traceback)."""
@@ -221,6 +246,7 @@ def run_torchrun(args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S)
     code = 1
     try:
         bound_exit_barrier(barrier_s)
+        keep_rendezvous_open()
         from torch.distributed.run import main as torchrun
 
         torchrun(list(args))
