@@ -92,21 +92,26 @@ def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path)
     assert checkpoint_folder(["-m", "ddp_trainer"], {"DDPJOB_CHECKPOINT_DIR": "/env"}) == "/env"
 
 
-def test_torchruns_exit_barrier_is_bounded_by_the_environment(monkeypatch) -> None:
+def test_torchruns_exit_barrier_and_worker_stop_are_bounded(monkeypatch) -> None:
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher import api
 
-    from ddp_trainer.node import DEFAULT_EXIT_BARRIER_S, bound_exit_barrier, exit_barrier_s
+    from ddp_trainer.node import DEFAULT_EXIT_BARRIER_S, bound_agent_waits, exit_barrier_s
 
     assert exit_barrier_s({}) == DEFAULT_EXIT_BARRIER_S < 300
     assert exit_barrier_s({"DDPJOB_EXIT_BARRIER_S": "12.5"}) == 12.5
     assert exit_barrier_s({"DDPJOB_EXIT_BARRIER_S": "soon"}) == DEFAULT_EXIT_BARRIER_S
     monkeypatch.setattr(api, "LocalElasticAgent", api.LocalElasticAgent)  # restored after
-    bound_exit_barrier(7.0)
+    bound_agent_waits(7.0, stop_s=4)
     spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=None, entrypoint="x", args=())
     agent = api.LocalElasticAgent(spec=spec, logs_specs=DefaultLogsSpecs())  # as launch_agent
     assert agent._exit_barrier_timeout == 7.0
+    # Workers stopped for a restart (a peer lost or added) get 4 s before SIGKILL, not 30.
+    stops: list[int] = []
+    monkeypatch.setattr(agent, "_shutdown", lambda timeout=30, **_: stops.append(timeout))
+    agent._stop_workers(None)
+    assert stops == [4]
 
 
 def test_only_another_store_answering_means_the_joined_one_was_replaced() -> None:

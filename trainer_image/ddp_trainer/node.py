@@ -56,6 +56,7 @@ STORE_WATCH_S = 5.0  # while torchrun runs: how often to look whether its store 
 STOP_GRACE_S = 45.0  # torchrun stopped for a replaced store: SIGTERM, then SIGKILL after this
 ENV_EXIT_BARRIER = "DDPJOB_EXIT_BARRIER_S"
 DEFAULT_EXIT_BARRIER_S = 30.0
+WORKER_STOP_S = 10.0  # how long workers stopped for a restart get before SIGKILL (torchrun: 30)
 
 
 @dataclass(frozen=True)
@@ -197,20 +198,28 @@ def exit_barrier_s(environ: Any) -> float:
         return DEFAULT_EXIT_BARRIER_S
 
 
-def bound_exit_barrier(seconds: float) -> None:
-    """Makes torchrun's agents wait at most ``seconds`` at the exit barrier (in the forked child
-    only). torchrun has no flag for it: ``LocalElasticAgent`` takes ``exit_barrier_timeout``,
-    which ``torch.distributed.launcher.api.launch_agent`` leaves at its default of 300 s, so the
-    launcher is given a subclass whose default is ``seconds``."""
+def bound_agent_waits(barrier_s: float, stop_s: float = WORKER_STOP_S) -> None:
+    """Bounds two waits of torchrun's agent (in the forked child only), for which torchrun has
+    no flag: the exit barrier (``exit_barrier_timeout``, which
+    ``torch.distributed.launcher.api.launch_agent`` leaves at 300 s) becomes ``barrier_s``, and
+    stopping its workers for a restart (a peer lost or added: SIGTERM, then SIGKILL after 30 s)
+    gives them ``stop_s``. A worker blocked in a collective with a lost peer cannot act on
+    SIGTERM, so those 30 s were spent in full at every lost machine; rank 0 of a worker that
+    can act saves its step within ``stop_s`` (or training resumes from the checkpoint before).
+    The launcher is given a subclass of ``LocalElasticAgent`` with these waits."""
+    from torch.distributed.elastic.agent.server.api import WorkerGroup
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.launcher import api
 
-    class BoundedExitBarrierAgent(LocalElasticAgent):
+    class BoundedWaitsAgent(LocalElasticAgent):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("exit_barrier_timeout", seconds)
+            kwargs.setdefault("exit_barrier_timeout", barrier_s)
             super().__init__(*args, **kwargs)
 
-    setattr(api, "LocalElasticAgent", BoundedExitBarrierAgent)  # noqa: B010  (mypy: a type)
+        def _stop_workers(self, worker_group: WorkerGroup) -> None:
+            self._shutdown(timeout=int(stop_s))
+
+    setattr(api, "LocalElasticAgent", BoundedWaitsAgent)  # noqa: B010  (mypy: a type)
 
 
 def keep_rendezvous_open() -> None:
@@ -245,7 +254,7 @@ def run_torchrun(args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S)
         signal.signal(signum, signal.SIG_DFL)  # torchrun installs its own while it runs
     code = 1
     try:
-        bound_exit_barrier(barrier_s)
+        bound_agent_waits(barrier_s)
         keep_rendezvous_open()
         from torch.distributed.run import main as torchrun
 
