@@ -136,17 +136,28 @@ class Controller:
 
     async def _watch_silence(self) -> None:
         """Marks a machine silent once its heartbeat has been missing for the grace period;
-        the jobs with pods on it are reconciled then (``plan`` deletes those pods)."""
+        the jobs with pods on it are reconciled then (``plan`` deletes those pods).
+
+        Silence is what this process did not hear: when it was itself stopped (its machine
+        frozen, then back: a tick comes :data:`STALLED_S` late), every machine is heard afresh
+        instead, or it would take them all for lost."""
         grace_s = self.settings.node_lost_grace_s
+        tick_s = min(2.0, grace_s / 4 or 2.0)
+        last = time.monotonic()
         while True:
+            now = time.monotonic()
+            if planner.stalled(last, now, tick_s):
+                log.warning("this operator was stopped for %.0fs: every machine heard afresh",
+                            now - last - tick_s)  # fmt: skip
+                wall = dt.datetime.now(dt.UTC)
+                self.heard = {name: (now, wall) for name in self.heard}
             heard = {name: mono for name, (mono, _) in self.heard.items()}
-            for name in planner.silent_machines(heard, time.monotonic(), grace_s) - set(
-                self.silent
-            ):
+            for name in planner.silent_machines(heard, now, grace_s) - set(self.silent):
                 self.silent[name] = rfc3339(self.heard[name][1])
                 log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name, grace_s)
                 self._machine_changed(("", name))
-            await asyncio.sleep(min(2.0, grace_s / 4 or 2.0))
+            last = now
+            await asyncio.sleep(tick_s)
 
     def machine_views(self) -> dict[str, planner.MachineView]:
         """The Nodes as the planner sees them, the silent ones marked."""

@@ -71,6 +71,7 @@ SAME_DELETION_S = 5.0
 COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
 NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
 SILENCE_FLOOR_S = 20.0  # a machine is silent after two missed Lease renewals at the least
+STALLED_S = 10.0  # the operator's own silence watch this late: it was stopped, not they
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
@@ -623,6 +624,12 @@ def silent_machines(heard: Mapping[str, float], now: float, grace_s: float) -> s
     with ours."""
     after = max(grace_s, SILENCE_FLOOR_S)
     return {name for name, at in heard.items() if now - at >= after}
+
+
+def stalled(last: float, now: float, tick_s: float) -> bool:
+    """Whether a tick due ``tick_s`` after ``last`` came :data:`STALLED_S` late or more: the
+    operator's own process was stopped (its machine frozen) and has heard nothing meanwhile."""
+    return now - last - tick_s >= STALLED_S
 
 
 def _gone(m: MachineView, now: dt.datetime) -> tuple[float, str]:

@@ -505,6 +505,10 @@ def test_a_machine_is_silent_after_the_grace_and_never_before_two_missed_renewal
     # A grace of 0 acts on a NotReady machine at once, but silence needs two missed renewals.
     assert planner.silent_machines(heard, now=140.0, grace_s=0) == {"quiet", "edge"}
     assert planner.silent_machines({"m": 100.0}, now=119.0, grace_s=0) == set()
+    # The operator's own tick, due 2 s after the last, came 100 s late: it was the one stopped
+    # (its machine frozen and back), so the machines are heard afresh, not lost.
+    assert planner.stalled(last=100.0, now=202.0, tick_s=2.0)
+    assert not planner.stalled(last=100.0, now=105.0, tick_s=2.0)  # a busy loop, not a stop
 
 
 def test_machine_view_reads_the_ready_condition() -> None:
