@@ -101,8 +101,8 @@ crd: venv ## regenerate the CRD (manifests/crd/ and the chart's crds/) from the 
 manifests: deps ## regenerate manifests/ (RBAC, Deployment) from the Helm chart (a test fails on drift)
 	$(PY) helm/render_manifests.py
 
-test: deps-and-images lint ## everything CI runs: lint, type check, the images, and the test suite
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: deps-and-images lint ## everything CI runs: lint, type check, the images, and the test suite (two lanes side by side)
+	$(PY) -m ddp_devcluster.lanes $(PYTEST_ARGS)
 
 .PHONY: e2e-kind
 e2e-kind: deps-and-images ## only the cluster suite, on the 4-node kind cluster (podman; reuses `make up`'s)

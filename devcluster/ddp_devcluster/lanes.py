@@ -1,0 +1,125 @@
+"""`make test`'s suite as two pytest processes side by side, so that the two cores are used
+while one tier waits on machines and the other on processes.
+
+* ``nodes``: everything that runs containers on real kubelets, in order and never two at
+  once (they share podman, the node images and the host's network): the four-machine kind
+  cluster (tests/cluster, its cluster deleted after its last test), then the real node of the
+  end-to-end stack, of tests/node and of the demo.
+* ``procs``: the rest (the embedded control plane with kwok, real torchrun processes on this
+  machine, the packaging checks and the unit tests): every path under tests/ that ``nodes``
+  does not name, found anew each run, so that a new test folder cannot be left out.
+
+Each lane's lines are printed as they come, prefixed with its name; each lane has its own
+``--basetemp``; the exit status fails when either lane fails. With arguments this is plain
+``pytest ARGS`` in one process (``make test PYTEST_ARGS=...``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+TESTS = Path("tests")
+NODES = ("tests/cluster", "tests/e2e", "tests/node", "tests/test_demo.py")
+
+
+def test_paths(tests: Path = TESTS) -> list[str]:
+    """Every test folder and top-level test module under ``tests``, sorted."""
+    found = [
+        p
+        for p in tests.iterdir()
+        if (p.is_dir() and any(p.glob("test_*.py")))
+        or (p.is_file() and p.name.startswith("test_") and p.suffix == ".py")
+    ]
+    return sorted(str(p) for p in found)
+
+
+def split(paths: Sequence[str], nodes: Sequence[str] = NODES) -> dict[str, list[str]]:
+    """The two lanes: ``nodes`` in its own order (each must exist), ``procs`` the rest."""
+    missing = [p for p in nodes if p not in paths]
+    if missing:
+        raise SystemExit(f"lanes: {', '.join(missing)} not found under tests/ (see NODES)")
+    return {"nodes": list(nodes), "procs": [p for p in paths if p not in nodes]}
+
+
+@dataclass
+class Lane:
+    name: str
+    paths: list[str]
+    proc: subprocess.Popen[str] | None = None
+    started: float = 0.0
+    took_s: float = 0.0
+
+    def start(self, basetemp: Path, lock: threading.Lock) -> threading.Thread:
+        cmd = [sys.executable, "-m", "pytest", "--color=no", f"--basetemp={basetemp}", *self.paths]
+        print(f"[{self.name}] {' '.join(cmd[1:])}", flush=True)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.proc.stdout is not None
+        t = threading.Thread(target=self._relay, args=(self.proc.stdout, lock), daemon=True)
+        t.start()
+        return t
+
+    def _relay(self, out: IO[str], lock: threading.Lock) -> None:
+        for line in out:
+            with lock:
+                sys.stdout.write(f"[{self.name}] {line}")
+                sys.stdout.flush()
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        rc = self.proc.wait()
+        self.took_s = time.monotonic() - self.started
+        return rc
+
+
+def run_lanes(lanes: dict[str, list[str]]) -> int:
+    root = Path(tempfile.mkdtemp(prefix="ddp-test-"))
+    lock = threading.Lock()
+    running = [Lane(name, paths) for name, paths in lanes.items()]
+    relays = [lane.start(root / lane.name, lock) for lane in running]
+    try:
+        codes = {lane.name: lane.wait() for lane in running}
+    except KeyboardInterrupt:
+        for lane in running:
+            if lane.proc is not None:
+                lane.proc.terminate()
+        for lane in running:
+            lane.wait()
+        raise
+    for t in relays:
+        t.join()
+    for lane in running:
+        verdict = "passed" if codes[lane.name] == 0 else f"FAILED (pytest exit {codes[lane.name]})"
+        print(f"lane {lane.name}: {verdict} in {lane.took_s:.0f}s ({' '.join(lane.paths)})")
+    if all(c == 0 for c in codes.values()):
+        shutil.rmtree(root, ignore_errors=True)
+        return 0
+    print(f"the failed lanes' temporary files are kept under {root}")
+    return 1
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv:
+        return subprocess.call([sys.executable, "-m", "pytest", *argv])
+    return run_lanes(split(test_paths()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
