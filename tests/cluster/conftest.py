@@ -9,16 +9,14 @@ cores with four idle machines."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from cluster_env import LOGS, PROVIDER, PROVIDERS, Cluster
 from kind_env import KindCluster, requirements
 
 from ddp_devcluster.kind import cluster as kind
-
-KIND_FIXTURE = "kind_cluster"
-_release: list[Callable[[], None]] = []  # set while the kind cluster runs
+from ddp_devcluster.pytest_plugin import until_last_use
 
 
 def _log(msg: str) -> None:
@@ -37,26 +35,9 @@ def kind_cluster() -> Iterator[KindCluster]:
     requirements()
     ours = not kind.exists()
     kubeconfig = kind.up(log=_log)
-
-    def release() -> None:
-        _release.clear()
-        if ours:
-            kind.down(log=_log)
-
-    _release.append(release)
+    finish = until_last_use("kind_cluster", lambda: kind.down(log=_log) if ours else None)
     yield KindCluster(kubeconfig)
-    if _release:
-        release()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    yield
-    if not _release or KIND_FIXTURE not in getattr(item, "fixturenames", ()):
-        return
-    later = item.session.items[item.session.items.index(item) + 1 :]
-    if not any(KIND_FIXTURE in getattr(i, "fixturenames", ()) for i in later):
-        _release[0]()
+    finish()
 
 
 def _check_provider() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,20 +22,18 @@ T = TypeVar("T")
 OPERATOR_ENV = {"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "5"}
 
 
-def local_stack(
-    factory: pytest.TempPathFactory, name: str, kueue: bool = False
-) -> Iterator[LocalStack]:
-    """A LocalStack with the operator as a process (killed and restarted by the scenarios)."""
+def local_stack(factory: pytest.TempPathFactory, name: str, kueue: bool = False) -> LocalStack:
+    """A started LocalStack with the operator as a process (killed and restarted by the
+    scenarios); the caller stops it."""
     why = node.requirements()
     if why:
         unavailable(f"the end-to-end stack needs a real node: {why}")
-    with LocalStack(
+    return LocalStack(
         workdir=factory.mktemp(name),
         operator_env=OPERATOR_ENV,
         log=lambda m: print(f"\n[{name}] {m}", flush=True),
         kueue=kueue,
-    ) as s:
-        yield s
+    ).start()
 
 
 class Scenario:

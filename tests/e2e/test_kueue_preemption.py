@@ -9,23 +9,16 @@ runs to Succeeded, and the low one, admitted again, resumes right after its chec
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, holding_at, local_stack, resumed_at, resumes
+from e2e_scenario import Scenario, holding_at, resumed_at, resumes
 
 from ddp_devcluster.kueue import API
-from ddp_devcluster.stack import LocalStack
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
 HELD = 25  # the low job's step when the high one arrives
-
-
-@pytest.fixture(scope="module")
-def kueue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    yield from local_stack(tmp_path_factory, "kueue-stack", kueue=True)
 
 
 def queues(sc: Scenario) -> None:
@@ -91,9 +84,8 @@ def renamed(name: str, claim: str) -> Any:
 
 
 def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpoint(
-    kueue_stack: LocalStack,
+    sc: Scenario,
 ) -> None:
-    sc = Scenario(kueue_stack)
     queues(sc)
     sc.apply(
         "checkpoint-pvc.yaml",
