@@ -1,7 +1,7 @@
 """End to end on this machine: the operator's own pods run in real containers on a real node.
 
 Each scenario starts from ``kubectl apply`` of the YAML in ``manifests/examples/`` on the
-module's ``LocalStack`` (conftest.py; helpers in e2e_scenario.py): torchrun in the trainer
+tier's one ``LocalStack`` (conftest.py; helpers in e2e_scenario.py): torchrun in the trainer
 image, c10d rendezvous through the job's store pod, gloo, checkpoints on a
 PersistentVolumeClaim bound by the node's provisioner. A scenario that acts mid-run holds the
 job at a known step (``holdAtSteps``).
