@@ -9,9 +9,9 @@ while one tier waits on machines and the other on processes.
   machine, the packaging checks and the unit tests): every path under tests/ that ``nodes``
   does not name, found anew each run, so that a new test folder cannot be left out.
 
-Each lane's lines are printed as they come, prefixed with its name; each lane has its own
-``--basetemp``; the exit status fails when either lane fails. With arguments this is plain
-``pytest ARGS`` in one process (``make test PYTEST_ARGS=...``).
+Each lane's lines are printed as they come, prefixed with its name, a line per test (``-v``);
+each lane has its own ``--basetemp``; the exit status fails when either lane fails. With
+arguments this is plain ``pytest ARGS`` in one process (``make test PYTEST_ARGS=...``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ class Lane:
     took_s: float = 0.0
 
     def start(self, basetemp: Path, lock: threading.Lock) -> threading.Thread:
-        cmd = [sys.executable, "-m", "pytest", "--color=no", f"--basetemp={basetemp}", *self.paths]
+        # -v: a line per test as it ends (the relay prints whole lines; pytest's dots would
+        # show only when a file is done, minutes apart in the cluster tier)
+        cmd = [sys.executable, "-m", "pytest", "-v", "--color=no", f"--basetemp={basetemp}",
+               *self.paths]  # fmt: skip
         print(f"[{self.name}] {' '.join(cmd[1:])}", flush=True)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
