@@ -84,11 +84,13 @@ class Lane:
             with lock:
                 sys.stdout.write(f"[{self.name}] {line}")
                 sys.stdout.flush()
+        self.wait()  # the lane's own time, however long the other one runs
 
     def wait(self) -> int:
         assert self.proc is not None
         rc = self.proc.wait()
-        self.took_s = time.monotonic() - self.started
+        if not self.took_s:
+            self.took_s = time.monotonic() - self.started
         return rc
 
 

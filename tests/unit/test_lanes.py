@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,21 @@ def test_a_new_test_folder_goes_to_procs_and_a_missing_node_tier_is_an_error(
     assert split["procs"] == [str(tmp_path / "brand_new"), str(tmp_path / "unit")]
     with pytest.raises(SystemExit, match="gone"):
         lanes.split(found, [*nodes, str(tmp_path / "gone")])
+
+
+def test_a_failing_lane_fails_the_run_and_both_lanes_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "test_good.py").write_text("def test_ok():\n    assert True\n")
+    (tmp_path / "test_bad.py").write_text("def test_no():\n    assert 1 == 2\n")
+    rc = lanes.run_lanes(
+        {"good": [str(tmp_path / "test_good.py")], "bad": [str(tmp_path / "test_bad.py")]}
+    )
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "[good] " in out and "1 passed" in out and "[bad] " in out and "1 failed" in out
+    assert "lane good: passed in" in out
+    assert "lane bad: FAILED (pytest exit 1) in" in out
+    kept = Path(out.split("temporary files are kept under ")[1].split()[0])
+    assert kept.is_dir()
+    shutil.rmtree(kept)
