@@ -14,7 +14,6 @@ over a staler one from the watch.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import logging
 import time
@@ -31,6 +30,7 @@ from ddp_trainer.contract import parse_rfc3339, rfc3339
 from . import bookkeeping, informer, kube, queueing, render, reports
 from . import plan as planner
 from .api import API_VERSION, KIND, PLURAL, TERMINAL_PHASES, DDPJob
+from .machines import Machines
 from .metrics import OperatorMetrics
 from .settings import Settings
 
@@ -38,7 +38,6 @@ log = logging.getLogger("ddp_operator")
 
 Key = tuple[str, str]
 COMPONENT = "ddp-operator"
-LEASE_NAMESPACE = "kube-node-lease"  # where each kubelet renews the Lease named after its Node
 
 
 @dataclass
@@ -75,14 +74,7 @@ class Controller:
     flavors: dict[str, dict[str, Any]] = field(default_factory=dict)  # ResourceFlavors read
     priorities: dict[str, int | None] = field(default_factory=dict)  # PriorityClass values read
     watches: informer.Watches | None = None
-    machines: informer.Machines[planner.MachineView] = field(
-        default_factory=lambda: informer.Machines(planner.machine_view)
-    )
-    # Each machine's heartbeat: its kubelet's Lease renewTime, and when we saw it change (our
-    # monotonic clock, our wall clock); machines silent past the grace, with the latter.
-    leases: informer.Machines[str] = field(default_factory=lambda: informer.Machines(_renewed))
-    heard: dict[str, tuple[float, dt.datetime]] = field(default_factory=dict)
-    silent: dict[str, str] = field(default_factory=dict)
+    machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -108,64 +100,8 @@ class Controller:
             api_versions={queueing.WORKLOADS: queueing.KUEUE_API},
         )
         self.watches.start()
-        nodes = informer.Informer(api, "nodes", None, self.machines, self._machine_changed)
-        self.spawn(self._watch_machines(nodes))
-        leases = informer.Informer(api, "leases", LEASE_NAMESPACE, self.leases, self._heartbeat,
-                                   api_version="coordination.k8s.io/v1")  # fmt: skip
-        self.spawn(self._watch_machines(leases))
-        self.spawn(self._watch_silence())
-
-    async def _watch_machines(self, w: informer.Informer[Any]) -> None:
-        """Keeps the Nodes (or their Leases') cache; without RBAC for it (a namespaced install)
-        lost machines are left to Kubernetes' own eviction of their pods."""
-        try:
-            await w.run(stop_if_forbidden=True)
-        except informer.Forbidden as e:
-            log.info("%s; pods on lost machines go when Kubernetes evicts them", e)
-
-    def _heartbeat(self, key: Key) -> None:
-        """A machine's Lease was renewed (or is gone): it is heard, silent no more."""
-        name = key[1]
-        if name in self.leases.by_name:
-            self.heard[name] = (time.monotonic(), dt.datetime.now(dt.UTC))
-        else:
-            self.heard.pop(name, None)
-        if self.silent.pop(name, None) is not None:
-            log.info("machine %s is heard again", name)
-            self._machine_changed(key)
-
-    async def _watch_silence(self) -> None:
-        """Marks a machine silent once its heartbeat has been missing for the grace period;
-        the jobs with pods on it are reconciled then (``plan`` deletes those pods).
-
-        Silence is what this process did not hear: when it was itself stopped (its machine
-        frozen, then back: a tick comes :data:`STALLED_S` late), every machine is heard afresh
-        instead, or it would take them all for lost."""
-        grace_s = self.settings.node_lost_grace_s
-        tick_s = min(2.0, grace_s / 4 or 2.0)
-        last = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if planner.stalled(last, now, tick_s):
-                log.warning("this operator was stopped for %.0fs: every machine heard afresh",
-                            now - last - tick_s)  # fmt: skip
-                wall = dt.datetime.now(dt.UTC)
-                self.heard = {name: (now, wall) for name in self.heard}
-            heard = {name: mono for name, (mono, _) in self.heard.items()}
-            for name in planner.silent_machines(heard, now, grace_s) - set(self.silent):
-                self.silent[name] = rfc3339(self.heard[name][1])
-                log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name, grace_s)
-                self._machine_changed(("", name))
-            last = now
-            await asyncio.sleep(tick_s)
-
-    def machine_views(self) -> dict[str, planner.MachineView]:
-        """The Nodes as the planner sees them, the silent ones marked."""
-        views = self.machines.by_name
-        return {
-            n: dataclasses.replace(v, silent_since=self.silent[n]) if n in self.silent else v
-            for n, v in views.items()
-        }
+        self.machines = Machines(self.settings.node_lost_grace_s, self._machine_changed)
+        self.machines.start(api, self.spawn)
 
     def _machine_changed(self, key: Key) -> None:
         """A Node's readiness changed: reconcile the jobs with pods on it."""
@@ -270,7 +206,7 @@ class Controller:
                 admission=admission,
                 progress=progress,
                 completion_grace_s=self.settings.completion_grace_s,
-                machines=self.machine_views(),
+                machines=self.machines.views() if self.machines is not None else {},
                 node_lost_grace_s=self.settings.node_lost_grace_s,
             )
             if refused:
@@ -599,11 +535,6 @@ def _log_failure(task: asyncio.Future[None]) -> None:
 def _is_worker(obj: dict[str, Any]) -> bool:
     labels = obj["metadata"].get("labels") or {}
     return obj["kind"] == "Pod" and labels.get(render.LABEL_ROLE) == render.ROLE_WORKER
-
-
-def _renewed(lease: Any) -> str:
-    """A kubelet's Lease, as its heartbeat: the renewTime (changes every renewal)."""
-    return str((lease.get("spec") or {}).get("renewTime") or "")
 
 
 def _name(obj: Any) -> str:

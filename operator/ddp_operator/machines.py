@@ -1,0 +1,113 @@
+"""The machines as the controller sees them: each Node's readiness (a Node informer) and each
+kubelet's heartbeat (its Lease in ``kube-node-lease``, renewed every 10 s), so that a machine
+that went silent is known lost before its Node says so (kube-controller-manager waits 50 s).
+
+The decisions are pure (:func:`plan.silent_machines`, :func:`plan.stalled`); this part keeps the
+caches and the clock, and tells the controller which machine changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_trainer.contract import rfc3339
+
+from . import informer, kube
+from . import plan as planner
+
+log = logging.getLogger("ddp_operator")
+
+Key = tuple[str, str]
+LEASE_NAMESPACE = "kube-node-lease"  # where each kubelet renews the Lease named after its Node
+
+
+@dataclass
+class Machines:
+    """Nodes and their heartbeats; ``changed`` gets ("", machine) when one that the planner
+    reads changed (readiness, or silence begun or ended)."""
+
+    grace_s: float
+    changed: Callable[[Key], None]
+    nodes: informer.Machines[planner.MachineView] = field(
+        default_factory=lambda: informer.Machines(planner.machine_view)
+    )
+    leases: informer.Machines[str] = field(default_factory=lambda: informer.Machines(_renewed))
+    # Machine -> when its Lease was last seen renewed (our monotonic clock, our wall clock).
+    heard: dict[str, tuple[float, dt.datetime]] = field(default_factory=dict)
+    # Machines this part declared silent -> when last heard (RFC 3339). Kept, not derived from
+    # ``heard`` at read time: only the watch loop knows whether this process was itself stopped
+    # (then every machine is heard afresh, not lost), and a reconcile right after a thaw must
+    # not see them all silent.
+    silent: dict[str, str] = field(default_factory=dict)
+
+    def start(self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        nodes = informer.Informer(api, "nodes", None, self.nodes, self.changed)
+        spawn(_keep(nodes))
+        leases = informer.Informer(api, "leases", LEASE_NAMESPACE, self.leases, self._heartbeat,
+                                   api_version="coordination.k8s.io/v1")  # fmt: skip
+        spawn(_keep(leases))
+        spawn(self.watch_silence())
+
+    def views(self) -> dict[str, planner.MachineView]:
+        """The Nodes as the planner sees them, the silent ones marked since their last Lease."""
+        return {
+            n: dataclasses.replace(v, silent_since=self.silent[n]) if n in self.silent else v
+            for n, v in self.nodes.by_name.items()
+        }
+
+    def _heartbeat(self, key: Key) -> None:
+        """A machine's Lease was renewed (or is gone): it is heard, silent no more."""
+        name = key[1]
+        if name in self.leases.by_name:
+            self.heard[name] = (time.monotonic(), dt.datetime.now(dt.UTC))
+        else:
+            self.heard.pop(name, None)
+        if self.silent.pop(name, None) is not None:
+            log.info("machine %s is heard again", name)
+            self.changed(key)
+
+    async def watch_silence(self) -> None:
+        """Marks a machine silent once its heartbeat has been missing for the grace period;
+        the jobs with pods on it are reconciled then (``plan`` deletes those pods).
+
+        Silence is what this process did not hear: when it was itself stopped (its machine
+        frozen, then back: a tick comes :data:`plan.STALLED_S` late), every machine is heard
+        afresh instead, or it would take them all for lost."""
+        tick_s = min(2.0, self.grace_s / 4 or 2.0)
+        last = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if planner.stalled(last, now, tick_s):
+                log.warning("this operator was stopped for %.0fs: every machine heard afresh",
+                            now - last - tick_s)  # fmt: skip
+                wall = dt.datetime.now(dt.UTC)
+                self.heard = {name: (now, wall) for name in self.heard}
+            heard = {name: mono for name, (mono, _) in self.heard.items()}
+            for name in planner.silent_machines(heard, now, self.grace_s) - set(self.silent):
+                self.silent[name] = rfc3339(self.heard[name][1])
+                log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name,
+                            self.grace_s)  # fmt: skip
+                self.changed(("", name))
+            last = now
+            await asyncio.sleep(tick_s)
+
+
+async def _keep(w: informer.Informer[Any]) -> None:
+    """Keeps the Nodes (or their Leases') cache; without RBAC for it (a namespaced install)
+    lost machines are left to Kubernetes' own eviction of their pods."""
+    try:
+        await w.run(stop_if_forbidden=True)
+    except informer.Forbidden as e:
+        log.info("%s; pods on lost machines go when Kubernetes evicts them", e)
+
+
+def _renewed(lease: Any) -> str:
+    """A kubelet's Lease, as its heartbeat: the renewTime (changes every renewal)."""
+    return str((lease.get("spec") or {}).get("renewTime") or "")

@@ -1,0 +1,82 @@
+"""The controller's machines part without a server: a silent machine is marked for the planner,
+heard again on its next Lease renewal, and a thawed operator hears every machine afresh."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from ddp_operator import plan
+from ddp_operator.machines import Machines
+
+
+def node(name: str) -> dict[str, Any]:
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-24T10:00:00Z"}
+    return {"metadata": {"name": name}, "status": {"conditions": [ready]}}
+
+
+def lease(name: str, renewed: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"renewTime": renewed}}
+
+
+def renew(m: Machines, name: str, renewed: str) -> None:
+    for key in m.leases.apply("MODIFIED", lease(name, renewed)):
+        m._heartbeat(key)
+
+
+def test_a_silent_machine_is_marked_until_its_lease_is_renewed() -> None:
+    changed: list[tuple[str, str]] = []
+    m = Machines(grace_s=30, changed=changed.append)
+    for n in ("a", "b"):
+        m.nodes.apply("ADDED", node(n))
+        renew(m, n, "2026-11-24T10:00:00Z")
+    assert {v.silent_since for v in m.views().values()} == {""}
+    # Silent past the grace: what watch_silence does on its tick.
+    mono, wall = m.heard["a"]
+    m.heard["a"] = (mono - 60, wall)
+    heard = {n: t for n, (t, _) in m.heard.items()}
+    assert plan.silent_machines(heard, time.monotonic(), m.grace_s) == {"a"}
+    m.silent["a"] = "2026-11-24T10:00:00Z"
+    assert m.views()["a"].silent_since == "2026-11-24T10:00:00Z"
+    assert m.views()["b"].silent_since == ""
+    renew(m, "a", "2026-11-24T10:01:00Z")
+    assert m.silent == {} and m.views()["a"].silent_since == ""
+    assert changed == [("", "a")]
+    renew(m, "b", "2026-11-24T10:00:00Z")  # the same renewTime: not a heartbeat
+    assert changed == [("", "a")]
+
+
+def test_the_watch_marks_a_silent_machine_and_a_thawed_operator_hears_all_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    changed: list[tuple[str, str]] = []
+    m = Machines(grace_s=30, changed=changed.append)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    m.nodes.apply("ADDED", node("a"))
+    renew(m, "a", "2026-11-24T10:00:00Z")
+
+    async def ticks(advance: list[float]) -> None:
+        """Runs the watch loop, moving the clock by each value between its ticks."""
+        sleeps = iter(advance)
+
+        async def sleep(_: float) -> None:
+            try:
+                clock[0] += next(sleeps)
+            except StopIteration:
+                raise asyncio.CancelledError from None
+
+        monkeypatch.setattr(asyncio, "sleep", sleep)
+        with pytest.raises(asyncio.CancelledError):
+            await m.watch_silence()
+
+    # The operator itself stopped for 100 s: nothing is silent, every machine heard afresh.
+    asyncio.run(ticks([100.0, 2.0]))
+    assert m.silent == {} and changed == [] and m.heard["a"][0] == 1100.0
+    # Then 2 s ticks without a renewal: silent once 30 s have passed, reported once.
+    asyncio.run(ticks([2.0] * 20))
+    assert list(m.silent) == ["a"] and changed == [("", "a")]
+    assert m.views()["a"].silent_since == m.silent["a"]
