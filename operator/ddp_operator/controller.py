@@ -25,14 +25,15 @@ import kopf
 from pydantic import ValidationError
 
 from ddp_trainer import contract
-from ddp_trainer.contract import parse_rfc3339, rfc3339
+from ddp_trainer.contract import parse_rfc3339
 
 from . import bookkeeping, informer, kube, queueing, render, reports
 from . import plan as planner
-from .api import API_VERSION, KIND, PLURAL, TERMINAL_PHASES, DDPJob
+from .api import API_VERSION, KIND, PLURAL, DDPJob
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .settings import Settings
+from .workloads import Workloads
 
 log = logging.getLogger("ddp_operator")
 
@@ -68,11 +69,7 @@ class Controller:
     progress: informer.Cache[reports.Record] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, reports.record_of, reports.job_of)
     )
-    workloads: informer.Cache[dict[str, Any]] = field(
-        default_factory=lambda: informer.Cache(render.LABEL_JOB, _workload_view)
-    )
-    flavors: dict[str, dict[str, Any]] = field(default_factory=dict)  # ResourceFlavors read
-    priorities: dict[str, int | None] = field(default_factory=dict)  # PriorityClass values read
+    workloads: Workloads = field(default_factory=Workloads)  # queued jobs' Kueue Workloads
     watches: informer.Watches | None = None
     machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
@@ -84,14 +81,14 @@ class Controller:
 
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
-        self.api = api
+        self.api = self.workloads.api = api
         caches: dict[str, informer.Cache[Any]] = {
             "pods": self.pods,
             "services": self.services,
             "configmaps": self.progress,
         }
         if self.settings.kueue:
-            caches[queueing.WORKLOADS] = self.workloads
+            caches[queueing.WORKLOADS] = self.workloads.cache
         self.watches = informer.Watches(
             api,
             caches,
@@ -189,11 +186,9 @@ class Controller:
         else:
             queue = queueing.queue_name(meta) if self.settings.kueue else ""
             if queue:
-                name = queueing.workload_name(job)
-                workload = next(
-                    (w for w in self.workloads.get(key) if w["metadata"]["name"] == name), None
-                )
-                admission = await self._admission(job, queue, workload, status)
+                workload = self.workloads.of(key, job)
+                worker = render.render_worker(job, 0, 0, self.settings.render)
+                admission = await self.workloads.admission(job, worker, queue, workload, status)
             progress, refused = self._progress(key, meta.get("uid", ""))
             p = planner.plan(
                 job,
@@ -227,7 +222,7 @@ class Controller:
             made_workers = {o["metadata"]["name"] for o in made if _is_worker(o)}
             self._time_startup(meta, status, workers_before, made_workers, job.spec.nodes)
         if workload is not None:
-            await self._sync_workload(workload, observed, {**status, **p.status})
+            await self.workloads.sync(workload, observed, {**status, **p.status})
         if len(made) < len(p.create):
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
         ns = meta["namespace"]
@@ -238,71 +233,6 @@ class Controller:
             self.due[key] = time.monotonic() + p.requeue_after
         else:
             self.due.pop(key, None)
-
-    # -- Kueue: the job's Workload (queueing.py decides) -----------------------------------------
-    async def _admission(
-        self, job: DDPJob, queue: str, workload: dict[str, Any] | None, status: dict[str, Any]
-    ) -> queueing.Admission:
-        """Creates the job's Workload if it has none; returns what Kueue decided."""
-        assert self.api is not None
-        worker = render.render_worker(job, 0, 0, self.settings.render)
-        if workload is None:
-            if status.get("phase") not in TERMINAL_PHASES:
-                pcn = worker["spec"].get("priorityClassName")
-                priority = await self._priority(pcn) if pcn else None
-                wl = queueing.render_workload(job, worker, queue, priority, render.LABEL_JOB)
-                await self.api.must("POST", _workloads_path(wl), wl, ok=(409,))
-            return queueing.admission(None, queue)
-        path = _workloads_path(workload, workload["metadata"]["name"])
-        patch = queueing.resize(job, workload, worker)
-        if patch is not None:  # spec.nodes changed while queued; 422: Kueue reserved meanwhile
-            await self.api.must("PATCH", path, patch, kube.MERGE_PATCH, ok=(404, 409, 422))
-        patch = queueing.activation(job, workload)
-        if patch is not None:  # spec.suspend changed
-            await self.api.must("PATCH", path, patch, kube.MERGE_PATCH, ok=(404,))
-        adm = queueing.admission(workload, queue)
-        if adm.state == queueing.State.ADMITTED and adm.flavors:
-            adm = queueing.with_flavors(adm, {f: await self._flavor(f) for f in adm.flavors})
-        return adm
-
-    async def _sync_workload(
-        self, workload: dict[str, Any], observed: list[planner.PodView], status: dict[str, Any]
-    ) -> None:
-        """Releases an evicted Workload's quota once the job's pods are gone; marks the Workload
-        of a finished job Finished (both applied as Kueue's own job reconciler applies them)."""
-        assert self.api is not None
-        now = rfc3339(dt.datetime.now(dt.UTC))
-        phase = status.get("phase")
-        if phase in TERMINAL_PHASES:
-            conds = status.get("conditions") or []
-            message = next((c.get("message", "") for c in conds if c["type"] == phase), "")
-            body = queueing.finish(workload, phase == "Succeeded", message or str(phase), now)
-        elif all(v.done for v in observed):
-            body = queueing.release(workload, now)
-        else:
-            body = None
-        if body is not None:
-            path = _workloads_path(workload, workload["metadata"]["name"]) + "/status"
-            query = f"?fieldManager={queueing.ADMISSION_MANAGER}&force=true"
-            # 409: the Workload changed since it was read; its watch event reconciles again.
-            await self.api.must("PATCH", path + query, body, queueing.APPLY_PATCH, ok=(404, 409))
-
-    async def _flavor(self, name: str) -> dict[str, Any]:
-        assert self.api is not None
-        if name not in self.flavors:
-            path = f"/apis/{queueing.KUEUE_API}/{queueing.RESOURCE_FLAVORS}/{name}"
-            r = await self.api.must("GET", path)
-            self.flavors[name] = {"spec": r.body.get("spec") or {}}
-        return self.flavors[name]
-
-    async def _priority(self, name: str) -> int | None:
-        assert self.api is not None
-        if name not in self.priorities:
-            r = await self.api.must(
-                "GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}", ok=(404,)
-            )
-            self.priorities[name] = r.body.get("value") if r.ok else None
-        return self.priorities[name]
 
     def _time_startup(
         self,
@@ -539,14 +469,3 @@ def _is_worker(obj: dict[str, Any]) -> bool:
 
 def _name(obj: Any) -> str:
     return str(obj["metadata"]["name"])
-
-
-def _workload_view(obj: Any) -> dict[str, Any]:
-    """A Workload as kept in the cache: all of it but the managed fields."""
-    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
-
-
-def _workloads_path(wl: dict[str, Any], name: str = "") -> str:
-    ns = wl["metadata"]["namespace"]
-    return kube.group_path(queueing.KUEUE_API, ns, queueing.WORKLOADS, name)
