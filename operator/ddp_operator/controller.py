@@ -33,6 +33,7 @@ from .api import API_VERSION, KIND, PLURAL, DDPJob
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .settings import Settings
+from .trainer_objects import TrainerObjects
 from .workloads import Workloads
 
 log = logging.getLogger("ddp_operator")
@@ -53,11 +54,7 @@ class Controller:
     # Pods created but not yet seen by the watch: name -> when created.
     expected: dict[Key, dict[str, float]] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next check
-    # (what, job uid) -> the create of a job's trainer ServiceAccount, Role+binding, ConfigMap
-    trainer_objects: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)  # job uid -> last progress refused
-    legacy_retired: set[str] = field(default_factory=set)  # namespaces without 0.1.0's account
-    retiring: set[str] = field(default_factory=set)  # ... being checked now
     api: kube.Kube | None = None
     jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
     pods: informer.Cache[planner.PodView] = field(
@@ -71,6 +68,7 @@ class Controller:
     )
     workloads: Workloads = field(default_factory=Workloads)  # queued jobs' Kueue Workloads
     watches: informer.Watches | None = None
+    trainer: TrainerObjects = field(init=False)  # each job's progress ConfigMap and account
     machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
@@ -79,9 +77,12 @@ class Controller:
     # Job uid -> start-up milestones still to time (bookkeeping.milestones_to_time).
     ahead: dict[str, set[str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.trainer = TrainerObjects(self.pods)
+
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
-        self.api = self.workloads.api = api
+        self.api = self.workloads.api = self.trainer.api = api
         caches: dict[str, informer.Cache[Any]] = {
             "pods": self.pods,
             "services": self.services,
@@ -130,8 +131,7 @@ class Controller:
         self.due.pop(key, None)
         self.ahead.pop(uid, None)
         self.rejected.pop(uid, None)
-        for what in ("account", "rbac", "progress"):
-            self.trainer_objects.pop((what, uid), None)
+        self.trainer.forget(uid)
 
     def queue_depth(self) -> int:
         """Jobs being reconciled, due for one, or waiting for the caches (a metric)."""
@@ -225,10 +225,7 @@ class Controller:
             await self.workloads.sync(workload, observed, {**status, **p.status})
         if len(made) < len(p.create):
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
-        ns = meta["namespace"]
-        if ns not in self.legacy_retired and ns not in self.retiring:
-            self.retiring.add(ns)  # one attempt per namespace at a time, off the reconcile's path
-            self.spawn(self.retire_legacy_trainer(ns))
+        self.trainer.retire_legacy_soon(meta["namespace"], self.spawn)
         if p.requeue_after is not None:
             self.due[key] = time.monotonic() + p.requeue_after
         else:
@@ -289,7 +286,7 @@ class Controller:
         if changed and counted and not await write_status():
             return []
         if job is not None and any(o["kind"] == "Pod" for o in p.create):
-            await self._ensure_trainer_objects(job)
+            await self.trainer.ensure(job)
         created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
         self.metrics.pod_creates.inc(
             sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
@@ -354,73 +351,6 @@ class Controller:
         self.rejected.pop(uid, None)
         return progress, ""
 
-    async def _ensure_trainer_objects(self, job: DDPJob) -> None:
-        """The job's progress ConfigMap, and the ServiceAccount that may patch it and nothing else
-        (render.render_trainer_identity), for a job whose rank 0 reports progress.
-
-        Made once per job and operator process (a repeat after a restart meets 409); concurrent
-        reconciles share one attempt, and a failed one is tried again by the next reconcile.
-        Only the ServiceAccount is awaited (admission refuses a pod whose ServiceAccount does
-        not exist); the rest is needed only once rank 0 reports, so it follows meanwhile.
-        """
-        if not render.reports_progress(job):
-            return
-        uid = render.job_key(job)[2]
-        self._once(("progress", uid), lambda: self._post(render.render_progress_configmap(job)))
-        t = job.spec.template
-        if t is not None and t.service_account_name:
-            return  # the user's own account: theirs to grant
-        account, role, binding = render.render_trainer_identity(job)
-        # RBAC checks a new binding against its Role, so the Role must exist first.
-        self._once(("rbac", uid), lambda: self._post_all(role, binding))
-        await asyncio.shield(self._once(("account", uid), lambda: self._post(account)))
-
-    def _once(self, key: tuple[str, str], make: Any) -> asyncio.Future[None]:
-        task = self.trainer_objects.get(key)
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self.trainer_objects[key] = asyncio.ensure_future(make())
-            task.add_done_callback(_log_failure)
-        return task
-
-    async def _post(self, obj: dict[str, Any]) -> None:
-        assert self.api is not None
-        await self.api.must("POST", kube.path_of(obj), obj, ok=(409,))  # 409: already there
-
-    async def _post_all(self, *objs: dict[str, Any]) -> None:
-        for obj in objs:
-            await self._post(obj)
-
-    async def retire_legacy_trainer(self, ns: str) -> None:
-        """Removes release 0.1.0's namespace-wide trainer account (its Role could patch the
-        status of any DDPJob of the namespace) once no pod of ``ns`` runs as it any more.
-
-        Until then its pods keep reporting through it: the old path is accepted only as long as
-        the pods the old release started live (a pod is replaced with the job's own account).
-        """
-        try:
-            await self._retire_legacy_trainer(ns)
-        finally:
-            self.retiring.discard(ns)
-
-    async def _retire_legacy_trainer(self, ns: str) -> None:
-        assert self.api is not None
-        if any(v.account == render.LEGACY_TRAINER_ACCOUNT for v in self.pods.in_namespace(ns)):
-            return
-        name = render.LEGACY_TRAINER_ACCOUNT
-        rbac = "rbac.authorization.k8s.io/v1"
-        for path in (
-            kube.group_path(rbac, ns, "rolebindings", name),
-            kube.group_path(rbac, ns, "roles", name),
-            kube.core_path(ns, "serviceaccounts", name),
-        ):
-            r = await self.api.call("DELETE", path)
-            if r.ok:
-                log.info("deleted %s: no pod of %s runs as %s any more", path, ns, name)
-            elif r.status != 404:  # a cleanup: tried again by the namespace's next reconcile
-                log.warning("could not delete %s: %s", path, r.message)
-                return
-        self.legacy_retired.add(ns)
-
     async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
         assert self.api is not None
         meta = body["metadata"]
@@ -455,11 +385,6 @@ class Controller:
             for key in keys:
                 self.due.pop(key, None)
                 self.spawn(self.enqueue(key))
-
-
-def _log_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("creating a trainer's objects failed (tried again): %s", task.exception())
 
 
 def _is_worker(obj: dict[str, Any]) -> bool:

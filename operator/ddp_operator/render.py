@@ -93,7 +93,7 @@ ROLE_STORE = "rdzv-store"
 CONTAINER = "trainer"
 STORE_CONTAINER = "store"
 # The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
-# of its namespace: its pods keep it until they end (see Controller.retire_legacy_trainer).
+# of its namespace: its pods keep it until they end (see TrainerObjects.retire_legacy).
 LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
 SHM_SIZE = "2Gi"
 HOSTNAME_KEY = "kubernetes.io/hostname"  # the well-known label naming a node's machine
