@@ -1,7 +1,10 @@
 """The controller: a work queue of jobs, expectations of pods created but not yet watched, and
 the I/O of each reconcile (create, delete, write status, post Events). The decisions are pure:
 :mod:`ddp_operator.plan` (what a job needs) and :mod:`ddp_operator.bookkeeping` (what the
-controller believes and writes when); :mod:`ddp_operator.handlers` wires this into kopf.
+controller believes and writes when); :mod:`ddp_operator.handlers` wires this into kopf. Its
+parts of their own: :mod:`~ddp_operator.machines` (Nodes and their heartbeats),
+:mod:`~ddp_operator.workloads` (Kueue Workloads), :mod:`~ddp_operator.trainer_objects` (each
+job's progress ConfigMap and account).
 
 Events about a job are coalesced as in Kubernetes' own controllers' work queues: at most one
 reconcile of a job runs at a time, and events that arrive meanwhile cause one more, on the
