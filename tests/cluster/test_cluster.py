@@ -7,8 +7,9 @@ operator image; then, each in a namespace that enforces the restricted Pod Secur
 the operator Ready through its probes, with JSON logs; `digits` to Succeeded with its
 checkpoints on the volume and rank 0's training in its logs; the elastic `charlm` with
 ``spread: Required`` scaled 2 -> 3 -> 4, a pod per machine, then a worker pod deleted; the
-rendezvous store pod deleted mid-run and recreated on a machine without workers; the
-own-script example; rank 0 moved to another machine, resuming exactly from its checkpoint.
+rendezvous store pod deleted mid-run and recreated on a machine without workers; a node pod's
+machine drained mid-run (a disruption, not a restart); the own-script example; rank 0 moved to
+another machine, resuming exactly from its checkpoint.
 On a failure the cluster's state, events and logs go to out/cluster-logs/.
 """
 
@@ -230,6 +231,48 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
                                   "involvedObject.name=digits", "-o", "json"))["items"]  # fmt: skip
     reasons = {e["reason"] for e in events}
     assert "StoreLost" in reasons and "PodFailed" not in reasons, reasons
+
+
+def test_kubectl_drain_of_a_node_pod_s_machine_is_a_disruption_and_the_job_succeeds(
+    cluster: Cluster, ns: str
+) -> None:
+    """`kubectl drain` of the machine under a node pod mid-run (its eviction API call, the
+    pod ending gracefully): a disruption in ``status.disruptions``, never a restart against
+    ``backoffLimit``; the pod is made again on another machine and the job Succeeds."""
+    if cluster.provider != "kind":
+        unavailable("one machine only: a drained pod would have nowhere to go (DDP_CLUSTER=kind)")
+    cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=holding(25))
+    cluster.until("digits held after step 25", held(cluster, ns, "digits", 25))
+    target = machines(cluster, ns, "digits")["digits-node-1"]
+    old = uids(cluster, ns, "digits")["digits-node-1"]
+    try:
+        # Only this job's node pod is drained: the machine may also hold the operator and
+        # other tests' pods, which a maintenance drain would move too, at its own pace.
+        cluster.k("drain", target, "--ignore-daemonsets", "--delete-emptydir-data",
+                  "--pod-selector=ddp.dev/job-name=digits,ddp.dev/role=worker",
+                  "--timeout=180s")  # fmt: skip
+
+        def replaced() -> str | None:
+            now = uids(cluster, ns, "digits").get("digits-node-1")
+            where = machines(cluster, ns, "digits").get("digits-node-1")
+            return where if now not in (None, old) and where else None
+
+        moved_to = cluster.until("digits-node-1 made again on another machine", replaced)
+    finally:
+        cluster.k("uncordon", target)
+    assert moved_to != target, (moved_to, target)
+    cluster.k(
+        "exec", "-n", ns, "digits-node-0", "--", "touch", "/checkpoints/release-step-00000025"
+    )
+    done = cluster.phase(ns, "digits", "Succeeded")
+    assert done["progress"]["step"] == done["progress"]["totalSteps"]
+    assert done.get("disruptions", 0) >= 1 and done.get("restarts", 0) == 0, done
+    events = json.loads(cluster.k("get", "events", "-n", ns, "--field-selector",
+                                  "involvedObject.name=digits", "-o", "json"))["items"]  # fmt: skip
+    assert any(
+        e["reason"] == "Disruption" and "EvictionByEvictionAPI" in e.get("message", "")
+        for e in events
+    ), [(e["reason"], e.get("message")) for e in events]
 
 
 def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
