@@ -2,9 +2,10 @@
 the I/O of each reconcile (create, delete, write status, post Events). The decisions are pure:
 :mod:`ddp_operator.plan` (what a job needs) and :mod:`ddp_operator.bookkeeping` (what the
 controller believes and writes when); :mod:`ddp_operator.handlers` wires this into kopf. Its
-parts of their own: :mod:`~ddp_operator.machines` (Nodes and their heartbeats),
-:mod:`~ddp_operator.workloads` (Kueue Workloads), :mod:`~ddp_operator.trainer_objects` (each
-job's progress ConfigMap and account).
+parts of their own: :mod:`~ddp_operator.actions` (carrying out a plan),
+:mod:`~ddp_operator.machines` (Nodes and their heartbeats), :mod:`~ddp_operator.workloads`
+(Kueue Workloads), :mod:`~ddp_operator.trainer_objects` (each job's progress ConfigMap and
+account).
 
 Events about a job are coalesced as in Kubernetes' own controllers' work queues: at most one
 reconcile of a job runs at a time, and events that arrive meanwhile cause one more, on the
@@ -20,7 +21,6 @@ import asyncio
 import datetime as dt
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,8 @@ from ddp_trainer.contract import parse_rfc3339
 
 from . import bookkeeping, informer, kube, queueing, render, reports
 from . import plan as planner
-from .api import API_VERSION, KIND, PLURAL, DDPJob
+from .actions import COMPONENT, Actions
+from .api import DDPJob
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .settings import Settings
@@ -42,7 +43,6 @@ from .workloads import Workloads
 log = logging.getLogger("ddp_operator")
 
 Key = tuple[str, str]
-COMPONENT = "ddp-operator"
 
 
 @dataclass
@@ -52,8 +52,6 @@ class Controller:
     settings: Settings = field(default_factory=Settings)
     active: set[Key] = field(default_factory=set)  # jobs being reconciled now
     again: set[Key] = field(default_factory=set)  # ... that had events meanwhile
-    written: dict[str, dict[str, Any]] = field(default_factory=dict)  # job uid -> our status
-    status_written_at: dict[str, float] = field(default_factory=dict)  # job uid -> monotonic
     # Pods created but not yet seen by the watch: name -> when created.
     expected: dict[Key, dict[str, float]] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)  # monotonic time of the next check
@@ -72,6 +70,7 @@ class Controller:
     workloads: Workloads = field(default_factory=Workloads)  # queued jobs' Kueue Workloads
     watches: informer.Watches | None = None
     trainer: TrainerObjects = field(init=False)  # each job's progress ConfigMap and account
+    actions: Actions = field(init=False)  # carries out each plan
     machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
@@ -82,10 +81,12 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.trainer = TrainerObjects(self.pods)
+        self.actions = Actions(self.metrics, self.trainer)
 
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
-        self.api = self.workloads.api = self.trainer.api = api
+        self.api = self.workloads.api = self.trainer.api = self.actions.api = api
+        self.actions.instance = self.instance
         caches: dict[str, informer.Cache[Any]] = {
             "pods": self.pods,
             "services": self.services,
@@ -128,8 +129,7 @@ class Controller:
 
     def forget(self, key: Key, uid: str) -> None:
         """Drops what this process remembers of a deleted job."""
-        self.written.pop(uid, None)
-        self.status_written_at.pop(uid, None)
+        self.actions.forget(uid)
         self.expected.pop(key, None)
         self.due.pop(key, None)
         self.ahead.pop(uid, None)
@@ -178,7 +178,9 @@ class Controller:
         services = self.services.names(key)
         expected = bookkeeping.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
         self.expected[key] = expected
-        status = bookkeeping.merged(body.get("status") or {}, self.written.get(meta.get("uid", "")))
+        status = bookkeeping.merged(
+            body.get("status") or {}, self.actions.written.get(meta.get("uid", ""))
+        )
         job: DDPJob | None = None
         workload: dict[str, Any] | None = None
         admission: queueing.Admission | None = None
@@ -217,7 +219,7 @@ class Controller:
         store = render.store_name(meta["name"])
         workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
         workers_before |= {n for n in expected if n != store}
-        made = await self.apply(body, job, status, p)
+        made = await self.actions.run(body, job, status, p)
         for obj in made:
             if obj["kind"] == "Pod":
                 expected[obj["metadata"]["name"]] = time.monotonic()
@@ -260,79 +262,6 @@ class Controller:
             self.metrics.job_first_step.observe(age)
         ahead -= reached
 
-    async def apply(
-        self, body: dict[str, Any], job: DDPJob | None, status: dict[str, Any], p: planner.Plan
-    ) -> list[dict[str, Any]]:
-        """Acts, and writes status before or after, as :func:`bookkeeping.status_write` says."""
-        assert self.api is not None
-        meta = body["metadata"]
-        ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
-        job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
-        diff = {k for k, v in p.status.items() if status.get(k) != v}
-        never = -bookkeeping.STATUS_COUNTS_EVERY_S
-        since = time.monotonic() - self.status_written_at.get(uid, never)
-        changed, counted, wait = bookkeeping.status_write(diff, since)
-        if wait is not None:
-            p.requeue(wait)
-
-        async def write_status() -> bool:
-            assert self.api is not None
-            r = await self.api.must(
-                "PATCH", job_path + "/status", {"status": p.status}, kube.MERGE_PATCH, ok=(404,)
-            )
-            if r.status == 404:
-                return False  # the job is gone; its pods go with it
-            self.written[uid] = dict(p.status)
-            self.status_written_at[uid] = time.monotonic()
-            return True
-
-        if changed and counted and not await write_status():
-            return []
-        if job is not None and any(o["kind"] == "Pod" for o in p.create):
-            await self.trainer.ensure(job)
-        created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
-        self.metrics.pod_creates.inc(
-            sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
-        )
-        await asyncio.gather(
-            *(
-                self.api.must("DELETE", kube.core_path(ns, "pods", pod), ok=(404,))
-                for pod in p.delete
-            ),
-            *(  # on a lost machine: its kubelet cannot confirm a graceful end
-                self.api.must(
-                    "DELETE", kube.core_path(ns, "pods", pod) + "?gracePeriodSeconds=0", ok=(404,)
-                )
-                for pod in p.force
-            ),
-        )
-        self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
-        await asyncio.gather(*(self._event(body, *e) for e in p.events))
-        for _, reason, _ in p.events:
-            if reason in bookkeeping.RESTART_REASONS:
-                self.metrics.restarts.labels(reason).inc()
-        if changed and not counted:
-            await write_status()
-        if p.delete_job:
-            await self.api.must("DELETE", job_path + "?propagationPolicy=Background", ok=(404,))
-            self.written.pop(uid, None)
-        return [o for o, ok in zip(p.create, created, strict=True) if ok]
-
-    async def _create(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
-        assert self.api is not None
-        r = await self.api.call("POST", kube.path_of(obj), obj)
-        if r.ok:
-            return True
-        if r.status != 409:  # 409: already there, idempotent by name
-            # Refused (quota, admission, a bad override): say why where the user looks.
-            await self._event(
-                body,
-                "Warning",
-                "CreateFailed",
-                f"creating {obj['kind']} {obj['metadata']['name']} failed: {r.message}",
-            )
-        return False
-
     def _progress(self, key: Key, uid: str) -> tuple[dict[str, Any] | None, str]:
         """Rank 0's newest valid progress record of the job (None: none yet, or refused), and
         why it was refused when that is news (an Event once per refused record)."""
@@ -353,26 +282,6 @@ class Controller:
             return None, f"{why}; status.progress keeps the last valid report"
         self.rejected.pop(uid, None)
         return progress, ""
-
-    async def _event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
-        assert self.api is not None
-        meta = body["metadata"]
-        event = bookkeeping.event_body(
-            meta,
-            etype,
-            reason,
-            text,
-            name=f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-            now=dt.datetime.now(dt.UTC),
-            component=COMPONENT,
-            instance=self.instance,
-            api_version=API_VERSION,
-            kind=KIND,
-        )
-        r = await self.api.call("POST", kube.path_of(event), event)
-        if not r.ok:  # an Event is worth a log line, never a failed reconcile
-            log.warning("could not post event %s on %s: %s", reason, meta["name"], r.message)
-        log.info("%s %s/%s: %s", reason, meta["namespace"], meta["name"], text)
 
     # -- the clock: backoff, deadline and TTL end by time, not by an event ----------------------
     async def clock(self) -> None:

@@ -1,0 +1,132 @@
+"""The controller's hands: carries out a reconcile's plan (creates, deletes, Events, the job's
+status write before or after them, as :func:`ddp_operator.bookkeeping.status_write` says) and
+remembers the status it wrote last, which the next reconcile prefers over a staler watch event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import bookkeeping, kube
+from . import plan as planner
+from .api import API_VERSION, KIND, PLURAL, DDPJob
+from .metrics import OperatorMetrics
+from .trainer_objects import TrainerObjects
+
+log = logging.getLogger("ddp_operator")
+
+COMPONENT = "ddp-operator"
+
+
+@dataclass
+class Actions:
+    metrics: OperatorMetrics
+    trainer: TrainerObjects
+    api: kube.Kube | None = None
+    instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)  # job uid -> our status
+    status_written_at: dict[str, float] = field(default_factory=dict)  # job uid -> monotonic
+
+    def forget(self, uid: str) -> None:
+        self.written.pop(uid, None)
+        self.status_written_at.pop(uid, None)
+
+    async def run(
+        self, body: dict[str, Any], job: DDPJob | None, status: dict[str, Any], p: planner.Plan
+    ) -> list[dict[str, Any]]:
+        """Carries out ``p``, and writes status before or after, as
+        :func:`bookkeeping.status_write` says; returns the objects created."""
+        assert self.api is not None
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
+        job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
+        diff = {k for k, v in p.status.items() if status.get(k) != v}
+        never = -bookkeeping.STATUS_COUNTS_EVERY_S
+        since = time.monotonic() - self.status_written_at.get(uid, never)
+        changed, counted, wait = bookkeeping.status_write(diff, since)
+        if wait is not None:
+            p.requeue(wait)
+
+        async def write_status() -> bool:
+            assert self.api is not None
+            r = await self.api.must(
+                "PATCH", job_path + "/status", {"status": p.status}, kube.MERGE_PATCH, ok=(404,)
+            )
+            if r.status == 404:
+                return False  # the job is gone; its pods go with it
+            self.written[uid] = dict(p.status)
+            self.status_written_at[uid] = time.monotonic()
+            return True
+
+        if changed and counted and not await write_status():
+            return []
+        if job is not None and any(o["kind"] == "Pod" for o in p.create):
+            await self.trainer.ensure(job)
+        created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
+        self.metrics.pod_creates.inc(
+            sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
+        )
+        await asyncio.gather(
+            *(
+                self.api.must("DELETE", kube.core_path(ns, "pods", pod), ok=(404,))
+                for pod in p.delete
+            ),
+            *(  # on a lost machine: its kubelet cannot confirm a graceful end
+                self.api.must(
+                    "DELETE", kube.core_path(ns, "pods", pod) + "?gracePeriodSeconds=0", ok=(404,)
+                )
+                for pod in p.force
+            ),
+        )
+        self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
+        await asyncio.gather(*(self.event(body, *e) for e in p.events))
+        for _, reason, _ in p.events:
+            if reason in bookkeeping.RESTART_REASONS:
+                self.metrics.restarts.labels(reason).inc()
+        if changed and not counted:
+            await write_status()
+        if p.delete_job:
+            await self.api.must("DELETE", job_path + "?propagationPolicy=Background", ok=(404,))
+            self.written.pop(uid, None)
+        return [o for o, ok in zip(p.create, created, strict=True) if ok]
+
+    async def _create(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
+        assert self.api is not None
+        r = await self.api.call("POST", kube.path_of(obj), obj)
+        if r.ok:
+            return True
+        if r.status != 409:  # 409: already there, idempotent by name
+            # Refused (quota, admission, a bad override): say why where the user looks.
+            await self.event(
+                body,
+                "Warning",
+                "CreateFailed",
+                f"creating {obj['kind']} {obj['metadata']['name']} failed: {r.message}",
+            )
+        return False
+
+    async def event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
+        assert self.api is not None
+        meta = body["metadata"]
+        event = bookkeeping.event_body(
+            meta,
+            etype,
+            reason,
+            text,
+            name=f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+            now=dt.datetime.now(dt.UTC),
+            component=COMPONENT,
+            instance=self.instance,
+            api_version=API_VERSION,
+            kind=KIND,
+        )
+        r = await self.api.call("POST", kube.path_of(event), event)
+        if not r.ok:  # an Event is worth a log line, never a failed reconcile
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], r.message)
+        log.info("%s %s/%s: %s", reason, meta["namespace"], meta["name"], text)
