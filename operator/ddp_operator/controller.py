@@ -32,7 +32,7 @@ from ddp_trainer.contract import parse_rfc3339
 
 from . import bookkeeping, informer, kube, queueing, render, reports
 from . import plan as planner
-from .actions import COMPONENT, Actions
+from .actions import Actions
 from .api import DDPJob
 from .machines import Machines
 from .metrics import OperatorMetrics
@@ -73,7 +73,6 @@ class Controller:
     actions: Actions = field(init=False)  # carries out each plan
     machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
-    instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     # Job uid -> start-up milestones still to time (bookkeeping.milestones_to_time).
@@ -86,7 +85,6 @@ class Controller:
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
         self.api = self.workloads.api = self.trainer.api = self.actions.api = api
-        self.actions.instance = self.instance
         caches: dict[str, informer.Cache[Any]] = {
             "pods": self.pods,
             "services": self.services,

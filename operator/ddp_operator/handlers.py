@@ -22,8 +22,9 @@ from typing import Any
 import kopf
 
 from . import kube
+from .actions import COMPONENT
 from .api import GROUP, PLURAL, VERSION
-from .controller import COMPONENT, Controller
+from .controller import Controller
 from .settings import Settings
 
 # The operator's one controller; its settings are read from the environment once, at start-up.
@@ -76,7 +77,7 @@ async def configure(**kw: Any) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _limit_malloc_arenas()
     CONTROLLER.settings = Settings.from_env(os.environ)
-    CONTROLLER.instance = os.environ.get("HOSTNAME", COMPONENT)
+    CONTROLLER.actions.instance = os.environ.get("HOSTNAME", COMPONENT)  # its Events' reporter
     CONTROLLER.jobs = kw["jobs_by_name"]
     metrics = CONTROLLER.metrics
     CONTROLLER.start_watches(
