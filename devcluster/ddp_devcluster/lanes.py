@@ -80,18 +80,15 @@ class Lane:
         return t
 
     def _relay(self, out: IO[str], lock: threading.Lock) -> None:
+        """Prints the lane's lines until its pytest ends, then times it: the lane's own time,
+        however long the other one runs."""
+        assert self.proc is not None
         for line in out:
             with lock:
                 sys.stdout.write(f"[{self.name}] {line}")
                 sys.stdout.flush()
-        self.wait()  # the lane's own time, however long the other one runs
-
-    def wait(self) -> int:
-        assert self.proc is not None
-        rc = self.proc.wait()
-        if not self.took_s:
-            self.took_s = time.monotonic() - self.started
-        return rc
+        self.proc.wait()
+        self.took_s = time.monotonic() - self.started
 
 
 def run_lanes(lanes: dict[str, list[str]]) -> int:
@@ -100,16 +97,16 @@ def run_lanes(lanes: dict[str, list[str]]) -> int:
     running = [Lane(name, paths) for name, paths in lanes.items()]
     relays = [lane.start(root / lane.name, lock) for lane in running]
     try:
-        codes = {lane.name: lane.wait() for lane in running}
+        for t in relays:
+            t.join()
     except KeyboardInterrupt:
         for lane in running:
             if lane.proc is not None:
                 lane.proc.terminate()
-        for lane in running:
-            lane.wait()
+        for t in relays:
+            t.join()
         raise
-    for t in relays:
-        t.join()
+    codes = {lane.name: lane.proc.returncode for lane in running if lane.proc is not None}
     for lane in running:
         verdict = "passed" if codes[lane.name] == 0 else f"FAILED (pytest exit {codes[lane.name]})"
         print(f"lane {lane.name}: {verdict} in {lane.took_s:.0f}s ({' '.join(lane.paths)})")
