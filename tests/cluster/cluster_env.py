@@ -81,6 +81,12 @@ class Cluster:
     def status(self, ns: str, name: str) -> dict[str, Any]:
         return dict(self.job(ns, name).get("status") or {})
 
+    def events(self, ns: str, name: str) -> list[dict[str, Any]]:
+        """The Events about object ``name`` of ``ns`` (a job's: what the operator said)."""
+        out = self.k("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}",
+                     "-o", "json")  # fmt: skip
+        return list(json.loads(out)["items"])
+
     def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 600) -> T:
         return until(what, probe, timeout_s, interval_s=2)
 

@@ -227,8 +227,7 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
     assert done.get("restarts", 0) == 0, done  # the store's loss costs no restart
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
     assert uids(cluster, ns, "digits") == worker_uids  # the same pods ran to the end
-    events = json.loads(cluster.k("get", "events", "-n", ns, "--field-selector",
-                                  "involvedObject.name=digits", "-o", "json"))["items"]  # fmt: skip
+    events = cluster.events(ns, "digits")
     reasons = {e["reason"] for e in events}
     assert "StoreLost" in reasons and "PodFailed" not in reasons, reasons
 
@@ -267,8 +266,7 @@ def test_kubectl_drain_of_a_node_pod_s_machine_is_a_disruption_and_the_job_succe
     done = cluster.phase(ns, "digits", "Succeeded")
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
     assert done.get("disruptions", 0) >= 1 and done.get("restarts", 0) == 0, done
-    events = json.loads(cluster.k("get", "events", "-n", ns, "--field-selector",
-                                  "involvedObject.name=digits", "-o", "json"))["items"]  # fmt: skip
+    events = cluster.events(ns, "digits")
     assert any(
         e["reason"] == "Disruption" and "EvictionByEvictionAPI" in e.get("message", "")
         for e in events

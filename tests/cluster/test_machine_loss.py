@@ -9,8 +9,6 @@ job has moved on, as a repaired machine would come back.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from cluster_env import Cluster
 from test_cluster import claim_dir, held, holding, machines, metrics
@@ -66,10 +64,7 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
     print(f"restarts {done.get('restarts', 0)}, disruptions {done.get('disruptions')}")
     assert done.get("restarts", 0) == 0, done
-    events = json.loads(
-        cluster.k("get", "events", "-n", ns, "--field-selector", "involvedObject.name=digits",
-                  "-o", "json")
-    )["items"]  # fmt: skip
+    events = cluster.events(ns, "digits")
     said = [e["message"] for e in events if e["reason"] in ("NodeLost", "StoreLost")]
     for machine in lost:
         assert any(f"on machine {machine}," in m for m in said), (machine, said)
