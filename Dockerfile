@@ -18,11 +18,9 @@ RUN uv venv --python /usr/local/bin/python3.11 /opt/venv \
 FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ddp
 COPY --from=build /opt/venv /opt/venv
-# The operator, the trainer's torch-free settings model that the operator validates with, and
-# the contract both sides import.
+# The operator and the vocabulary it shares with the trainer and the client (torch-free).
 COPY operator/ddp_operator /opt/app/ddp_operator
-COPY trainer_image/ddp_trainer/__init__.py trainer_image/ddp_trainer/config.py \
-     trainer_image/ddp_trainer/contract.py /opt/app/ddp_trainer/
+COPY api/ddp_api /opt/app/ddp_api
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/opt/app \
     PYTHONUNBUFFERED=1 \

@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 BIN_STAMP := $(CACHE)/bin/.stamp-$(shell sha256sum devcluster/ddp_devcluster/versions.py | cut -c1-12)
 
 export DDP_CACHE := $(CACHE)
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)/devcluster
+export PYTHONPATH := $(CURDIR)/api:$(CURDIR)/client:$(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)/devcluster
 export PATH := $(VENV)/bin:$(PATH)
 
 .PHONY: help
@@ -89,7 +89,8 @@ lint: venv ## ruff, mypy and hadolint
 	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy operator/ddp_operator trainer_image/ddp_trainer devcluster/ddp_devcluster
+	$(PY) -m mypy api/ddp_api client/ddp_client operator/ddp_operator trainer_image/ddp_trainer \
+	  devcluster/ddp_devcluster
 
 .PHONY: test
 .PHONY: crd

@@ -43,14 +43,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / p) for p in ("operator", "trainer_image", "devcluster", "tests/cluster")]
+SOURCES = ("api", "client", "operator", "trainer_image", "devcluster", "tests/cluster")
+sys.path[:0] = [str(REPO / p) for p in SOURCES]
 
 from cluster_env import Cluster  # noqa: E402
 from test_cluster import claim_dir, machines, metrics  # noqa: E402
 
+from ddp_api.contract import parse_rfc3339  # noqa: E402
 from ddp_devcluster.kind import cluster as kind  # noqa: E402
 from ddp_devcluster.stack import install_chart  # noqa: E402
-from ddp_trainer.contract import parse_rfc3339  # noqa: E402
 
 NS = "bench-node-loss"
 JOB = "digits"

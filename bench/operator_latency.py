@@ -43,10 +43,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from ddp_api.ddpjob import DDPJob
 from ddp_devcluster.operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_operator import render
-from ddp_operator.api import DDPJob
 from ddp_operator.kube import retry_delay_s
 
 WORKERS = 48  # the operator's DDP_WORKERS default, and the direct client's threads

@@ -34,10 +34,10 @@ from typing import Any
 
 import kubernetes
 
+from ddp_api.contract import API_VERSION, GROUP, PLURAL, VERSION
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
-from ddp_trainer.contract import API_VERSION, GROUP, PLURAL, VERSION
 from ddp_trainer.progress import InClusterProgressClient, progress_record
 
 NS, JOB = "bench", "reporter"

@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / p) for p in ("operator", "trainer_image", "devcluster", "tests/trainer")]
+SOURCES = ("api", "client", "operator", "trainer_image", "devcluster", "tests/trainer")
+sys.path[:0] = [str(REPO / p) for p in SOURCES]
 
 from trainer_harness import Launcher, events, wait_until  # noqa: E402
 
+from ddp_api.trainer_config import TrainerConfig  # noqa: E402
 from ddp_devcluster.procs import descendants  # noqa: E402
 from ddp_operator.render import RDZV_CONF  # noqa: E402
-from ddp_trainer.config import TrainerConfig  # noqa: E402
 from ddp_trainer.hold import release  # noqa: E402
 
 HOLD = 30

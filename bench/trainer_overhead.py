@@ -31,7 +31,7 @@ from typing import Any
 from ddp_devcluster.procs import free_port, kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = [REPO / "operator", REPO / "trainer_image", REPO / "devcluster"]
+SOURCES = [REPO / d for d in ("api", "client", "operator", "trainer_image", "devcluster")]
 sys.path[:0] = [str(p) for p in SOURCES]
 
 
@@ -106,7 +106,7 @@ def throughput_worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddp_trainer.config import TrainerConfig
+    from ddp_api.trainer_config import TrainerConfig
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -165,7 +165,7 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
 
     import torch
 
-    from ddp_trainer.config import TrainerConfig
+    from ddp_api.trainer_config import TrainerConfig
     from ddp_trainer.progress import read_run_log
     from ddp_trainer.trainer import Trainer
 

@@ -64,7 +64,7 @@ def expected(helm: str) -> dict[Path, str]:
 
 
 def default_helm() -> str:
-    sys.path[:0] = [str(REPO / "devcluster"), str(REPO / "trainer_image")]
+    sys.path[:0] = [str(REPO / "devcluster")]
     from ddp_devcluster.plane import binary
 
     return str(binary("helm"))

@@ -21,7 +21,7 @@ from ddp_devcluster.paths import cache_dir
 from ddp_devcluster.plane import kubectl_path
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "operator", "trainer_image", "devcluster")
+SOURCES = ("pyproject.toml", "api", "client")
 
 
 def _uv() -> Path:

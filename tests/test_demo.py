@@ -14,6 +14,7 @@ import pytest
 
 from ddp_devcluster import demo, node
 from ddp_devcluster.demo import checkpoint_problem
+from ddp_devcluster.paths import source_path
 from ddp_devcluster.pytest_plugin import unavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,9 +48,7 @@ def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
         unavailable(f"the demo needs a real node: {why}")
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            str(REPO / d) for d in ("operator", "trainer_image", "devcluster")
-        ),
+        "PYTHONPATH": source_path(),
     }
     t0 = time.monotonic()
     proc = subprocess.run(

@@ -26,9 +26,10 @@ from typing import Any
 
 import yaml
 
-from ddp_operator.api import TERMINAL_PHASES
-from ddp_operator.client import draw_curves
-from ddp_operator.follow import LiveView, curves
+from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_client.client import draw_curves
+from ddp_client.curves import curves
+from ddp_client.live import LiveView
 from ddp_trainer.progress import read_run_log
 
 from . import node

@@ -1,7 +1,7 @@
 """Kueue, the real one, as a process against the embedded control plane (development and tests).
 
 Its CRDs and webhook manifests come from the pinned module itself (``go mod download``, the way
-``ddp-devcluster build`` fetched it), never from copies in this repository. It runs with a
+``python -m ddp_devcluster build`` fetched it), never from copies in this repository. It runs with a
 cluster-admin client certificate, a Configuration naming DDPJob as an external framework, no
 internal certificate management, and a webhook serving certificate from the plane's CA. Its
 webhooks for Kueue's own kinds are registered with ``clientConfig.url`` on loopback, so the API

@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .paths import source_path
 from .plane import MARKER_ENV, ControlPlane, Process
 from .procs import free_port
 
@@ -62,13 +63,10 @@ class OperatorProcess:
         )
         self.health_port = free_port()
         self.metrics_port = free_port()
-        pythonpath = os.pathsep.join(
-            str(REPO / p) for p in ("operator", "trainer_image", "devcluster")
-        )
         env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
-            "PYTHONPATH": pythonpath,
+            "PYTHONPATH": source_path(),
             "PYTHONUNBUFFERED": "1",
             MARKER_ENV: self.plane.marker,
             "DDP_METRICS_PORT": str(self.metrics_port),

@@ -12,5 +12,16 @@ def cache_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """Where ``ddp-devcluster up`` records the running plane for ``down`` to find."""
+    """Where ``python -m ddp_devcluster up`` records the running plane for ``down`` to find."""
     return Path(os.environ.get("DDP_CACHE_RUN", cache_dir() / "run"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The folders whose packages make up the project (api, client, operator, trainer, dev harness):
+# what a process started from the checkout needs on its PYTHONPATH.
+SOURCE_DIRS = ("api", "client", "operator", "trainer_image", "devcluster")
+
+
+def source_path() -> str:
+    """``SOURCE_DIRS`` of this checkout as a PYTHONPATH value."""
+    return os.pathsep.join(str(REPO / d) for d in SOURCE_DIRS)

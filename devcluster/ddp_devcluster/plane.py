@@ -62,7 +62,7 @@ def _die_with_parent() -> None:
 
 
 def binary(name: str) -> Path:
-    """The cached path of a control-plane binary, built by ``ddp-devcluster build``."""
+    """The cached path of a control-plane binary, built by ``python -m ddp_devcluster build``."""
     tool = {
         "etcd": f"etcd-{versions.ETCD}",
         "kube-apiserver": f"kubernetes-{versions.KUBERNETES}",

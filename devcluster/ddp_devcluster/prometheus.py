@@ -1,8 +1,8 @@
 """A real Prometheus server on loopback, scraping given targets (development and tests).
 
-Built from the Go module proxy like the control plane (``ddp-devcluster build``), without the
-optional service discoveries. It scrapes static targets every second and answers PromQL on
-``/api/v1/query``, so a test reads metrics as a user's Prometheus stores them.
+Built from the Go module proxy like the control plane (``python -m ddp_devcluster build``),
+without the optional service discoveries. It scrapes static targets every second and answers
+PromQL on ``/api/v1/query``, so a test reads metrics as a user's Prometheus stores them.
 
     with PrometheusServer(workdir, {"operator": ["127.0.0.1:8081"]}) as prom:
         prom.query('ddp_operator_jobs{phase="Running"}')

@@ -13,9 +13,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_api.contract import API_VERSION, KIND, PLURAL
+from ddp_api.ddpjob import DDPJob
+
 from . import bookkeeping, kube
 from . import plan as planner
-from .api import API_VERSION, KIND, PLURAL, DDPJob
 from .metrics import OperatorMetrics
 from .trainer_objects import TrainerObjects
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddp_trainer.config import validation_message
-from ddp_trainer.contract import rfc3339
+from ddp_api.contract import rfc3339
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobPhase
+from ddp_api.trainer_config import validation_message
 
 from . import plan as planner
-from .api import TERMINAL_PHASES, DDPJobPhase
 
 EXPECTATION_TTL_S = 30.0
 # Status fields that change with every pod coming up; written at most this often.

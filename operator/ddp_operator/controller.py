@@ -27,13 +27,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from ddp_trainer import contract
-from ddp_trainer.contract import parse_rfc3339
+from ddp_api import contract
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import DDPJob
 
 from . import bookkeeping, informer, kube, queueing, render, reports
 from . import plan as planner
 from .actions import Actions
-from .api import DDPJob
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .settings import Settings

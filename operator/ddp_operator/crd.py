@@ -1,4 +1,4 @@
-"""The DDPJob CustomResourceDefinition, generated from the pydantic models in ``api.py``.
+"""The DDPJob CustomResourceDefinition, generated from the pydantic models in ``ddpjob.py``.
 
 ``python -m ddp_operator.crd > manifests/crd/ddp.dev_ddpjobs.yaml`` regenerates the committed file.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from . import api
+from ddp_api import contract, ddpjob
 
 CRD_FILE = "manifests/crd/ddp.dev_ddpjobs.yaml"
 REGENERATE = f"python -m ddp_operator.crd > {CRD_FILE}"
@@ -83,17 +83,17 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
 
 def openapi_schema() -> dict[str, Any]:
     """The openAPIV3Schema of the DDPJob kind."""
-    raw = api.DDPJob.model_json_schema(by_alias=True, mode="validation")
+    raw = ddpjob.DDPJob.model_json_schema(by_alias=True, mode="validation")
     # The API server owns these three; their schema is the same for every kind.
     for name in ("apiVersion", "kind", "metadata"):
         del raw["properties"][name]
     schema: dict[str, Any] = structural(raw, raw.get("$defs", {}))
     schema["properties"] = {
         "apiVersion": {
-            "description": f"APIVersion of this object: {api.API_VERSION}.",
+            "description": f"APIVersion of this object: {contract.API_VERSION}.",
             "type": "string",
         },
-        "kind": {"description": f"Kind of this object: {api.KIND}.", "type": "string"},
+        "kind": {"description": f"Kind of this object: {contract.KIND}.", "type": "string"},
         "metadata": {"type": "object"},
         **schema["properties"],
     }
@@ -105,21 +105,21 @@ def crd_manifest() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": f"{contract.PLURAL}.{contract.GROUP}"},
         "spec": {
-            "group": api.GROUP,
+            "group": contract.GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
-                "categories": list(api.CATEGORIES),
+                "kind": contract.KIND,
+                "listKind": f"{contract.KIND}List",
+                "plural": contract.PLURAL,
+                "singular": ddpjob.SINGULAR,
+                "shortNames": list(ddpjob.SHORT_NAMES),
+                "categories": list(ddpjob.CATEGORIES),
             },
             "scope": "Namespaced",
             "versions": [
                 {
-                    "name": api.VERSION,
+                    "name": contract.VERSION,
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": openapi_schema()},
@@ -139,7 +139,7 @@ def crd_manifest() -> dict[str, Any]:
 
 
 def crd_yaml() -> str:
-    header = f"# Generated from operator/ddp_operator/api.py by `{REGENERATE}`; do not edit.\n"
+    header = f"# Generated from api/ddp_api/ddpjob.py by `{REGENERATE}`; do not edit.\n"
     return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=100)
 
 

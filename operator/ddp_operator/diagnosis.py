@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from ddp_trainer.contract import parse_rfc3339
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import DDPJobSpec
 
 from . import render
-from .api import DDPJobSpec
 
 if TYPE_CHECKING:
     from .plan import PodView

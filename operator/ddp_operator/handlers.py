@@ -21,9 +21,10 @@ from typing import Any
 
 import kopf
 
+from ddp_api.contract import GROUP, PLURAL, VERSION
+
 from . import kube
 from .actions import COMPONENT
-from .api import GROUP, PLURAL, VERSION
 from .controller import Controller
 from .settings import Settings
 

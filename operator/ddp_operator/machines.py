@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_trainer.contract import rfc3339
+from ddp_api.contract import rfc3339
 
 from . import informer, kube
 from . import plan as planner

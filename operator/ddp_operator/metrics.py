@@ -26,7 +26,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .api import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase
 
 log = logging.getLogger("ddp_operator")
 

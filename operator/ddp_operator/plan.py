@@ -58,11 +58,12 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_trainer.contract import parse_rfc3339, rfc3339
+from ddp_api.contract import parse_rfc3339, rfc3339
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, RestartPolicy
+from ddp_api.metav1 import transition_time
+from ddp_api.pods import selector
 
 from . import diagnosis, queueing, render, reports
-from .api import TERMINAL_PHASES, DDPJob, DDPJobPhase, RestartPolicy
-from .metav1 import transition_time
 
 HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
@@ -207,7 +208,7 @@ def conditions(
     previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
 ) -> list[dict[str, Any]]:
     """One condition per phase the job has been in; only the current one is True
-    (``lastTransitionTime``: :func:`ddp_operator.metav1.transition_time`)."""
+    (``lastTransitionTime``: :func:`ddp_api.metav1.transition_time`)."""
     by_type = {c["type"]: dict(c) for c in previous}
     by_type.setdefault(phase, {"type": phase, "status": "False"})
     out = []
@@ -321,7 +322,7 @@ def plan(
     st.handled = list(status.get("handledFailures") or [])
     st.restarts = int(status.get("restarts") or 0)
     st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
-    st.new["selector"] = render.selector(st.name)
+    st.new["selector"] = selector(st.name)
     if progress is not None and reports.without_unset(progress) != reports.without_unset(
         status.get("progress")
     ):

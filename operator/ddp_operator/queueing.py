@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .api import KIND, DDPJob, PodTemplateOverrides
-from .metav1 import owner_reference, transition_time
+from ddp_api.contract import KIND
+from ddp_api.ddpjob import DDPJob, PodTemplateOverrides
+from ddp_api.metav1 import owner_reference, transition_time
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"

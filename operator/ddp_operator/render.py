@@ -38,7 +38,7 @@ LOGLEVEL                        ``INFO``: torchrun's agent logs rendezvous round
 PET_TEE                         ``3``: the workers' stdout and stderr reach the pod's log
                                 through torchrun (which keeps a copy under ``/tmp``), ...
 PET_LOG_LINE_PREFIX_TEMPLATE    ... each line prefixed ``[rank<R>]: `` with its global rank,
-                                which ``kubectl ddp logs`` reads (``ddp_operator.follow``)
+                                which ``kubectl ddp logs`` reads (``ddp_client.loglines``)
 PYTHONUNBUFFERED                ``1``: torchrun relays those lines without flushing; any image
                                 (not only the trainer's, which sets it) shows them at once
 OMP_NUM_THREADS                 the container's CPUs (limit, else request) per worker process,
@@ -79,27 +79,29 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_trainer import contract
+from ddp_api import contract
+from ddp_api.ddpjob import DDPJob, Spread
+from ddp_api.metav1 import owner_reference
+from ddp_api.pods import (
+    CONTAINER,
+    DEFAULT_IMAGE,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    LOG_LINE_PREFIX_TEMPLATE,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    ROLE_WORKER,
+)
 
-from .api import DDPJob, Spread
-from .metav1 import owner_reference
-
-LABEL_JOB = f"{contract.LABEL_PREFIX}job-name"
-LABEL_ROLE = f"{contract.LABEL_PREFIX}role"
-LABEL_INDEX = f"{contract.LABEL_PREFIX}node-index"
 ANNOTATION_ATTEMPT = f"{contract.LABEL_PREFIX}attempt"
-ROLE_WORKER = "worker"
 ROLE_STORE = "rdzv-store"
-CONTAINER = "trainer"
 STORE_CONTAINER = "store"
 # The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
 # of its namespace: its pods keep it until they end (see TrainerObjects.retire_legacy).
 LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
 SHM_SIZE = "2Gi"
 HOSTNAME_KEY = "kubernetes.io/hostname"  # the well-known label naming a node's machine
-
-# torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
-LOG_LINE_PREFIX_TEMPLATE = "[rank${rank}]: "
 
 RDZV_CONF = (
     "is_host=false,join_timeout=900,last_call_timeout=15,close_timeout=60,read_timeout=60,"
@@ -111,7 +113,7 @@ RDZV_CONF = (
 class OperatorConfig:
     """Settings of the operator itself (from its environment), used when a spec is silent."""
 
-    default_image: str = "ghcr.io/ddp-operator/trainer:0.1.0"
+    default_image: str = DEFAULT_IMAGE
     monitor_interval_s: float = 1.0  # how soon a lost store or worker is noticed
     termination_grace_s: int = 60
 
@@ -131,11 +133,6 @@ def trainer_account(job: str) -> str:
 
 def rdzv_endpoint(job: str, namespace: str) -> str:
     return f"{store_name(job)}.{namespace}.svc:{contract.RDZV_PORT}"
-
-
-def selector(job: str) -> str:
-    """The label selector of a job's worker pods (``status.selector`` for ``kubectl scale``)."""
-    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"
 
 
 def job_key(job: DDPJob) -> tuple[str, str, str]:
@@ -319,21 +316,6 @@ def cpu_threads_per_process(resources: dict[str, Any], nproc: int | str) -> int 
         return max(1, int(cpu_quantity(cpu) // max(1, int(cpu_quantity(procs)))))
     except ValueError:  # a quantity such as "2k": leave the pool to torch
         return None
-
-
-# The restricted Pod Security Standard, for every pod of a job (and the client's reader pod).
-RESTRICTED_CONTAINER = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "runAsNonRoot": True,
-}
-RESTRICTED_POD = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 1000,  # the checkpoint volume is writable by the trainer's user
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 def _pod_spec_overrides(job: DDPJob) -> dict[str, Any]:

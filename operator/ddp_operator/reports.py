@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_trainer.contract import PROGRESS_KEY, PROGRESS_SUFFIX, parse_rfc3339
+from ddp_api.contract import PROGRESS_KEY, PROGRESS_SUFFIX, parse_rfc3339
 
 MAX_RECORD_CHARS = 4096  # a real record is about 250; the ConfigMap itself may hold 1 MiB
 MAX_COUNT = 2**53  # the largest integer a JSON number carries exactly

@@ -12,9 +12,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_api.ddpjob import DDPJob
+
 from . import informer, kube, render
 from . import plan as planner
-from .api import DDPJob
 
 log = logging.getLogger("ddp_operator")
 

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_trainer.contract import rfc3339
+from ddp_api.contract import rfc3339
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
 
 from . import informer, kube, queueing, render
 from . import plan as planner
-from .api import TERMINAL_PHASES, DDPJob
 
 Key = tuple[str, str]
 

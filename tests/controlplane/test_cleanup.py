@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_devcluster.paths import source_path
 from ddp_devcluster.plane import MARKER_ENV, processes_with_marker
 
 pytestmark = pytest.mark.controlplane
@@ -47,9 +48,7 @@ def run_nested(tmp_path: Path, mode: str) -> tuple[str, int]:
         "MODE": mode,
         "READY_FILE": str(ready),
         "DDP_DEVCLUSTER_NODES": "1",
-        "PYTHONPATH": os.pathsep.join(
-            str(REPO / d) for d in ("operator", "trainer_image", "devcluster")
-        ),
+        "PYTHONPATH": source_path(),
     }
     proc = subprocess.Popen(
         [

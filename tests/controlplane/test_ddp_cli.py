@@ -1,4 +1,4 @@
-"""``kubectl ddp`` (the installed plugin) and ``ddp_operator.client`` against a real API server
+"""``kubectl ddp`` (the installed plugin) and ``ddp_client.client`` against a real API server
 and the operator, with kwok playing the pods (``kwok.ddp.dev/exit-code`` ends them). kwok's
 nodes serve no pods/log: merged logs and plots of real runs are in
 tests/e2e/test_kubectl_ddp_e2e.py."""
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from ddp_client.client import DDPClient, JobNotFound, WaitTimeout
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
-from ddp_operator.client import DDPClient, JobNotFound, WaitTimeout
 from ddp_operator.render import LABEL_JOB
 from kubectl_plugin import KubectlDdp
 

@@ -25,11 +25,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ddp_api.ddpjob import DDPJob
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
 from ddp_operator import render
-from ddp_operator.api import DDPJob
 from ddp_trainer.progress import InClusterProgressClient
 
 pytestmark = pytest.mark.controlplane

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from e2e_scenario import Scenario
 
-from ddp_operator.client import DDPClient
-from ddp_operator.follow import parse_timestamp
+from ddp_client.client import DDPClient
+from ddp_client.loglines import parse_timestamp
 from kubectl_plugin import KubectlDdp
 
 pytestmark = pytest.mark.e2e

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddp_devcluster.node import RealNode, cleanup, requirements
+from ddp_devcluster.paths import source_path
 from ddp_devcluster.plane import MARKER_ENV, ControlPlane, kubectl_path, processes_with_marker
 from ddp_devcluster.polling import until
 from ddp_devcluster.pytest_plugin import unavailable
@@ -221,9 +222,7 @@ def test_nothing_is_left_after_the_owner_is_killed_with_sigkill(tmp_path: Path) 
     env = {
         **os.environ,
         MARKER_ENV: marker,
-        "PYTHONPATH": os.pathsep.join(
-            str(REPO / d) for d in ("devcluster", "operator", "trainer_image")
-        ),
+        "PYTHONPATH": source_path(),
     }
     log = tmp_path / "node.log"
     with log.open("w") as out:

@@ -105,7 +105,7 @@ def test_the_trainer_image_trains_on_gloo_with_two_processes_as_1000(
 def context_copy(tmp_path: Path) -> Iterator[Path]:
     """The build context as .dockerignore lets it through, plus both Dockerfiles."""
     ctx = tmp_path / "ctx"
-    for d in ("operator/ddp_operator", "trainer_image/ddp_trainer"):
+    for d in ("api/ddp_api", "operator/ddp_operator", "trainer_image/ddp_trainer"):
         shutil.copytree(REPO / d, ctx / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (ctx / "requirements").mkdir()
     for lock in (REPO / "requirements").glob("*.lock"):

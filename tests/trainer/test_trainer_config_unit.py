@@ -9,7 +9,7 @@ import sys
 import pytest
 from trainer_harness import subprocess_env
 
-from ddp_trainer.config import (
+from ddp_api.trainer_config import (
     ConfigError,
     TrainerConfig,
     build_arg_parser,
@@ -93,7 +93,7 @@ def test_help_lists_every_setting_with_its_description() -> None:
 
 
 def test_config_module_does_not_import_torch() -> None:
-    code = "import sys, ddp_trainer.config; assert 'torch' not in sys.modules; print('ok')"
+    code = "import sys, ddp_api.trainer_config; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run(
         [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True
     )

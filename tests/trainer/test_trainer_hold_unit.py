@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer.config import ConfigError, build_config, load_settings
+from ddp_api.trainer_config import ConfigError, build_config, load_settings
 from ddp_trainer.hold import holds_at, is_released, release, release_name
 
 

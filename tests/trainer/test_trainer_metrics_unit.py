@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ddp_api.contract import DEFAULT_METRICS_PORT
+from ddp_api.trainer_config import ConfigError, TrainerConfig, build_config
 from ddp_devcluster.procs import free_port
 from ddp_devcluster.pytest_plugin import unavailable
-from ddp_trainer.config import ConfigError, TrainerConfig, build_config
-from ddp_trainer.contract import DEFAULT_METRICS_PORT
 from ddp_trainer.metrics import PREFIX, TrainerMetrics, listen_address, serve
 
 EVERY_PROCESS = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
+from ddp_api.trainer_config import TrainerConfig
 from ddp_operator.render import RDZV_CONF
-from ddp_trainer.config import TrainerConfig
 from ddp_trainer.hold import release
 
 HOLD = 30

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from ddp_api.trainer_config import TrainerConfig
 from ddp_trainer.checkpoint import load_for_inference
-from ddp_trainer.config import TrainerConfig
 from ddp_trainer.trainer import DistEnv, Trainer
 from ddp_trainer.workloads import (
     CharGPT,

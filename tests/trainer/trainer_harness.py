@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ddp_devcluster.paths import source_path
 from ddp_devcluster.procs import free_port, freeze_tree, kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,8 +49,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         and k != "KUBECONFIG"
     }
-    paths = [REPO / "operator", REPO / "trainer_image", REPO / "devcluster", HERE]
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
+    env["PYTHONPATH"] = os.pathsep.join([source_path(), str(HERE)])
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ddp_operator.api import (
+from ddp_api.ddpjob import (
     SPEC_IMMUTABLE_FIELDS,
     CheckpointSpec,
     DDPJob,
@@ -17,7 +17,7 @@ from ddp_operator.api import (
     RestartPolicy,
     Spread,
 )
-from ddp_trainer.config import TrainerConfig
+from ddp_api.trainer_config import TrainerConfig
 
 
 def spec(**fields: Any) -> DDPJobSpec:
@@ -168,7 +168,7 @@ def test_checkpoint_settings_have_one_knob_spec_checkpoint(setting: str) -> None
 
 
 def test_each_spec_rule_is_one_declaration_for_the_api_server_and_the_operator() -> None:
-    from ddp_operator.api import SPEC_RULES
+    from ddp_api.ddpjob import SPEC_RULES
 
     aliases = {f.alias for f in DDPJobSpec.model_fields.values()}
     rule = next(r for r in SPEC_RULES if r.field == "nodes" and r.holds is not None)

@@ -8,8 +8,8 @@ import datetime as dt
 import pytest
 from pydantic import ValidationError
 
+from ddp_api.ddpjob import DDPJob, DDPJobSpec
 from ddp_operator import bookkeeping, kube, render
-from ddp_operator.api import DDPJob, DDPJobSpec
 from ddp_operator.settings import Settings
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ddp_operator import cli, client_objects
-from ddp_operator.client import draw_curves, status_of
-from ddp_operator.client_objects import (
+from ddp_client import cli
+from ddp_client import objects as client_objects
+from ddp_client.client import draw_curves, status_of
+from ddp_client.curves import Curves
+from ddp_client.objects import (
     InvalidJob,
     ScriptOptions,
     job_name,
@@ -19,7 +21,6 @@ from ddp_operator.client_objects import (
     script_key,
     script_objects,
 )
-from ddp_operator.follow import Curves
 from ddp_operator.render import LABEL_JOB, OperatorConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

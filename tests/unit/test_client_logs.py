@@ -14,8 +14,8 @@ import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from ddp_operator import client as client_module
-from ddp_operator.client import DDPClient, DDPError
+from ddp_client import logs as logs_module
+from ddp_client.client import DDPClient, DDPError
 from ddp_operator.render import LABEL_INDEX
 
 
@@ -85,7 +85,7 @@ class FakeCluster:
 
 
 def client_of(cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> DDPClient:
-    monkeypatch.setattr(client_module, "POD_LIST_INTERVAL_S", 0.05)
+    monkeypatch.setattr(logs_module, "POD_LIST_INTERVAL_S", 0.05)
     ddp = DDPClient.__new__(DDPClient)
     ddp.namespace, ddp.server = "ns", "https://fake"
     ddp._api = ApiClient()  # only to turn the fake's dicts into dicts

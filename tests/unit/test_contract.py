@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ddp_operator import api, kube, render, reports
-from ddp_operator.api import DDPJob
-from ddp_trainer import contract, node, rdzv_store
-from ddp_trainer.config import load_settings
+from ddp_api import contract
+from ddp_api.ddpjob import DDPJob, Progress
+from ddp_api.trainer_config import load_settings
+from ddp_operator import kube, render, reports
+from ddp_trainer import node, rdzv_store
 from ddp_trainer.progress import configmap_patch, progress_record, reporting_target
 
 CFG = render.OperatorConfig(default_image="trainer:test")
@@ -39,10 +40,10 @@ def test_the_trainers_progress_record_is_what_the_api_declares_and_the_operator_
         now=0.0,
         held_at_step=30,
     )
-    # Every key the trainer sends is a field of api.Progress (extra fields are refused) ...
-    parsed = api.Progress.model_validate(sent)
-    # ... and every field of api.Progress is one the trainer sends: neither side has more.
-    declared = {f.alias for f in api.Progress.model_fields.values()}
+    # Every key the trainer sends is a field of Progress (extra fields are refused) ...
+    parsed = Progress.model_validate(sent)
+    # ... and every field of Progress is one the trainer sends: neither side has more.
+    declared = {f.alias for f in Progress.model_fields.values()}
     assert set(sent) == declared
     assert parsed.held_at_step == 30 and parsed.updated_at == "1970-01-01T00:00:00Z"
     # The operator reads the ConfigMap the trainer patches, and keeps every value.
@@ -116,7 +117,7 @@ def test_the_trainer_patches_the_configmap_its_pod_may_patch() -> None:
             "verbs": ["patch"],
         }
     ]
-    assert (api.GROUP, api.VERSION, api.KIND) == ("ddp.dev", "v1alpha1", "DDPJob")
+    assert (contract.GROUP, contract.VERSION, contract.KIND) == ("ddp.dev", "v1alpha1", "DDPJob")
 
 
 def test_the_store_pod_listens_where_every_node_looks_for_it() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator import api
+from ddp_api import ddpjob as api
 from ddp_operator.crd import CRD_FILE, REGENERATE, crd_manifest, crd_yaml, structural
 
 ROOT = Path(__file__).resolve().parents[2]

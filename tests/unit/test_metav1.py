@@ -3,7 +3,7 @@ the client build."""
 
 from __future__ import annotations
 
-from ddp_operator import metav1
+from ddp_api import metav1
 
 META = {"name": "digits", "namespace": "team", "uid": "u-1"}
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from ddp_api.ddpjob import DDPJob
 from ddp_operator import informer, queueing, render
 from ddp_operator import plan as planner
-from ddp_operator.api import DDPJob
 from ddp_operator.settings import Settings
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)

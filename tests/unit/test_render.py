@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from ddp_api.ddpjob import DDPJob
 from ddp_operator import render
-from ddp_operator.api import DDPJob
 
 CFG = render.OperatorConfig(default_image="trainer:test")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from ddp_api.ddpjob import DDPJob
 from ddp_operator import plan, render, reports
-from ddp_operator.api import DDPJob
 
 GOOD = {
     "epoch": 1,

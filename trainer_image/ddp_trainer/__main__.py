@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .config import ConfigError, load_settings
+from ddp_api.trainer_config import ConfigError, load_settings
 
 
 def _setup_logging() -> None:

@@ -303,7 +303,8 @@ def load_for_inference(path: str | os.PathLike[str]) -> torch.nn.Module:
     checkpoint file. The model is rebuilt from the settings stored in the checkpoint;
     its weights carry no DDP `module.` prefix.
     """
-    from .config import TrainerConfig
+    from ddp_api.trainer_config import TrainerConfig
+
     from .workloads import build_model
 
     target = Path(path)

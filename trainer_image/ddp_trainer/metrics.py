@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
-from .contract import ENV_POD_IP
+from ddp_api.contract import ENV_POD_IP
 
 log = logging.getLogger(__name__)
 

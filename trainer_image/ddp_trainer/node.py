@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .contract import ENV_CHECKPOINT_DIR, LABEL_PREFIX, RDZV_PORT
+from ddp_api.contract import ENV_CHECKPOINT_DIR, LABEL_PREFIX, RDZV_PORT
 
 if TYPE_CHECKING:
     from .checkpoint import Completion

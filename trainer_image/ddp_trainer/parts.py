@@ -9,9 +9,10 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_api.trainer_config import TrainerConfig
+
 from .amp import Precision, resolve_amp
 from .batching import BatchShare, batch_share, steps_per_epoch, total_steps
-from .config import TrainerConfig
 from .sampler import GlobalBatchSampler
 from .schedule import peak_lr
 from .state import TrainState

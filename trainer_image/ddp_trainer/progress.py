@@ -22,11 +22,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract import (
+from ddp_api.contract import (
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
     ENV_PROGRESS_INTERVAL,
     PROGRESS_KEY,
+    RUN_LOG_FILE,
+    parse_run_log,
     progress_configmap,
     progress_configmap_path,
     rfc3339,
@@ -34,7 +36,6 @@ from .contract import (
 
 log = logging.getLogger(__name__)
 
-RUN_LOG_FILE = "metrics.jsonl"  # the name predates "run log"; checkpoint folders keep it
 DEFAULT_INTERVAL_S = 10.0
 
 
@@ -60,19 +61,6 @@ def read_run_log(directory: Path | str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return parse_run_log(path.read_text())
-
-
-def parse_run_log(text: str) -> list[dict[str, Any]]:
-    """The objects of metrics.jsonl's text; a torn or foreign line is skipped."""
-    lines = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            lines.append(row)
-    return lines
 
 
 def progress_record(

@@ -1,6 +1,6 @@
 """A dedicated c10d rendezvous store: a long-lived TCPStore server that no trainer hosts.
 
-Run it as ``python -m ddp_trainer.rdzv_store`` (port :data:`~ddp_trainer.contract.RDZV_PORT`,
+Run it as ``python -m ddp_trainer.rdzv_store`` (port :data:`~ddp_api.contract.RDZV_PORT`,
 in its own small pod behind its own Service) and start every torchrun agent with
 ``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-conf is_host=false,...``: any trainer
 agent can then die without taking the rendezvous down with it.
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from .contract import RDZV_PORT
+from ddp_api.contract import RDZV_PORT
 
 log = logging.getLogger("ddp_trainer.rdzv_store")
 

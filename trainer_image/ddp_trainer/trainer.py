@@ -17,10 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_api.trainer_config import TrainerConfig
+
 from . import checkpoint as ckpt
 from . import hold
 from .batching import Position, advance, step_seed
-from .config import TrainerConfig
 from .metrics import TrainerMetrics, listen_address, serve
 from .parts import Parts, build_parts
 from .progress import ProgressReporter, RunLog, progress_record

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from .config import TrainerConfig
+from ddp_api.trainer_config import TrainerConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -325,8 +325,8 @@ def user_tools() -> Path:
     plugin = tools / "kubectl-ddp"
     plugin.write_text(
         "#!/bin/sh\n# kubectl ddp from this checkout (written by `make up`)\n"
-        f'PYTHONPATH="{REPO / "operator"}:{REPO / "trainer_image"}${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'exec "{sys.executable}" -m ddp_operator.cli "$@"\n'
+        f'PYTHONPATH="{REPO / "api"}:{REPO / "client"}${{PYTHONPATH:+:$PYTHONPATH}}" '
+        f'exec "{sys.executable}" -m ddp_client.cli "$@"\n'
     )
     plugin.chmod(0o755)
     return tools

@@ -1,6 +1,6 @@
 """``kubectl ddp``, installed as ``kubectl-ddp`` (so kubectl finds it as a plugin): submit a
 script as a DDPJob, watch it, read its nodes' merged logs, plot its loss. Thin: it parses,
-calls :mod:`ddp_operator.client` and prints.
+calls :mod:`ddp_client.client` and prints.
 
 Exit codes: 0 done (``watch``: the job Succeeded), 1 the job Failed, 2 an error the user can
 fix (no such job, no cluster, no such script, a bad flag), 3 ``watch --timeout`` ran out,
@@ -14,10 +14,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ddp_trainer.contract import parse_rfc3339
+from ddp_api.contract import parse_rfc3339
 
 from .client import DDPClient, DDPError, ScriptOptions, WaitTimeout, read_script
-from .follow import LiveView, exit_code
+from .live import LiveView, exit_code
 
 PROG = "kubectl ddp"
 EXIT_ERROR, EXIT_TIMEOUT, EXIT_INTERRUPTED = 2, 3, 130

@@ -1,6 +1,6 @@
-"""How the client shows a job, without I/O: the live progress view, the exit code of its
-outcome, its pods' logs merged in time order with node and rank, and the curves of its
-``metrics.jsonl``."""
+"""A job's pods' logs as lines that know their node and global rank, without I/O: parsed
+from what the API returns (with timestamps), merged in time order, and merged live while
+streams still arrive (``kubectl ddp logs [-f]``)."""
 
 from __future__ import annotations
 
@@ -8,105 +8,11 @@ import datetime as dt
 import heapq
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from .api import DDPJobPhase
-from .render import LOG_LINE_PREFIX_TEMPLATE
+from ddp_api.pods import LOG_LINE_PREFIX_TEMPLATE
 
-EXIT_SUCCEEDED, EXIT_FAILED = 0, 1
-
-
-def exit_code(phase: str | None) -> int | None:
-    """The exit code of ``kubectl ddp watch`` for a phase: 0 Succeeded, 1 Failed, None while
-    the job has not finished."""
-    if phase == DDPJobPhase.SUCCEEDED:
-        return EXIT_SUCCEEDED
-    if phase == DDPJobPhase.FAILED:
-        return EXIT_FAILED
-    return None
-
-
-# -- the live view of status.progress -----------------------------------------------------------
-def bar(done: int, total: int, width: int = 30) -> str:
-    filled = min(width, int(width * done / total)) if total > 0 else 0
-    return "#" * filled + "-" * (width - filled)
-
-
-def progress_line(progress: Mapping[str, Any]) -> str:
-    """One line of the live view, from a DDPJob's ``status.progress``."""
-    step = int(progress.get("step") or 0)
-    total = int(progress.get("totalSteps") or 0)
-    loss = progress.get("loss")
-    sps = progress.get("samplesPerSecond")
-    parts = [f"[{bar(step, total)}]", f"epoch {progress.get('epoch', '?')}"]
-    parts.append(f"step {step}/{total or '?'}")
-    if loss is not None:
-        parts.append(f"loss {float(loss):.4f}")
-    if sps is not None:
-        parts.append(f"{float(sps):6.0f} samples/s")
-    parts.append(f"(world size {progress.get('worldSize', '?')})")
-    return " ".join(parts)
-
-
-def said(status: Mapping[str, Any]) -> tuple[str, str]:
-    """(reason, message) of the condition of the job's current phase."""
-    phase = status.get("phase")
-    for c in status.get("conditions") or []:
-        if c.get("type") == phase and c.get("status") == "True":
-            return c.get("reason") or "", c.get("message") or ""
-    return "", ""
-
-
-class LiveView:
-    """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
-    reason line when the reason or message of the phase's condition changes within a phase
-    (``reason ImagePullFailed: ...``), a progress line when what it shows of
-    ``status.progress`` changes (a report that changes only ``updatedAt`` or
-    ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
-
-    def __init__(self, write: Callable[[str], None], tty: bool = False, indent: str = "  "):
-        self.write, self.tty, self.indent = write, tty, indent
-        self.phase: str | None = None
-        self.said: tuple[str, str] = ("", "")  # the phase's reason and message shown
-        self.shown: str | None = None  # the last progress line
-        self.lines = 0  # progress lines shown
-        self._open = False  # a TTY line waiting for its newline
-
-    def _end_line(self) -> None:
-        if self._open:
-            self.write("\n")
-            self._open = False
-
-    def __call__(self, status: Mapping[str, Any]) -> None:
-        phase = status.get("phase")
-        reason, message = now = said(status)
-        if phase and phase != self.phase:
-            self._end_line()
-            text = message or reason
-            self.write(f"{self.indent}phase {phase}" + (f": {text}" if text else "") + "\n")
-            self.phase, self.said = phase, now
-        elif phase and now != self.said and reason:
-            self._end_line()
-            self.write(f"{self.indent}reason {reason}" + (f": {message}" if message else "") + "\n")
-            self.said = now
-        progress = status.get("progress") or {}
-        line = progress_line(progress) if progress else None
-        if line and line != self.shown:  # a new report that shows nothing new is no new line
-            self.shown = line
-            self.lines += 1
-            if self.tty:
-                self.write(f"\r\033[K{self.indent}{line}")
-                self._open = True
-            else:
-                self.write(f"{self.indent}{line}\n")
-
-    def close(self) -> None:
-        self._end_line()
-
-
-# -- logs ---------------------------------------------------------------------------------------
 # torchrun's prefix of a worker's line (the operator renders the template), e.g. "[rank3]: ".
 _TEE_PREFIX = re.compile(
     "^" + re.escape(LOG_LINE_PREFIX_TEMPLATE).replace(re.escape("${rank}"), r"(\d+)")
@@ -234,34 +140,3 @@ class LiveMerge:
         self._arrivals.clear()
         out = [heapq.heappop(self._heap)[2] for _ in range(len(self._heap))]
         return out
-
-
-# -- curves of metrics.jsonl ----------------------------------------------------------------
-@dataclass(frozen=True)
-class Curves:
-    """Training loss and learning rate by optimizer step, from the ``step`` lines of
-    ``metrics.jsonl``."""
-
-    loss: list[tuple[int, float]]
-    lr: list[tuple[int, float]]
-
-    @property
-    def empty(self) -> bool:
-        return not self.loss and not self.lr
-
-
-def curves(rows: Iterable[Mapping[str, Any]]) -> Curves:
-    """The loss and learning-rate curves of metrics.jsonl's ``step`` lines, by step. A run
-    resumed from a checkpoint logs the steps after that checkpoint again: the last line of a
-    step wins."""
-    loss: dict[int, float] = {}
-    lr: dict[int, float] = {}
-    for row in rows:
-        if row.get("event") != "step" or row.get("step") is None:
-            continue
-        step = int(row["step"])
-        if row.get("loss") is not None:
-            loss[step] = float(row["loss"])
-        if row.get("lr") is not None:
-            lr[step] = float(row["lr"])
-    return Curves(loss=sorted(loss.items()), lr=sorted(lr.items()))

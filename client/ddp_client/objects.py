@@ -11,12 +11,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddp_trainer.config import validation_message
-from ddp_trainer.progress import RUN_LOG_FILE
-
-from .api import API_VERSION, KIND, MAX_NAME_LENGTH, CheckpointSpec, DDPJob
-from .metav1 import owner_reference
-from .render import CONTAINER, RESTRICTED_CONTAINER, RESTRICTED_POD, OperatorConfig
+from ddp_api.contract import API_VERSION, KIND, RUN_LOG_FILE
+from ddp_api.ddpjob import MAX_NAME_LENGTH, CheckpointSpec, DDPJob
+from ddp_api.metav1 import owner_reference
+from ddp_api.pods import CONTAINER, DEFAULT_IMAGE, RESTRICTED_CONTAINER, RESTRICTED_POD
+from ddp_api.trainer_config import validation_message
 
 SCRIPT_DIR = "/scripts"  # where a submitted script's ConfigMap is mounted
 SCRIPT_VOLUME = "script"
@@ -125,7 +124,7 @@ def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> s
         for container in (pod.get("spec") or {}).get("containers") or []:
             if container.get("name") == CONTAINER and container.get("image"):
                 return str(container["image"])
-    return OperatorConfig().default_image
+    return DEFAULT_IMAGE
 
 
 def metrics_path(job: Mapping[str, Any]) -> str:

@@ -1,21 +1,20 @@
-"""How `kubectl ddp` shows a job (ddp_operator.follow): progress, outcome, merged logs, curves."""
+"""How `kubectl ddp` shows a job, without I/O: progress and outcome (ddp_client.live), merged
+logs (ddp_client.loglines), curves (ddp_client.curves)."""
 
 from __future__ import annotations
 
-from ddp_operator.follow import (
+from ddp_api.contract import parse_run_log
+from ddp_client.curves import curves
+from ddp_client.live import LiveView, exit_code, progress_line
+from ddp_client.loglines import (
     LiveMerge,
-    LiveView,
     LogLine,
-    curves,
-    exit_code,
     merge_logs,
     parse_pod_log,
     parse_timestamp,
     pick_rank,
-    progress_line,
     rank_of,
 )
-from ddp_trainer.progress import parse_run_log
 
 SECOND = 1_000_000_000
 T0 = parse_timestamp("2026-03-01T10:00:00Z") or 0

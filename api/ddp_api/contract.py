@@ -1,14 +1,16 @@
-"""The contract between the operator and its trainer pods, written once and imported by both:
-the API's names and label prefix, the rendezvous port, the environment the operator sets, and
-the timestamp format of status fields.
+"""The contract between the operator, its trainer pods and the user's client, written once and
+imported by all three: the API's names and label prefix, the rendezvous port, the environment
+the operator sets, the timestamp format of status fields, and the run log rank 0 writes.
 
-Torch-free, like ``ddp_trainer.config``: the operator imports it in an image without torch.
+Torch-free, like all of ``ddp_api``: the operator and the client import it without torch.
 ``tests/unit/test_contract.py`` fails when either side drifts from it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from typing import Any
 
 GROUP = "ddp.dev"
 VERSION = "v1alpha1"
@@ -52,6 +54,24 @@ def progress_configmap(job: str) -> str:
 def progress_configmap_path(namespace: str, job: str) -> str:
     """The API path of that ConfigMap."""
     return f"/api/v1/namespaces/{namespace}/configmaps/{progress_configmap(job)}"
+
+
+# The run log: global rank 0 appends one JSON object per line to this file in the checkpoint
+# folder (``ddp_trainer.progress.RunLog``); ``kubectl ddp plot`` reads it back.
+RUN_LOG_FILE = "metrics.jsonl"  # the name predates "run log"; checkpoint folders keep it
+
+
+def parse_run_log(text: str) -> list[dict[str, Any]]:
+    """The objects of metrics.jsonl's text; a torn or foreign line is skipped."""
+    lines = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            lines.append(row)
+    return lines
 
 
 # Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.

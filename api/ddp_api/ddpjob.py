@@ -21,10 +21,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
-from ddp_trainer.config import BUILTIN_WORKLOADS, PLUGIN_PATTERN, TrainerConfig
-from ddp_trainer.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from .contract import API_VERSION, KIND
+from .trainer_config import BUILTIN_WORKLOADS, PLUGIN_PATTERN, TrainerConfig
 
-__all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION"]  # re-exported for the operator
 # What ``apiVersion`` and ``kind`` accept: the contract's values and nothing else. pydantic reads
 # the Literal; mypy cannot take a Literal of a name (only of a value written out), so it sees str.
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .api import API_VERSION, KIND
+from .contract import API_VERSION, KIND
 
 
 def owner_reference(job_meta: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:

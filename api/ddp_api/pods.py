@@ -1,0 +1,40 @@
+"""What a job's pods are called and carry, where the operator that renders them and the client
+that reads them must agree: their labels and selector, the trainer container's name, its log
+line prefix, the restricted Pod Security settings, and the trainer image used when a spec names
+none. The rest of a pod is the operator's alone (``ddp_operator.render``).
+"""
+
+from __future__ import annotations
+
+from .contract import LABEL_PREFIX
+
+LABEL_JOB = f"{LABEL_PREFIX}job-name"
+LABEL_ROLE = f"{LABEL_PREFIX}role"
+LABEL_INDEX = f"{LABEL_PREFIX}node-index"
+ROLE_WORKER = "worker"
+CONTAINER = "trainer"
+
+# The trainer image of a job whose spec.image is empty, unless the operator's settings name one.
+DEFAULT_IMAGE = "ghcr.io/ddp-operator/trainer:0.1.0"
+
+# torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
+LOG_LINE_PREFIX_TEMPLATE = "[rank${rank}]: "
+
+# The restricted Pod Security Standard, for every pod of a job (and the client's reader pod).
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+}
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,  # the checkpoint volume is writable by the trainer's user
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def selector(job: str) -> str:
+    """The label selector of a job's worker pods (``status.selector`` for ``kubectl scale``)."""
+    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"

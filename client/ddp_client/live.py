@@ -1,0 +1,99 @@
+"""How ``kubectl ddp watch`` shows a job, without I/O: a line per phase, per reason within a
+phase and per progress report (redrawn on a TTY), and the exit code of its outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddp_api.ddpjob import DDPJobPhase
+
+EXIT_SUCCEEDED, EXIT_FAILED = 0, 1
+
+
+def exit_code(phase: str | None) -> int | None:
+    """The exit code of ``kubectl ddp watch`` for a phase: 0 Succeeded, 1 Failed, None while
+    the job has not finished."""
+    if phase == DDPJobPhase.SUCCEEDED:
+        return EXIT_SUCCEEDED
+    if phase == DDPJobPhase.FAILED:
+        return EXIT_FAILED
+    return None
+
+
+# -- the live view of status.progress -----------------------------------------------------------
+def bar(done: int, total: int, width: int = 30) -> str:
+    filled = min(width, int(width * done / total)) if total > 0 else 0
+    return "#" * filled + "-" * (width - filled)
+
+
+def progress_line(progress: Mapping[str, Any]) -> str:
+    """One line of the live view, from a DDPJob's ``status.progress``."""
+    step = int(progress.get("step") or 0)
+    total = int(progress.get("totalSteps") or 0)
+    loss = progress.get("loss")
+    sps = progress.get("samplesPerSecond")
+    parts = [f"[{bar(step, total)}]", f"epoch {progress.get('epoch', '?')}"]
+    parts.append(f"step {step}/{total or '?'}")
+    if loss is not None:
+        parts.append(f"loss {float(loss):.4f}")
+    if sps is not None:
+        parts.append(f"{float(sps):6.0f} samples/s")
+    parts.append(f"(world size {progress.get('worldSize', '?')})")
+    return " ".join(parts)
+
+
+def said(status: Mapping[str, Any]) -> tuple[str, str]:
+    """(reason, message) of the condition of the job's current phase."""
+    phase = status.get("phase")
+    for c in status.get("conditions") or []:
+        if c.get("type") == phase and c.get("status") == "True":
+            return c.get("reason") or "", c.get("message") or ""
+    return "", ""
+
+
+class LiveView:
+    """Turns the statuses a poller sees into lines: a phase line when the phase changes, a
+    reason line when the reason or message of the phase's condition changes within a phase
+    (``reason ImagePullFailed: ...``), a progress line when what it shows of
+    ``status.progress`` changes (a report that changes only ``updatedAt`` or
+    ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
+
+    def __init__(self, write: Callable[[str], None], tty: bool = False, indent: str = "  "):
+        self.write, self.tty, self.indent = write, tty, indent
+        self.phase: str | None = None
+        self.said: tuple[str, str] = ("", "")  # the phase's reason and message shown
+        self.shown: str | None = None  # the last progress line
+        self.lines = 0  # progress lines shown
+        self._open = False  # a TTY line waiting for its newline
+
+    def _end_line(self) -> None:
+        if self._open:
+            self.write("\n")
+            self._open = False
+
+    def __call__(self, status: Mapping[str, Any]) -> None:
+        phase = status.get("phase")
+        reason, message = now = said(status)
+        if phase and phase != self.phase:
+            self._end_line()
+            text = message or reason
+            self.write(f"{self.indent}phase {phase}" + (f": {text}" if text else "") + "\n")
+            self.phase, self.said = phase, now
+        elif phase and now != self.said and reason:
+            self._end_line()
+            self.write(f"{self.indent}reason {reason}" + (f": {message}" if message else "") + "\n")
+            self.said = now
+        progress = status.get("progress") or {}
+        line = progress_line(progress) if progress else None
+        if line and line != self.shown:  # a new report that shows nothing new is no new line
+            self.shown = line
+            self.lines += 1
+            if self.tty:
+                self.write(f"\r\033[K{self.indent}{line}")
+                self._open = True
+            else:
+                self.write(f"{self.indent}{line}\n")
+
+    def close(self) -> None:
+        self._end_line()
