@@ -88,9 +88,9 @@ async def configure(**kw: Any) -> None:
             on_error=lambda code: metrics.api_errors.labels(code).inc(),
         )
     )
-    CONTROLLER.spawn(CONTROLLER.clock())
+    CONTROLLER.spawn(CONTROLLER.queue.clock(CONTROLLER.settings.resync_s))
     metrics.watch_jobs(lambda: _indexed_jobs(kw["jobs_by_name"]))
-    metrics.track_queue(CONTROLLER.queue_depth)
+    metrics.track_queue(CONTROLLER.queue.depth)
     metrics.serve(CONTROLLER.settings.metrics_port)
 
 
@@ -129,4 +129,4 @@ async def on_job_event(**kw: Any) -> None:
     if kw["event"]["type"] == "DELETED":
         CONTROLLER.forget((kw["namespace"], kw["name"]), kw["body"].metadata.get("uid") or "")
         return
-    await CONTROLLER.enqueue((kw["namespace"], kw["name"]))
+    await CONTROLLER.queue.enqueue((kw["namespace"], kw["name"]))

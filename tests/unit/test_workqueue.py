@@ -1,0 +1,90 @@
+"""The controller's work queue without a server: one reconcile of a job at a time, events during
+one cause exactly one more, jobs wait for their namespace's caches, a failure is retried later."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ddp_operator.workqueue import RETRY_S, Key, WorkQueue
+
+KEY: Key = ("ns", "job")
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.bodies: dict[Key, list[dict[str, Any]]] = {KEY: [{"v": 1}]}
+        self.seen: list[Any] = []
+        self.ready_ns: set[str] = {"ns"}
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail = False
+        self.tasks: list[asyncio.Task[None]] = []
+        self.took: list[float] = []
+        self.queue = WorkQueue(
+            self.reconcile,
+            lambda key: self.bodies.get(key, []),
+            lambda: list(self.bodies),
+            lambda ns: ns in self.ready_ns,
+            lambda coro: self.tasks.append(asyncio.get_running_loop().create_task(coro)),
+            self.took.append,
+        )
+
+    async def reconcile(self, body: dict[str, Any]) -> None:
+        self.seen.append(body["v"])
+        await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("boom")
+
+
+def test_events_during_a_reconcile_cause_one_more_on_the_newest_body() -> None:
+    async def run() -> Harness:
+        h = Harness()
+        h.gate.clear()
+        first = asyncio.create_task(h.queue.enqueue(KEY))
+        await asyncio.sleep(0)
+        assert h.seen == [1] and h.queue.depth() == 1
+        h.bodies[KEY] = [{"v": 2}]
+        for _ in range(3):  # three events while it runs ...
+            await h.queue.enqueue(KEY)
+        h.gate.set()
+        await first
+        return h
+
+    h = asyncio.run(run())
+    assert h.seen == [1, 2]  # ... one more reconcile, of the newest state
+    assert len(h.took) == 2 and h.queue.depth() == 0
+
+
+def test_a_job_waits_for_its_namespace_caches_and_runs_on_release() -> None:
+    async def run() -> Harness:
+        h = Harness()
+        h.ready_ns.clear()
+        await h.queue.enqueue(KEY)
+        assert h.seen == [] and h.queue.waiting == {KEY}
+        h.queue.release("other")
+        assert h.queue.waiting == {KEY}
+        h.ready_ns.add("ns")
+        h.queue.release("ns")
+        await asyncio.gather(*h.tasks)
+        return h
+
+    h = asyncio.run(run())
+    assert h.seen == [1] and not h.queue.waiting
+
+
+def test_a_failed_reconcile_is_due_again_and_a_gone_job_is_not_reconciled() -> None:
+    async def run() -> Harness:
+        h = Harness()
+        h.fail = True
+        await h.queue.enqueue(KEY)
+        assert 0 < h.queue.due[KEY] - time.monotonic() <= RETRY_S
+        h.queue.later(KEY, None)
+        assert KEY not in h.queue.due
+        h.bodies.clear()
+        await h.queue.enqueue(KEY)  # deleted meanwhile: nothing to reconcile
+        return h
+
+    h = asyncio.run(run())
+    assert h.seen == [1]
