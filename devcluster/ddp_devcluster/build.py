@@ -283,7 +283,7 @@ def wrapper_tools_go(tool: GoTool) -> str:
     return f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n"
 
 
-class Progress:
+class BuildProgress:
     """A log line per few seconds: packages compiled, rate, elapsed time."""
 
     def __init__(self, label: str, total: int, every_s: float = 5.0) -> None:
@@ -362,7 +362,7 @@ def build(tool: GoTool) -> float:
     pkgs = list(tool.binaries.values())
     tags = ["-tags", ",".join(tool.tags)] if tool.tags else []
     deps = _checked(_go(["list", *tags, "-deps", *pkgs], src, capture_output=True), "go list -deps")
-    progress = Progress(tool.name, len(deps.stdout.split()))
+    progress = BuildProgress(tool.name, len(deps.stdout.split()))
     tmp = tool.install_dir.with_name(tool.install_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

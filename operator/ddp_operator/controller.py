@@ -4,7 +4,7 @@ made of. The decisions are pure: :mod:`ddp_operator.plan` (what a job needs) and
 :mod:`ddp_operator.handlers` wires this into kopf. Its parts, each of one job:
 :mod:`~ddp_operator.workqueue` (one reconcile of a job at a time, the clock),
 :mod:`~ddp_operator.actions` (carrying out a plan), :mod:`~ddp_operator.machines` (Nodes and
-their heartbeats), :mod:`~ddp_operator.workloads` (Kueue Workloads),
+their heartbeats), :mod:`~ddp_operator.kueue_workloads` (Kueue Workloads),
 :mod:`~ddp_operator.trainer_objects` (each job's progress ConfigMap and account),
 :mod:`~ddp_operator.progress_records` (rank 0's reports) and :mod:`~ddp_operator.startup`
 (the start-up histograms).
@@ -32,13 +32,13 @@ from ddp_api.ddpjob import DDPJob
 from . import bookkeeping, informer, kube, queueing, render
 from . import plan as planner
 from .actions import Actions
+from .kueue_workloads import KueueWorkloads
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .progress_records import ProgressRecords
 from .settings import Settings
 from .startup import StartupTimes
 from .trainer_objects import TrainerObjects
-from .workloads import Workloads
 from .workqueue import Key, WorkQueue
 
 
@@ -58,7 +58,9 @@ class Controller:
         default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
     )
     progress: ProgressRecords = field(default_factory=ProgressRecords)
-    workloads: Workloads = field(default_factory=Workloads)  # queued jobs' Kueue Workloads
+    workloads: KueueWorkloads = field(
+        default_factory=KueueWorkloads
+    )  # queued jobs' Kueue Workloads
     watches: informer.Watches | None = None
     machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     tasks: set[asyncio.Task[None]] = field(default_factory=set)

@@ -86,7 +86,7 @@ def read(pod: Mapping[str, Any]) -> PodProblem | None:
     return None
 
 
-class Outcome(StrEnum):
+class Effect(StrEnum):
     """What a problem does to the job."""
 
     FAILS = "fails"  # at once: retrying cannot help
@@ -101,7 +101,7 @@ class Finding:
 
     reason: str  # the DDPJob's condition reason
     culprit: str  # what is wrong, as it is named in the message
-    outcome: Outcome
+    outcome: Effect
     detail: str  # the kubelet's, runtime's or scheduler's own words
 
 
@@ -127,23 +127,23 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
         return None
     image = p.image or spec.image or "the image"
     if p.reason in IMAGE_REASONS:
-        return Finding("ImagePullFailed", image, Outcome.DEADLINE, p.message)
+        return Finding("ImagePullFailed", image, Effect.DEADLINE, p.message)
     start = p.reason in START_REASONS or p.reason in ("CreateContainerError", "RunContainerError")
     if (start and _COMMAND_FAILED.search(p.message)) or pod.exit_code in COMMAND_EXIT_CODES:
         command = _command_of(p.message, spec, pod.exit_code)
-        return Finding("CommandNotFound", command, Outcome.FAILS, p.message)
+        return Finding("CommandNotFound", command, Effect.FAILS, p.message)
     if p.reason in CONFIG_REASONS:
-        return Finding("ContainerConfigError", p.reason, Outcome.DEADLINE, p.message)
+        return Finding("ContainerConfigError", p.reason, Effect.DEADLINE, p.message)
     if p.reason == OOM:
-        return Finding(OOM, memory_limit(spec), Outcome.COUNTED, p.message)
+        return Finding(OOM, memory_limit(spec), Effect.COUNTED, p.message)
     if p.reason in START_REASONS:
-        return Finding(p.reason, p.reason, Outcome.COUNTED, p.message)
+        return Finding(p.reason, p.reason, Effect.COUNTED, p.message)
     if not p.scheduler:
         return None
     claim = _CLAIM_MISSING.search(p.message)
     if claim:
-        return Finding("ClaimNotFound", claim.group(1), Outcome.DEADLINE, p.message)
-    return Finding(UNSCHEDULABLE, p.reason, Outcome.WAITS, p.message)
+        return Finding("ClaimNotFound", claim.group(1), Effect.DEADLINE, p.message)
+    return Finding(UNSCHEDULABLE, p.reason, Effect.WAITS, p.message)
 
 
 def pod_names(pods: Iterable[PodView]) -> str:
@@ -211,7 +211,7 @@ class Diagnosis:
         return f"{self.said}; failed: it lasted past spec.startupDeadlineSeconds ({self.deadline}s)"
 
 
-_RANK = {Outcome.FAILS: 0, Outcome.DEADLINE: 1, Outcome.WAITS: 2}
+_RANK = {Effect.FAILS: 0, Effect.DEADLINE: 1, Effect.WAITS: 2}
 
 
 def _age(pod: PodView, now: dt.datetime) -> float | None:
@@ -223,25 +223,25 @@ def _settling(f: Finding, pod: PodView, now: dt.datetime) -> bool:
     """A pod too young to call unschedulable: a claim made by the same `kubectl apply` is
     unbound for a moment, and the scheduler says so."""
     age = _age(pod, now)
-    return f.outcome == Outcome.WAITS and age is not None and age < WAITS_SAID_AFTER_S
+    return f.outcome == Effect.WAITS and age is not None and age < WAITS_SAID_AFTER_S
 
 
 def diagnose(pods: Iterable[PodView], spec: DDPJobSpec, now: dt.datetime) -> Diagnosis | None:
     """The most serious problem that live pods show (what fails the job first), with every pod
     that shows the same; None when they show none. Failed pods are the planner's to count."""
-    groups: dict[tuple[str, str, Outcome], tuple[Finding, list[PodView]]] = {}
+    groups: dict[tuple[str, str, Effect], tuple[Finding, list[PodView]]] = {}
     for x in pods:
         f = finding(x, spec)
-        if f is not None and f.outcome != Outcome.COUNTED and not _settling(f, x, now):
+        if f is not None and f.outcome != Effect.COUNTED and not _settling(f, x, now):
             # Pods with the same problem group together, whatever their kubelet's words.
             groups.setdefault((f.reason, f.culprit, f.outcome), (f, []))[1].append(x)
     if not groups:
         return None
     first, shown = min(groups.values(), key=lambda g: (_RANK[g[0].outcome], g[0].reason))
     said = message(first, shown)
-    if first.outcome == Outcome.WAITS:
+    if first.outcome == Effect.WAITS:
         return Diagnosis(first.reason, said, None)
-    if first.outcome == Outcome.FAILS:
+    if first.outcome == Effect.FAILS:
         return Diagnosis(first.reason, said, 0.0)
     deadline = spec.startup_deadline_seconds
     age = max((a for a in (_age(x, now) for x in shown) if a is not None), default=0.0)

@@ -13,7 +13,7 @@ when the server answers that the version is too old (410 Gone). After each LIST,
 objects differ from the cache is reported, so nothing that happened during a gap is missed.
 
 The cluster's Nodes ("machines", so as not to confuse them with a job's nodes) are kept the
-same way by :class:`Machines`, all of them, for the planner's decision on lost machines.
+same way by :class:`ByName`, all of them, for the planner's decision on lost machines.
 
 Scope: the caches are filled cluster-wide when RBAC allows it (a ClusterRoleBinding). When the
 cluster-wide LIST is forbidden (a Helm release with ``watchNamespaces``: RoleBindings only),
@@ -120,7 +120,7 @@ class Cache(Generic[T]):
 
 
 @dataclass
-class Machines(Generic[T]):
+class ByName(Generic[T]):
     """What is kept of each Node (``extract`` of its body), by name. Changes are reported as
     the key ("", node name): the controller reconciles the jobs with pods on it."""
 
@@ -139,7 +139,7 @@ class Machines(Generic[T]):
         return {("", name)}
 
     def replace(self, objs: Iterable[Mapping[str, Any]], namespace: str | None = None) -> set[Key]:
-        fresh: Machines[T] = Machines(self.extract)
+        fresh: ByName[T] = ByName(self.extract)
         for obj in objs:
             fresh.apply("ADDED", obj)
         names = self.by_name.keys() | fresh.by_name.keys()
@@ -161,7 +161,7 @@ class Informer(Generic[T]):
         api: kube.Kube,
         plural: str,
         namespace: str | None,
-        cache: Cache[T] | Machines[T],
+        cache: Cache[T] | ByName[T],
         on_change: Callable[[Key], None],
         on_synced: Callable[[Informer[Any]], None] = lambda _: None,
         watch_s: int = WATCH_S,

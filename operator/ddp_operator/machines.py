@@ -35,10 +35,10 @@ class Machines:
 
     grace_s: float
     changed: Callable[[Key], None]
-    nodes: informer.Machines[planner.MachineView] = field(
-        default_factory=lambda: informer.Machines(planner.machine_view)
+    nodes: informer.ByName[planner.MachineView] = field(
+        default_factory=lambda: informer.ByName(planner.machine_view)
     )
-    leases: informer.Machines[str] = field(default_factory=lambda: informer.Machines(_renewed))
+    leases: informer.ByName[str] = field(default_factory=lambda: informer.ByName(_renewed))
     # Machine -> when its Lease was last seen renewed (our monotonic clock, our wall clock).
     heard: dict[str, tuple[float, dt.datetime]] = field(default_factory=dict)
     # Machines this part declared silent -> when last heard (RFC 3339). Kept, not derived from

@@ -713,10 +713,10 @@ def _failures(st: _State) -> Plan | None:
     for x, failed in _new_failures(st):
         st.handled.append(x.uid)
         found = diagnosis.finding(x, s) if failed and not x.disrupted else None
-        if found is not None and found.outcome == diagnosis.Outcome.FAILS:
+        if found is not None and found.outcome == diagnosis.Effect.FAILS:
             return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
         what = _what(x, failed, found)
-        if found is not None and found.outcome == diagnosis.Outcome.COUNTED:
+        if found is not None and found.outcome == diagnosis.Effect.COUNTED:
             st.cause = (found.reason, f"{x.name} {what}")
         if x.disrupted and x.role == render.ROLE_WORKER:
             if failed:

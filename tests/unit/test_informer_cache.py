@@ -77,7 +77,7 @@ def machine(name: str, ready: str = "True", heartbeat: str = "") -> dict[str, An
 
 
 def test_machines_report_a_node_only_when_its_readiness_changed() -> None:
-    m = informer.Machines(plan.machine_view)
+    m = informer.ByName(plan.machine_view)
     assert m.apply("ADDED", machine("m1")) == {("", "m1")}
     assert m.apply("MODIFIED", machine("m1", heartbeat="11:00:10")) == set()  # a heartbeat
     assert m.apply("MODIFIED", machine("m1", "Unknown")) == {("", "m1")}

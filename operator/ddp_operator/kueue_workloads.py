@@ -23,7 +23,7 @@ Key = tuple[str, str]
 
 
 @dataclass
-class Workloads:
+class KueueWorkloads:
     """The Workloads of queued jobs (a watch keeps ``cache``), and what was read to admit them."""
 
     api: kube.Kube | None = None
