@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +133,6 @@ class Controller:
         key: Key = (meta["namespace"], meta["name"])
         observed = self.pods.get(key)
         pods = {v.name for v in observed}  # a Service may have a pod's name (<job>-rdzv)
-        services = self.services.names(key)
         expected = bookkeeping.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
         self.expected[key] = expected
         status = bookkeeping.merged(
@@ -141,34 +140,13 @@ class Controller:
         )
         job: DDPJob | None = None
         workload: dict[str, Any] | None = None
-        admission: queueing.Admission | None = None
         try:
             job = DDPJob.model_validate({"metadata": meta, "spec": body.get("spec") or {}})
         except ValidationError as e:
             p = bookkeeping.invalid_spec(status, e, dt.datetime.now(dt.UTC))
         else:
-            queue = queueing.queue_name(meta) if self.settings.kueue else ""
-            if queue:
-                workload = self.workloads.of(key, job)
-                worker = render.render_worker(job, 0, 0, self.settings.render)
-                admission = await self.workloads.admission(job, worker, queue, workload, status)
-            progress, refused = self.progress.latest(key, meta.get("uid", ""))
-            p = planner.plan(
-                job,
-                status,
-                observed,
-                dt.datetime.now(dt.UTC),
-                self.settings.render,
-                self.settings.backoff_base_s,
-                pending=expected.keys(),
-                admission=admission,
-                progress=progress,
-                completion_grace_s=self.settings.completion_grace_s,
-                machines=self.machines.views() if self.machines is not None else {},
-                node_lost_grace_s=self.settings.node_lost_grace_s,
-            )
-            if refused:
-                p.warn("ProgressRejected", refused)
+            p, workload = await self._plan(key, job, status, observed, expected.keys())
+        services = self.services.names(key)
         p.create = [
             o
             for o in p.create
@@ -190,6 +168,41 @@ class Controller:
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
         self.trainer.retire_legacy_soon(meta["namespace"], self.spawn)
         self.queue.later(key, p.requeue_after)
+
+    async def _plan(
+        self,
+        key: Key,
+        job: DDPJob,
+        status: dict[str, Any],
+        observed: list[planner.PodView],
+        pending: Collection[str],
+    ) -> tuple[planner.Plan, dict[str, Any] | None]:
+        """What to do for a valid spec, and the job's Kueue Workload when it is queued."""
+        workload: dict[str, Any] | None = None
+        admission: queueing.Admission | None = None
+        queue = queueing.queue_name(job.metadata) if self.settings.kueue else ""
+        if queue:
+            workload = self.workloads.of(key, job)
+            worker = render.render_worker(job, 0, 0, self.settings.render)
+            admission = await self.workloads.admission(job, worker, queue, workload, status)
+        progress, refused = self.progress.latest(key, job.metadata.get("uid", ""))
+        p = planner.plan(
+            job,
+            status,
+            observed,
+            dt.datetime.now(dt.UTC),
+            self.settings.render,
+            self.settings.backoff_base_s,
+            pending=pending,
+            admission=admission,
+            progress=progress,
+            completion_grace_s=self.settings.completion_grace_s,
+            machines=self.machines.views() if self.machines is not None else {},
+            node_lost_grace_s=self.settings.node_lost_grace_s,
+        )
+        if refused:
+            p.warn("ProgressRejected", refused)
+        return p, workload
 
 
 def _is_worker(obj: dict[str, Any]) -> bool:

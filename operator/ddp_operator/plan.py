@@ -344,21 +344,9 @@ def plan(
     if prev_phase == DDPJobPhase.SUSPENDED:
         st.plan.info("Resumed", "spec.suspend is false: recreating pods, resuming from checkpoint")
 
-    start = parse_rfc3339(status.get("startTime"))
-    if start is None:
-        start = now
-        st.new["startTime"] = rfc3339(now)
-    deadline = job.spec.active_deadline_seconds
-    if deadline is not None:
-        left = (start - now).total_seconds() + deadline
-        if left <= 0:
-            return st.finish(
-                DDPJobPhase.FAILED,
-                "DeadlineExceeded",
-                f"the job ran longer than activeDeadlineSeconds={deadline}",
-            )
-        st.plan.requeue(left)
-
+    late = _past_deadline(st, status)
+    if late is not None:
+        return late
     lost = _lost_machines(st, machines or {}, node_lost_grace_s)
     done = _completion(st, completion_grace_s)
     if done is not None:
@@ -366,11 +354,7 @@ def plan(
     failed = _failures(st)
     if failed is not None:
         return failed
-    alive = [x for x in st.live if not x.done]
-    found = diagnosis.diagnose(alive, job.spec, now)
-    settled = diagnosis.settled_in(alive, job.spec, now)
-    if settled is not None:
-        st.plan.requeue(settled)
+    found = _diagnosed(st)
     if found is not None and found.fails_in is not None:
         if found.fails_in <= 0:
             return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
@@ -380,6 +364,37 @@ def plan(
     if lost:  # the condition names the machine; _converge saw the pod still there
         return st.result(DDPJobPhase.RESTARTING, "NodeLost", lost)
     return converged
+
+
+def _past_deadline(st: _State, status: Mapping[str, Any]) -> Plan | None:
+    """Sets ``startTime`` on the first reconcile; the job Failed once it has run longer than
+    ``activeDeadlineSeconds``, else a reconcile is due when it would."""
+    start = parse_rfc3339(status.get("startTime"))
+    if start is None:
+        start = st.now
+        st.new["startTime"] = rfc3339(st.now)
+    deadline = st.job.spec.active_deadline_seconds
+    if deadline is None:
+        return None
+    left = (start - st.now).total_seconds() + deadline
+    if left <= 0:
+        return st.finish(
+            DDPJobPhase.FAILED,
+            "DeadlineExceeded",
+            f"the job ran longer than activeDeadlineSeconds={deadline}",
+        )
+    st.plan.requeue(left)
+    return None
+
+
+def _diagnosed(st: _State) -> diagnosis.Diagnosis | None:
+    """The running pods' problem that the job shows (:mod:`~ddp_operator.diagnosis`); a
+    reconcile is due when what they show may have settled."""
+    alive = [x for x in st.live if not x.done]
+    settled = diagnosis.settled_in(alive, st.job.spec, st.now)
+    if settled is not None:
+        st.plan.requeue(settled)
+    return diagnosis.diagnose(alive, st.job.spec, st.now)
 
 
 def _finished(st: _State, prev_phase: str) -> Plan:
