@@ -101,7 +101,7 @@ def copy_logs(stack: LocalStack, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ddp-devcluster demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m ddp_devcluster demo", description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("out/demo"), help="where results stay")
     ap.add_argument(
         "--stall-timeout",
@@ -144,62 +144,77 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(indent(applied.stdout), flush=True)
 
-        header(f"3/4 training: status.progress of ddpjob/{JOB}, as rank 0 reports it")
-        view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
-        t_job = time.monotonic()
-        try:
-            status = stack.wait_for_phase(JOB, TERMINAL_PHASES, args.stall_timeout, on_status=view)
-        except TimeoutError as e:
-            view.close()
-            print(f"\nFAILED: {e}\n{stack.diagnostics()}", file=sys.stderr)
-            return 1
-        view.close()
-        print(f"  {status['phase']} in {time.monotonic() - t_job:.0f}s", flush=True)
-        if view.lines == 0:
-            said = [
-                line.strip()
-                for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
-                for line in stack.logs(NAMESPACE, pod, "trainer").splitlines()
-                if "progress" in line and "WARNING" in line
-            ]
-            print(
-                "  WARNING: status.progress never arrived, so there was nothing to show"
-                + "".join(f"\n    {x}" for x in said),
-                flush=True,
-            )
-        if status["phase"] != "Succeeded":
+        status = train(stack, args.stall_timeout)
+        if status is None or status["phase"] != "Succeeded":
             print(f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics()}", file=sys.stderr)
             return 1
-
-        header("4/4 results")
-        print(indent(stack.kubectl("get", "ddpj", JOB).stdout))
-        ckpt = out / "checkpoints"
-        shutil.copytree(stack.claim_dir(CLAIM), ckpt)
-        logs = copy_logs(stack, out / "logs")
-        rows = read_run_log(ckpt)
-        end = end_event(rows)
-        if "testAccuracy" in end:
-            print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")
-        print(f"  checkpoints (the claim {CLAIM}) copied to {ckpt}:")
-        for f in sorted(ckpt.iterdir()):
-            print(f"    {f.name}")
-        print(f"  pod logs: {len(logs)} files in {out / 'logs'}")
-        manifest_file = ckpt / "manifest.json"
-        manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else None
-        problem = checkpoint_problem(rows, manifest)
+        problem = results(stack, out)
         if problem:
             print(f"\nFAILED: {problem}\n{stack.diagnostics()}", file=sys.stderr)
             return 1
-        png = out / "loss.png"
-        loss_only = dataclasses.replace(curves(rows), lr=[])
-        title = f"DDPJob {JOB}: 2 pods, 1 process each (gloo), from its metrics.jsonl"
-        draw_curves(loss_only, png, title=title)
-        print(f"  loss curve: {png}", flush=True)
     finally:
         print("  tearing down the cluster ...", flush=True)
         stack.stop()
     print(f"  done in {time.monotonic() - t_start:.0f}s")
     return 0
+
+
+def train(stack: LocalStack, stall_timeout_s: float) -> dict[str, Any] | None:
+    """Step 3: the job's progress as rank 0 reports it, until it ends; its last status (None:
+    its status stopped moving for ``stall_timeout_s``)."""
+    header(f"3/4 training: status.progress of ddpjob/{JOB}, as rank 0 reports it")
+    view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
+    t_job = time.monotonic()
+    try:
+        status = stack.wait_for_phase(JOB, TERMINAL_PHASES, stall_timeout_s, on_status=view)
+    except TimeoutError as e:
+        view.close()
+        print(f"\n{e}", file=sys.stderr)
+        return None
+    view.close()
+    print(f"  {status['phase']} in {time.monotonic() - t_job:.0f}s", flush=True)
+    if view.lines == 0:
+        said = [
+            line.strip()
+            for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
+            for line in stack.logs(NAMESPACE, pod, "trainer").splitlines()
+            if "progress" in line and "WARNING" in line
+        ]
+        print(
+            "  WARNING: status.progress never arrived, so there was nothing to show"
+            + "".join(f"\n    {x}" for x in said),
+            flush=True,
+        )
+    return status
+
+
+def results(stack: LocalStack, out: Path) -> str:
+    """Step 4: the checkpoints, logs and loss curve copied to ``out``; what is wrong with the
+    checkpoints ("" when nothing)."""
+    header("4/4 results")
+    print(indent(stack.kubectl("get", "ddpj", JOB).stdout))
+    ckpt = out / "checkpoints"
+    shutil.copytree(stack.claim_dir(CLAIM), ckpt)
+    logs = copy_logs(stack, out / "logs")
+    rows = read_run_log(ckpt)
+    end = end_event(rows)
+    if "testAccuracy" in end:
+        print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")
+    print(f"  checkpoints (the claim {CLAIM}) copied to {ckpt}:")
+    for f in sorted(ckpt.iterdir()):
+        print(f"    {f.name}")
+    print(f"  pod logs: {len(logs)} files in {out / 'logs'}")
+    manifest_file = ckpt / "manifest.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else None
+    problem = checkpoint_problem(rows, manifest)
+    if problem:
+        return problem
+    png = out / "loss.png"
+    loss_only = dataclasses.replace(curves(rows), lr=[])
+    title = f"DDPJob {JOB}: 2 pods, 1 process each (gloo), from its metrics.jsonl"
+    draw_curves(loss_only, png, title=title)
+    print(f"  loss curve: {png}", flush=True)
+    return ""
 
 
 if __name__ == "__main__":
