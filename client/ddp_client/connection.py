@@ -13,12 +13,7 @@ from typing import Any
 
 from ddp_api.contract import GROUP, PLURAL, VERSION
 
-from .errors import (
-    ClusterUnreachable,
-    DDPError,
-    JobNotFound,
-    one_line,
-)
+from .errors import ClusterUnreachable, DDPError, JobNotFound, one_line
 
 REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to read one response
 DEFAULT_KUBECONFIG = "~/.kube/config"

@@ -9,23 +9,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from ddp_api.contract import GROUP, PLURAL, VERSION
+from pydantic import ValidationError
+
+from ddp_api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobStatus, Progress
 from ddp_api.metav1 import owner_reference
 from ddp_api.trainer_config import validation_message
 
 from .connection import REQUEST_TIMEOUT, Connection
-from .errors import (
-    ClusterUnreachable,
-    DDPError,
-    ScriptNotFound,
-    WaitTimeout,
-)
-from .objects import (
-    InvalidJob,
-    ScriptOptions,
-    script_objects,
-)
+from .errors import ClusterUnreachable, DDPError, ScriptNotFound, WaitTimeout
+from .objects import InvalidJob, ScriptOptions, script_objects
 
 API_PATIENCE_S = 60.0  # how long `wait` rides out an unreachable API server
 SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
@@ -86,11 +79,9 @@ class Jobs(Connection):
             if isinstance(job, DDPJob)
             else dict(job)
         )
-        body.setdefault("apiVersion", f"{GROUP}/{VERSION}")
-        body.setdefault("kind", "DDPJob")
+        body.setdefault("apiVersion", API_VERSION)
+        body.setdefault("kind", KIND)
         body.pop("status", None)
-        from pydantic import ValidationError
-
         try:
             DDPJob.model_validate(body)
         except ValidationError as error:

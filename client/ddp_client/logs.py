@@ -14,10 +14,7 @@ from ddp_api.ddpjob import TERMINAL_PHASES
 from ddp_api.pods import CONTAINER, selector
 
 from .connection import REQUEST_TIMEOUT
-from .errors import (
-    ClusterUnreachable,
-    DDPError,
-)
+from .errors import ClusterUnreachable, DDPError
 from .jobs import Jobs
 from .loglines import LiveMerge, LogLine, merge_logs, parse_line, parse_pod_log, pick_rank
 from .pod_state import node_index, started, terminated

@@ -13,15 +13,9 @@ from ddp_api.ddpjob import TERMINAL_PHASES
 
 from .connection import REQUEST_TIMEOUT
 from .curves import Plot, curves, draw_curves
-from .errors import (
-    NoMetrics,
-)
+from .errors import NoMetrics
 from .logs import Logs
-from .objects import (
-    InvalidJob,
-    metrics_reader_pod,
-    reader_image,
-)
+from .objects import InvalidJob, metrics_reader_pod, reader_image
 from .pod_state import pod_trouble
 
 
