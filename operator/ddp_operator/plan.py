@@ -794,6 +794,21 @@ def _converge(
 ) -> Plan:
     """Creates what is missing (after any backoff), removes what is beyond spec.nodes; says
     what ``found`` is while pods show it."""
+    wait, extra = _create_and_scale(st, cfg, backoff_base_s)
+    phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
+    if found is not None:
+        reason, message = found.reason, found.message
+        if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
+            st.plan.warn(found.reason, message)
+    return st.result(phase, reason, message)
+
+
+def _create_and_scale(
+    st: _State, cfg: render.OperatorConfig, backoff_base_s: float
+) -> tuple[float, list[PodView]]:
+    """The Services, the store and the missing node pods to create once the backoff after the
+    last failure is over (seconds still to wait, else 0), and the node pods beyond spec.nodes
+    to delete (the highest indices go)."""
     s, p, workers = st.job.spec, st.plan, st.workers
     p.create += render.render_services(st.job)
     last_failure = parse_rfc3339(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
@@ -814,14 +829,21 @@ def _converge(
         for i in range(s.nodes):
             if i not in present:
                 p.create.append(render.render_worker(st.job, i, st.restarts, cfg))
-    # Scaling down: the highest indices go.
     extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
     if extra:
         st.delete(extra)
         p.info("ScalingDown", f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}")
     if p.created_pods():
         p.info("CreatingPods", f"creating {', '.join(p.created_pods())}")
+    return wait, extra
 
+
+def _progress_phase(
+    st: _State, prev_phase: str, wait: float, scaling_down: bool
+) -> tuple[str, str, str]:
+    """(phase, reason, message) of a job that is neither finished nor failed: Restarting after
+    a failure, Running, Scaling or Pending."""
+    s, workers = st.job.spec, st.workers
     running = [x for x in workers if x.index < s.nodes and x.ready and not x.deleting]
     # Messages name the target, not the live count (status.ready has it), so that a pod coming
     # up changes only counts, which the operator writes at a bounded rate.
@@ -829,7 +851,7 @@ def _converge(
     if "lastFailureTime" in st.new or (
         prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
     ):
-        phase, reason = DDPJobPhase.RESTARTING, "PodFailed"
+        reason = "PodFailed"
         message = f"restart {st.restarts} of backoffLimit {s.backoff_limit}"
         if wait > 0:
             message += f"; recreating in {wait:.0f}s"
@@ -839,21 +861,16 @@ def _converge(
             said = _condition(st.status, DDPJobPhase.RESTARTING)
             if said.get("reason") in diagnosis.COUNTED_REASONS:
                 reason, message = said["reason"], said.get("message") or message
-    elif len(running) == s.nodes and not extra:
-        phase, reason, message = DDPJobPhase.RUNNING, "AllNodesRunning", f"{target} running"
-    elif prev_phase == DDPJobPhase.RUNNING and _all_present(workers, s.nodes) and not extra:
+        return DDPJobPhase.RESTARTING, reason, message
+    if len(running) == s.nodes and not scaling_down:
+        return DDPJobPhase.RUNNING, "AllNodesRunning", f"{target} running"
+    if prev_phase == DDPJobPhase.RUNNING and _all_present(workers, s.nodes) and not scaling_down:
         # A kubelet reports a finishing container not ready a moment before its pod ends:
         # no pod is coming or going, so the job is not scaling.
-        phase, reason, message = DDPJobPhase.RUNNING, "NodesNotReady", f"{target}, not all ready"
-    elif prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
-        phase, reason, message = DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
-    else:
-        phase, reason, message = DDPJobPhase.PENDING, "WaitingForNodes", f"starting {target}"
-    if found is not None:
-        reason, message = found.reason, found.message
-        if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
-            p.warn(found.reason, message)
-    return st.result(phase, reason, message)
+        return DDPJobPhase.RUNNING, "NodesNotReady", f"{target}, not all ready"
+    if prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
+        return DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
+    return DDPJobPhase.PENDING, "WaitingForNodes", f"starting {target}"
 
 
 def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
