@@ -38,7 +38,7 @@ from ddp_api.contract import API_VERSION, GROUP, PLURAL, VERSION
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
-from ddp_trainer.progress import InClusterProgressClient, progress_record
+from ddp_trainer.progress import InClusterProgressWriter, progress_record
 
 NS, JOB = "bench", "reporter"
 
@@ -123,7 +123,7 @@ def main() -> None:
             (sa / "token").write_text(token)
             (sa / "ca.crt").write_bytes(cp.ca_file.read_bytes())
             host, port = urllib.parse.urlsplit(cp.server).netloc.rsplit(":", 1)
-            rank0 = InClusterProgressClient(host, port, sa)
+            rank0 = InClusterProgressWriter(host, port, sa)
             until("the progress ConfigMap", lambda: _try(rank0, 1), 60)
             watch = StepWatch(api)
             watch.wait(1)
@@ -154,7 +154,7 @@ def main() -> None:
     print(json.dumps(result))
 
 
-def _try(client: InClusterProgressClient, step: int) -> bool | None:
+def _try(client: InClusterProgressWriter, step: int) -> bool | None:
     try:
         client.patch_progress(NS, JOB, record(step))
     except Exception:

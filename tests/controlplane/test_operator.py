@@ -30,7 +30,7 @@ from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
 from ddp_operator import render
-from ddp_trainer.progress import InClusterProgressClient
+from ddp_trainer.progress import InClusterProgressWriter
 
 pytestmark = pytest.mark.controlplane
 T = TypeVar("T")
@@ -79,7 +79,7 @@ class Account:
         (sa / "token").write_text(self.token)
         (sa / "ca.crt").write_bytes(self.cp.ca_file.read_bytes())
         host, port = urllib.parse.urlsplit(self.cp.server).netloc.rsplit(":", 1)
-        client = InClusterProgressClient(host, port, sa)
+        client = InClusterProgressWriter(host, port, sa)
         try:
             client.patch_configmap(ns, job, {"data": {"progress": text}})
         except urllib.error.HTTPError:

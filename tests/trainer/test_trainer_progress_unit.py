@@ -109,7 +109,7 @@ class RecordingClient:
 
 
 def reporter_with(monkeypatch, client: RecordingClient, interval_s: float) -> ProgressReporter:
-    monkeypatch.setattr(progress, "progress_client", lambda environ: client)
+    monkeypatch.setattr(progress, "progress_writer", lambda environ: client)
     return ProgressReporter("job", "default", interval_s=interval_s)
 
 
@@ -150,10 +150,10 @@ def test_a_failed_final_report_is_sent_again(monkeypatch) -> None:
     assert client.sent == [{"step": 7}]
 
 
-def test_in_cluster_client_needs_the_service_account_token(tmp_path: Path, monkeypatch) -> None:
+def test_in_cluster_writer_needs_the_service_account_token(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(progress, "SA_DIR", tmp_path)
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    assert progress.InClusterProgressClient.from_env(env) is None  # no token mounted
-    assert progress.InClusterProgressClient.from_env({}) is None
+    assert progress.InClusterProgressWriter.from_env(env) is None  # no token mounted
+    assert progress.InClusterProgressWriter.from_env({}) is None
     with pytest.raises(RuntimeError, match="KUBECONFIG is not set"):
-        progress.progress_client({})
+        progress.progress_writer({})

@@ -121,7 +121,7 @@ def interval_from_env(environ: dict[str, str] | os._Environ[str]) -> float:
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class InClusterProgressClient:
+class InClusterProgressWriter:
     """PATCHes the job's progress ConfigMap with the pod's ServiceAccount token, using only the
     standard library: importing the `kubernetes` package takes seconds on a busy CPU, long
     enough for a short run to end before its first report was sent."""
@@ -132,7 +132,7 @@ class InClusterProgressClient:
         self.context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> InClusterProgressClient | None:
+    def from_env(cls, environ: Mapping[str, str]) -> InClusterProgressWriter | None:
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
         if not host or not port or not (SA_DIR / "token").exists():
             return None
@@ -158,7 +158,7 @@ class InClusterProgressClient:
             response.read()
 
 
-class KubeconfigProgressClient:
+class KubeconfigProgressWriter:
     """Out of a cluster: the `kubernetes` client on $KUBECONFIG (the trainer run by hand,
     reporting to a DDPJob of a cluster)."""
 
@@ -174,24 +174,24 @@ class KubeconfigProgressClient:
         )
 
 
-ProgressClient = InClusterProgressClient | KubeconfigProgressClient
+ProgressWriter = InClusterProgressWriter | KubeconfigProgressWriter
 
 
-def progress_client(environ: Mapping[str, str]) -> ProgressClient:
+def progress_writer(environ: Mapping[str, str]) -> ProgressWriter:
     """In-cluster when the pod has a ServiceAccount token, else $KUBECONFIG; raises if neither."""
-    client = InClusterProgressClient.from_env(environ)
-    if client is not None:
-        return client
+    writer = InClusterProgressWriter.from_env(environ)
+    if writer is not None:
+        return writer
     kubeconfig = environ.get("KUBECONFIG")
     if kubeconfig:
-        return KubeconfigProgressClient(kubeconfig)
+        return KubeconfigProgressWriter(kubeconfig)
     raise RuntimeError("no in-cluster ServiceAccount token and KUBECONFIG is not set")
 
 
 class ProgressReporter:
     """Writes rank 0's progress record for one DDPJob from a background thread, rate-limited.
 
-    The client is made as soon as the reporter starts, not at the first report, and
+    The writer is made as soon as the reporter starts, not at the first report, and
     :meth:`close` waits for the final report, so that even a run of a few seconds is seen.
     """
 
@@ -205,7 +205,7 @@ class ProgressReporter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
-        self._client: ProgressClient | None = None
+        self._writer: ProgressWriter | None = None
         self._thread = threading.Thread(target=self._run, name="progress-reporter", daemon=True)
         self._thread.start()
 
@@ -243,7 +243,7 @@ class ProgressReporter:
 
     def _run(self) -> None:
         try:
-            self._client = progress_client(os.environ)
+            self._writer = progress_writer(os.environ)
         except Exception as error:
             self._warn_once(error)
         while True:
@@ -254,10 +254,10 @@ class ProgressReporter:
                 )
                 if due:
                     self._pending, self._urgent = None, False
-            if due and record is not None and self._client is not None:
+            if due and record is not None and self._writer is not None:
                 self._last = time.monotonic()
                 try:
-                    self._client.patch_progress(self.namespace, self.name, record)
+                    self._writer.patch_progress(self.namespace, self.name, record)
                     self.sent += 1
                 except Exception as error:
                     self._warn_once(error)
@@ -266,7 +266,7 @@ class ProgressReporter:
                             self._pending, self._urgent = record, self._urgent or urgent
                     time.sleep(1.0)
                 continue
-            if stop and (self._pending is None or self._client is None):
+            if stop and (self._pending is None or self._writer is None):
                 return
             if record is None or self._last is None:
                 wait: float | None = self.interval_s or None
