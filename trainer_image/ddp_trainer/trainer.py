@@ -26,6 +26,7 @@ from .metrics import TrainerMetrics, listen_address, serve
 from .parts import Parts, build_parts
 from .progress import ProgressReporter, RunLog, progress_record
 from .schedule import lr_at
+from .state import gather, scatter
 from .workloads import evaluate, fetch_batch
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,7 @@ class Trainer:
         the run was."""
         return {
             "format": ckpt.FORMAT,
-            **{key: part.state_dict() for key, part in self.parts.stateful().items()},
-            **self.state.state_dict(),
+            **gather(self.parts.stateful()),
             "config": self.config.to_json_dict(),
             "worldSize": self.env.world_size,
             "globalBatchSize": self.global_batch,
@@ -144,10 +144,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, part in self.parts.stateful().items():
-            if state.get(key):  # a GradScaler's state is empty (or None) when it was off
-                part.load_state_dict(state[key])
-        self.state.load_state_dict(state)
+        scatter(state, self.parts.stateful())
 
     def resume(self) -> None:
         """Load the newest complete checkpoint, the same one on every rank (rank 0 picks)."""
