@@ -9,8 +9,6 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,8 @@ from ddp_api.trainer_config import TrainerConfig
 from . import checkpoint as ckpt
 from . import hold
 from .batching import Position, advance, step_seed
-from .metrics import TrainerMetrics, listen_address, serve
+from .distributed import CollectiveTimeout, DistEnv, any_rank, init_distributed
+from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts
 from .progress import ProgressReporter, RunLog, progress_record
 from .schedule import lr_at
@@ -32,32 +31,6 @@ from .workloads import evaluate, fetch_batch
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 128 + signal.SIGTERM
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """Where this process stands, from the variables torchrun sets (alone: rank 0 of 1)."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    restart_count: int = 0
-    launched: bool = False  # started by torchrun: join a process group even when alone
-    run_id: str = ""  # torchrun's rendezvous id (the DDPJob's uid): names the completion record
-
-    @classmethod
-    def from_env(cls, environ: Any = None) -> DistEnv:
-        environ = os.environ if environ is None else environ
-        if "RANK" not in environ:
-            return cls()
-        return cls(
-            rank=int(environ["RANK"]),
-            local_rank=int(environ.get("LOCAL_RANK", 0)),
-            world_size=int(environ.get("WORLD_SIZE", 1)),
-            restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-            launched=True,
-            run_id=environ.get("TORCHELASTIC_RUN_ID", ""),
-        )
 
 
 class Interrupted(Exception):
@@ -80,7 +53,7 @@ class Trainer:
         self.is_main = self.env.rank == 0
         self.metrics = metrics or process_metrics(self.env)
         self.distributed = dist.is_available() and dist.is_initialized()
-        self._collective_timeout_s = config.pg_timeout_s  # init_distributed's
+        self.timeout = CollectiveTimeout(config.pg_timeout_s, self.distributed)
         e = self.env
         self.parts = parts or build_parts(
             config, e.rank, e.local_rank, e.world_size, self.distributed
@@ -402,7 +375,7 @@ class Trainer:
                 started = time.perf_counter()
                 self._train_step(micro_batches)
                 if first:  # every rank is past its start: a silent peer is noticed sooner
-                    self._set_collective_timeout(self.config.steady_timeout_s)
+                    self.timeout.set(self.config.steady_timeout_s)
                 step = self.position.step
                 self.metrics.step_done(
                     seconds=time.perf_counter() - started,
@@ -422,22 +395,11 @@ class Trainer:
                 if step >= self.total_steps or self.position.samples_in_epoch == 0:
                     break
 
-    def _set_collective_timeout(self, seconds: int) -> None:
-        """The timeout of this process's next collectives (``pgTimeoutS`` while a run starts and
-        ends, ``stepTimeoutS`` in between): how long it waits in one for a peer that went silent.
-        """
-        if self.distributed and seconds != self._collective_timeout_s:
-            set_collective_timeout(timedelta(seconds=seconds))
-            self._collective_timeout_s = seconds
-
     def _agree(self, released: bool) -> tuple[bool, bool]:
         """(rank 0 found the release file, some rank got SIGTERM), the same on every rank."""
-        flags = torch.tensor(
-            [float(released), float(self.stop_requested.is_set())], device=self.device
-        )
-        if self.distributed:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0]), bool(flags[1])
+        stop = self.stop_requested.is_set()
+        released, stop = any_rank([released, stop], self.device, self.distributed)
+        return released, stop
 
     def _stopped(self) -> Interrupted:
         here = self.stop_requested.is_set()
@@ -490,7 +452,7 @@ class Trainer:
             last = self.writer.last.name if self.writer.last else self.resumed_from
             self.store.mark_complete(self.env.run_id, self.position.step, last)
         # Rank 0 evaluates alone while the others wait at the barrier below.
-        self._set_collective_timeout(self.config.pg_timeout_s)
+        self.timeout.set(self.config.pg_timeout_s)
         results: dict[str, float] = {}
         if self.is_main and self.config.evaluate and self.test_set is not None:
             results = evaluate(
@@ -548,31 +510,6 @@ class Trainer:
         if self.run_log is not None:
             self.run_log.close()
             self.run_log = None
-
-
-def set_collective_timeout(timeout: timedelta) -> None:
-    """Sets the default process group's timeout for its next collectives (``dist.set_timeout``;
-    ``_set_pg_timeout`` in older torch releases)."""
-    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
-    setter(timeout)
-
-
-def process_metrics(env: DistEnv) -> TrainerMetrics:
-    """The Prometheus metrics of this process (see :mod:`ddp_trainer.metrics`)."""
-    return TrainerMetrics(
-        is_main=env.rank == 0, world_size=env.world_size, restarts=env.restart_count
-    )
-
-
-def init_distributed(env: DistEnv, config: TrainerConfig) -> None:
-    """Join the process group torchrun prepared: NCCL on CUDA, gloo on CPU."""
-    if not env.launched or dist.is_initialized():
-        return
-    use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    dist.init_process_group(
-        backend="nccl" if use_cuda else "gloo",
-        timeout=timedelta(seconds=config.pg_timeout_s),
-    )
 
 
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
