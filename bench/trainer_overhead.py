@@ -181,7 +181,7 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
         evaluate=False,
     )
     trainer = Trainer(config, directory)
-    parameters = sum(p.numel() for p in trainer.model.parameters())
+    parameters = sum(p.numel() for p in trainer.parts.model.parameters())
     trainer.train()
     lines = read_run_log(directory)
     step_lines = [m for m in lines if m["event"] == "step"]

@@ -37,10 +37,10 @@ def train(directory: Path, **settings: object) -> Trainer:
 
 def test_bf16_autocast_trains_on_cpu(tmp_path: Path) -> None:
     trainer = train(tmp_path, amp="auto")
-    assert trainer.precision.dtype == "bfloat16" and not trainer.scaler.is_enabled()
-    inputs = trainer.train_set.tensors[0][:4]  # type: ignore[attr-defined]
+    assert trainer.parts.precision.dtype == "bfloat16" and not trainer.parts.scaler.is_enabled()
+    inputs = trainer.parts.train_set.tensors[0][:4]  # type: ignore[attr-defined]
     with trainer._autocast():
-        assert trainer.model(inputs).dtype == torch.bfloat16
+        assert trainer.parts.model(inputs).dtype == torch.bfloat16
     (start,) = events(tmp_path, "start")
     assert start["amp"] == "bfloat16"
     assert all(math.isfinite(s["loss"]) for s in events(tmp_path, "step"))
@@ -49,14 +49,14 @@ def test_bf16_autocast_trains_on_cpu(tmp_path: Path) -> None:
 
 def test_grad_scaler_state_is_checkpointed_and_restored(tmp_path: Path) -> None:
     first = train(tmp_path, amp="fp16")
-    assert first.precision.grad_scaler and first.scaler.is_enabled()
+    assert first.parts.precision.grad_scaler and first.parts.scaler.is_enabled()
     entry, state = CheckpointStore(tmp_path).latest() or (None, {})
     assert entry is not None and entry.step == 6
     saved = state["scaler"]
-    assert saved["_growth_tracker"] > 0 and saved["scale"] == first.scaler.get_scale()
+    assert saved["_growth_tracker"] > 0 and saved["scale"] == first.parts.scaler.get_scale()
 
     resumed = Trainer(TrainerConfig.model_validate({**SMALL, "amp": "fp16"}), tmp_path, DistEnv())
-    assert resumed.scaler.state_dict()["_growth_tracker"] == 0  # a fresh scaler
+    assert resumed.parts.scaler.state_dict()["_growth_tracker"] == 0  # a fresh scaler
     resumed.resume()
-    assert resumed.scaler.state_dict() == saved
+    assert resumed.parts.scaler.state_dict() == saved
     assert resumed.position.step == 6

@@ -13,11 +13,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
 from ddp_api.contract import ENV_POD_IP
+
+if TYPE_CHECKING:
+    from .distributed import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +165,13 @@ class TrainerMetrics:
         if size is not None:
             self.checkpoint_bytes.set(size)
         self.last_checkpoint_step.set(step)
+
+
+def process_metrics(env: DistEnv) -> TrainerMetrics:
+    """The metrics of this process of the run (see :class:`TrainerMetrics`)."""
+    return TrainerMetrics(
+        is_main=env.rank == 0, world_size=env.world_size, restarts=env.restart_count
+    )
 
 
 def listen_address(environ: Mapping[str, str]) -> str:

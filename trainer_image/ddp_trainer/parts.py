@@ -15,7 +15,7 @@ from .amp import Precision, resolve_amp
 from .batching import BatchShare, batch_share, steps_per_epoch, total_steps
 from .sampler import GlobalBatchSampler
 from .schedule import peak_lr
-from .state import TrainState
+from .state import AT_TOP, Stateful, TrainState
 from .workloads import build_workload
 
 
@@ -39,9 +39,14 @@ class Parts:
     peak_lr: float
     state: TrainState
 
-    def stateful(self) -> dict[str, Any]:
+    def stateful(self) -> dict[str, Stateful]:
         """The checkpoint's parts by their key (TrainState's keys are spread at the top)."""
-        return {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler}
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scaler": self.scaler,
+            AT_TOP: self.state,
+        }
 
 
 def pick_device(setting: str, local_rank: int) -> torch.device:

@@ -1,9 +1,11 @@
-"""What a checkpoint holds besides the model, the optimizer and the GradScaler: where training
-stands (the data position) and every random generator, as one Stateful part."""
+"""The Stateful parts a checkpoint is made of: what one is, how their states make up one
+checkpoint, and TrainState, the part for where training stands (the data position) and every
+random generator."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,6 +21,31 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+AT_TOP = ""
+"""The key of the part whose keys sit at the checkpoint's top level, not under a key of their
+own: TrainState's (``step``, ``epoch``, ``samplesInEpoch``, ``rng``), as they always have."""
+
+
+def gather(parts: Mapping[str, Stateful]) -> dict[str, Any]:
+    """The states of a checkpoint's parts: each one's under its key (the AT_TOP one's spread)."""
+    state: dict[str, Any] = {}
+    for key, part in parts.items():
+        if key == AT_TOP:
+            state.update(part.state_dict())
+        else:
+            state[key] = part.state_dict()
+    return state
+
+
+def scatter(state: Mapping[str, Any], parts: Mapping[str, Stateful]) -> None:
+    """Loads each part's state out of a checkpoint (:func:`gather`'s inverse)."""
+    for key, part in parts.items():
+        if key == AT_TOP:
+            part.load_state_dict(dict(state))
+        elif state.get(key):  # a GradScaler's state is empty (or None) when it was off
+            part.load_state_dict(state[key])
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,8 +78,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class TrainState:
-    """The data position and the random generators. Its keys sit at the checkpoint's top level
-    (``step``, ``epoch``, ``samplesInEpoch``, ``rng``), as they always have."""
+    """The data position and the random generators: the Stateful part under AT_TOP, so its keys
+    sit at the checkpoint's top level (``step``, ``epoch``, ``samplesInEpoch``, ``rng``)."""
 
     def __init__(self, global_batch: int, num_samples: int):
         self.global_batch, self.num_samples = global_batch, num_samples

@@ -1,0 +1,243 @@
+"""The run's bookkeeping: the loss and the rate between two step lines (every rank), and what rank
+0 tells of the run: its lines in ``metrics.jsonl`` (:class:`~ddp_trainer.progress.RunLog`), its
+log lines, its progress report to the DDPJob, and the Prometheus progress gauges."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_api.trainer_config import TrainerConfig
+
+from .checkpoint import checkpoint_name
+from .checkpointing import Checkpoints
+from .distributed import DistEnv
+from .metrics import TrainerMetrics
+from .parts import Parts
+from .progress import ProgressReporter, RunLog, progress_record
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
+
+
+class Bookkeeper:
+    """Counts what happens in a run and tells it (rank 0 writes; every rank sums its loss)."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        env: DistEnv,
+        parts: Parts,
+        checkpoints: Checkpoints,
+        metrics: TrainerMetrics,
+        distributed: bool,
+    ):
+        self.config, self.env, self.parts, self.metrics = config, env, parts, metrics
+        self.checkpoints, self.distributed = checkpoints, distributed
+        main = env.rank == 0
+        self.run_log = RunLog(checkpoints.store.directory) if main else None
+        self.reporter = ProgressReporter.from_env() if main else None
+        self._loss_sum = torch.zeros((), device=parts.device)
+        self._loss_count = 0
+        self._last_log = (time.perf_counter(), 0)
+        self.lr = 0.0
+        self.last_loss = float("nan")
+        self.last_rate = 0.0
+        self.held_at: int | None = None
+
+    def line(self, event: str, **fields: Any) -> None:
+        """One line of ``metrics.jsonl`` (rank 0; nothing elsewhere)."""
+        if self.run_log is not None:
+            self.run_log.write(event, **fields)
+
+    def _shape(self) -> dict[str, Any]:
+        share = self.parts.batches
+        return {
+            "worldSize": self.env.world_size,
+            "globalBatchSize": self.config.global_batch_size,
+            "perRankBatch": share.count,
+            "accumulation": share.accumulation_steps,
+        }
+
+    def started(self) -> None:
+        """The run starts (or resumes): the metrics, the ``start`` line and the log line."""
+        p, parts, e = self.parts.state.position, self.parts, self.env
+        resumed_from = self.checkpoints.resumed_from
+        self.metrics.started(
+            step=p.step,
+            epoch=p.epoch,
+            total_steps=parts.total_steps,
+            resumed_step=self.checkpoints.saved_step if resumed_from else None,
+        )
+        self.line(
+            "start",
+            step=p.step,
+            epoch=p.epoch,
+            samplesInEpoch=p.samples_in_epoch,
+            totalSteps=parts.total_steps,
+            stepsPerEpoch=parts.per_epoch,
+            **self._shape(),
+            amp=parts.precision.label,
+            device=str(parts.device),
+            resumedFrom=resumed_from,
+            rank=e.rank,
+            attempt=e.restart_count,
+        )
+        log.info(
+            "training %s: %d steps (%d per epoch), global batch %d = %d ranks x %d "
+            "(x%d micro-batches), amp %s on %s",
+            self.config.workload,
+            parts.total_steps,
+            parts.per_epoch,
+            self.config.global_batch_size,
+            e.world_size,
+            parts.batches.count,
+            parts.batches.accumulation_steps,
+            parts.precision.label,
+            parts.device,
+        )
+
+    def resumed(self, saved_world_size: int) -> None:
+        p = self.parts.state.position
+        log.info(
+            "resumed from %s: step %d, epoch %d, %d samples into the epoch (saved at world "
+            "size %d, now %d)",
+            self.checkpoints.resumed_from,
+            p.step,
+            p.epoch,
+            p.samples_in_epoch,
+            saved_world_size,
+            self.env.world_size,
+        )
+
+    def restart_clock(self) -> None:
+        """The rate counts from now (training starts, or a hold ends: the pause is no step time)."""
+        self._last_log = (time.perf_counter(), self.parts.state.position.step)
+
+    def add_loss(self, loss: torch.Tensor, samples: int) -> None:
+        """A micro-batch's mean loss over ``samples`` samples."""
+        self._loss_sum += loss.detach().float() * samples
+        self._loss_count += samples
+
+    def step_done(self, seconds: float, lr: float) -> None:
+        p = self.parts.state.position
+        self.lr = lr
+        self.metrics.step_done(seconds=seconds, step=p.step, epoch=p.epoch, lr=lr)
+
+    def progress(self) -> None:
+        """Every rank joins the loss all-reduce; rank 0 then writes, logs and reports."""
+        self.last_loss = self._mean_loss()
+        self.last_rate = self._rate()
+        self.metrics.progress(loss=self.last_loss, samples_per_second=self.last_rate)
+        if self.env.rank == 0:
+            self._write_step_line()
+            self.report(final=False)
+
+    def _mean_loss(self) -> float:
+        """The loss averaged over every sample of every rank since the last call (a collective)."""
+        count = torch.tensor(float(self._loss_count), device=self.parts.device)
+        totals = torch.stack([self._loss_sum, count])
+        if self.distributed:
+            dist.all_reduce(totals)
+        self._loss_sum.zero_()
+        self._loss_count = 0
+        return float(totals[0] / totals[1])
+
+    def _rate(self) -> float:
+        """Samples per second over all ranks since the last call."""
+        now, step = time.perf_counter(), self.parts.state.position.step
+        since, steps_then = self._last_log
+        self._last_log = (now, step)
+        return (step - steps_then) * self.config.global_batch_size / max(now - since, 1e-9)
+
+    def _write_step_line(self) -> None:
+        """Rank 0's `step` line in metrics.jsonl and its log line."""
+        p = self.parts.state.position
+        self.line(
+            "step",
+            step=p.step,
+            epoch=p.epoch,
+            samplesInEpoch=p.samples_in_epoch,
+            loss=self.last_loss,
+            lr=self.lr,
+            samplesPerSecond=round(self.last_rate, 3),
+            **self._shape(),
+            rank=self.env.rank,
+            attempt=self.env.restart_count,
+        )
+        log.info(
+            "step %d/%d epoch %d loss %.4f lr %.3g %.1f samples/s world %d",
+            p.step,
+            self.parts.total_steps,
+            p.epoch,
+            self.last_loss,
+            self.lr,
+            self.last_rate,
+            self.env.world_size,
+        )
+
+    def report(self, final: bool, urgent: bool = False) -> None:
+        """Offers the progress record to the DDPJob's reporter (rank 0, in a cluster)."""
+        if self.reporter is None:
+            return
+        p = self.parts.state.position
+        self.reporter.offer(
+            progress_record(
+                epoch=p.epoch,
+                step=p.step,
+                total_steps=self.parts.total_steps,
+                loss=self.last_loss,
+                samples_per_second=self.last_rate,
+                last_checkpoint=self.checkpoints.last,
+                world_size=self.env.world_size,
+                now=time.time(),
+                held_at_step=self.held_at,
+            ),
+            final=final,
+            urgent=urgent,
+        )
+
+    def checkpoint(self, step: int, blocked_s: float, synchronous: bool) -> None:
+        """Rank 0 took a checkpoint of ``step``; training waited ``blocked_s`` for it."""
+        self.line(
+            "checkpoint",
+            step=step,
+            name=checkpoint_name(step),
+            blockedMs=round(blocked_s * 1000, 3),
+            synchronous=synchronous,
+            rank=self.env.rank,
+        )
+
+    def held(self, step: int, release: Path, at_end: bool) -> None:
+        """The run holds after ``step`` until ``release`` exists (reported at once)."""
+        self.held_at = step
+        if self.run_log is not None:
+            self.line("hold", step=step, release=release.name)
+            if at_end:
+                log.info("training complete; holding until %s exists", release)
+            else:
+                log.info("holding after step %d until %s exists", step, release)
+        self.report(final=False, urgent=True)
+
+    def released(self, step: int, at_end: bool) -> None:
+        self.held_at = None
+        if self.run_log is not None:
+            self.line("release", step=step)
+            if not at_end:
+                log.info("released at step %d", step)
+        if not at_end:
+            self.report(final=False, urgent=True)
+            self.restart_clock()
+
+    def close(self) -> None:
+        """The final report, then no more lines."""
+        if self.reporter is not None:
+            self.report(final=True)
+            self.reporter.close()
+        if self.run_log is not None:
+            self.run_log.close()
+            self.run_log = None
