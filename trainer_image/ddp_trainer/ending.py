@@ -62,7 +62,7 @@ def finish(trainer: Trainer) -> int:
         results = evaluate(p.model, p.test_set, p.loss_fn, batch, batches, p.device)
         log.info("evaluation: %s", results)
     pos, e = t.position, t.env
-    t.book.line(
+    t.tally.line(
         "end", step=pos.step, epoch=pos.epoch, worldSize=e.world_size, rank=e.rank, **results
     )
     if t.distributed:
@@ -80,7 +80,7 @@ def hold_at_end(trainer: Trainer) -> None:
         return
     if hold.is_released(folder, step):
         return
-    trainer.book.held(step, folder / hold.release_name(step), at_end=True)
+    trainer.tally.held(step, folder / hold.release_name(step), at_end=True)
     while not hold.is_released(folder, step) and not trainer.stop_requested.is_set():
         time.sleep(hold.POLL_S)
-    trainer.book.released(step, at_end=True)
+    trainer.tally.released(step, at_end=True)

@@ -1,7 +1,7 @@
 """The training loop: DDP + AMP, exact resume from rank-0 checkpoints, checkpoint on SIGTERM.
 
 Built from: :mod:`~ddp_trainer.parts` (model, optimizer, batches, state),
-:mod:`~ddp_trainer.checkpointing` (save and resume), :mod:`~ddp_trainer.bookkeeping` (loss,
+:mod:`~ddp_trainer.checkpointing` (save and resume), :mod:`~ddp_trainer.tally` (loss,
 rate, step lines, progress reports), :mod:`~ddp_trainer.ending` (how a run ends) and
 :mod:`~ddp_trainer.distributed` (the process group).
 """
@@ -24,7 +24,6 @@ from ddp_api.trainer_config import TrainerConfig
 from . import checkpoint as ckpt
 from . import ending, hold
 from .batching import Position, advance, step_seed
-from .bookkeeping import Bookkeeper
 from .checkpointing import Checkpoints, about_run
 from .distributed import CollectiveTimeout, DistEnv, any_rank, init_distributed
 from .ending import Interrupted
@@ -32,6 +31,7 @@ from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts
 from .schedule import lr_at
 from .state import gather
+from .tally import Tally
 from .workloads import fetch_batch
 
 __all__ = ["DistEnv", "Trainer", "run"]  # DistEnv: where tests and benches have found it
@@ -59,7 +59,7 @@ class Trainer:
         metrics = metrics or process_metrics(e)
         keep = config.checkpoint_keep
         self.checkpoints = Checkpoints(checkpoint_dir, keep, e, metrics, self.distributed)
-        self.book = Bookkeeper(config, e, self.parts, self.checkpoints, metrics, self.distributed)
+        self.tally = Tally(config, e, self.parts, self.checkpoints, metrics, self.distributed)
         self.stop_requested = threading.Event()
         self.consistent = True  # model and optimizer hold the state of `position`
 
@@ -84,7 +84,7 @@ class Trainer:
         """Load the newest complete checkpoint, the same one on every rank (rank 0 picks)."""
         state = self.checkpoints.resume(self.parts.stateful())
         if state is not None:
-            self.book.resumed(saved_world_size=state["worldSize"])
+            self.tally.resumed(saved_world_size=state["worldSize"])
 
     def save_checkpoint(self, wait: bool) -> None:
         """Global rank 0 writes a checkpoint of the current step (others do nothing); the loop
@@ -92,7 +92,7 @@ class Trainer:
         step = self.position.step
         blocked = self.checkpoints.save(step, self.state_dict, wait)
         if blocked is not None:
-            self.book.checkpoint(step, blocked, synchronous=wait)
+            self.tally.checkpoint(step, blocked, synchronous=wait)
 
     # the run ---------------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_requested.set())
         self.resume()
-        self.book.started()
+        self.tally.started()
         try:
             self._loop()
         except Interrupted as why:
@@ -114,7 +114,7 @@ class Trainer:
     def _loop(self) -> None:
         """Steps to the end; after each: its line, SIGTERM, a checkpoint, a hold, as due."""
         c, total, sampler = self.config, self.parts.total_steps, self.parts.sampler
-        self.book.restart_clock()
+        self.tally.restart_clock()
         first = True
         while self.position.step < total:
             sampler.set_epoch(self.position.epoch)
@@ -125,9 +125,9 @@ class Trainer:
                 if first:  # every rank is past its start: a silent peer is noticed sooner
                     self.timeout.set(c.steady_timeout_s)
                 step = self.position.step
-                self.book.step_done(time.perf_counter() - started, lr)
+                self.tally.step_done(time.perf_counter() - started, lr)
                 if first or step % c.log_every_steps == 0 or step == total:
-                    self.book.progress()  # a collective: the loss of every rank
+                    self.tally.progress()  # a collective: the loss of every rank
                     first = False
                 if self.stop_requested.is_set():
                     raise Interrupted
@@ -169,7 +169,7 @@ class Trainer:
                     loss = p.loss_fn(p.net(inputs), targets)
                 # A disabled GradScaler (everything but fp16) passes through unchanged.
                 p.scaler.scale(loss * (len(indices) * scale)).backward()
-            self.book.add_loss(loss, len(indices))
+            self.tally.add_loss(loss, len(indices))
         self.consistent = False
         if c.grad_clip_norm:
             p.scaler.unscale_(p.optimizer)  # clip the true gradients, not scaled ones
@@ -193,11 +193,11 @@ class Trainer:
         release = self.checkpoints.store.directory / hold.release_name(step)
         released = self._released(release)
         if not released:
-            self.book.held(step, release, at_end=False)
+            self.tally.held(step, release, at_end=False)
             while not released:
                 time.sleep(hold.POLL_S)
                 released = self._released(release)
-            self.book.released(step, at_end=False)
+            self.tally.released(step, at_end=False)
 
     def _released(self, release: Path) -> bool:
         """Whether rank 0 sees ``release``, the same on every rank; raises on SIGTERM anywhere."""
@@ -210,7 +210,7 @@ class Trainer:
     def close(self) -> None:
         """The last checkpoint write, the final report, the run log: done."""
         self.checkpoints.close()
-        self.book.close()
+        self.tally.close()
 
 
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:

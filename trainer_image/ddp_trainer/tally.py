@@ -1,4 +1,4 @@
-"""The run's bookkeeping: the loss and the rate between two step lines (every rank), and what rank
+"""The run's tally: the loss and the rate between two step lines (every rank), and what rank
 0 tells of the run: its lines in ``metrics.jsonl`` (:class:`~ddp_trainer.progress.RunLog`), its
 log lines, its progress report to the DDPJob, and the Prometheus progress gauges."""
 
@@ -24,7 +24,7 @@ from .progress import ProgressReporter, RunLog, progress_record
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
 
-class Bookkeeper:
+class Tally:
     """Counts what happens in a run and tells it (rank 0 writes; every rank sums its loss)."""
 
     def __init__(
