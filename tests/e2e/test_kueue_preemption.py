@@ -87,7 +87,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     sc: Scenario,
 ) -> None:
     queues(sc)
-    sc.apply(
+    sc.apply_example(
         "checkpoint-pvc.yaml",
         "digits.yaml",
         edit=queued("ddp-low", holding_at(HELD), every_step_logged),
@@ -95,7 +95,9 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     sc.held("digits", HELD)
     assert sc.status("digits")["admissions"] == 1
 
-    sc.apply("digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints")))
+    sc.apply_example(
+        "digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints"))
+    )
     evicted = sc.until(
         "digits evicted by Kueue",
         lambda: [e for e in _events(sc, "digits") if e[1] == "Evicted"] or None,
@@ -113,8 +115,8 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
         ),
     )
     assert low["restarts"] == 0
-    sc.succeeded("urgent")
-    status = sc.succeeded("digits")
+    sc.phase("urgent", "Succeeded", 300)
+    status = sc.phase("digits", "Succeeded", 300)
     assert status["admissions"] == 2 and status["restarts"] == 0
     assert "Readmitted" in [e[1] for e in _events(sc, "digits")]
 

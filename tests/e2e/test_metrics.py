@@ -30,7 +30,7 @@ def scrape(url: str) -> Samples:
 
 
 def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(20))
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(20))
     sc.held("digits", 20)
 
     assert sc.s.operator is not None
@@ -88,4 +88,4 @@ def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Sce
         assert len(up) == 3 and all(value == 1 for _, value in up)
 
     sc.release("digits-checkpoints", 20)
-    sc.succeeded("digits")
+    sc.phase("digits", "Succeeded", 300)
