@@ -33,6 +33,17 @@ T = TypeVar("T")
 EXAMPLES = REPO / "manifests" / "examples"
 
 
+def holding_at(*steps: int) -> Callable[[dict[str, Any]], None]:
+    """An edit of a DDPJob (``apply_example``'s ``edit``) that makes it pause after ``steps``
+    until released (spec.trainer.holdAtSteps): a test acts at a known step, however fast or
+    slow the machine trains."""
+
+    def edit(job: dict[str, Any]) -> None:
+        job["spec"]["trainer"]["holdAtSteps"] = list(steps)
+
+    return edit
+
+
 class Event(NamedTuple):
     type: str
     reason: str
@@ -197,6 +208,20 @@ class Harness:
             lambda: self.diagnostics(ns),
             progress=moved,
         )
+
+    def held(
+        self, job: str, step: int, timeout_s: float | None = None, *, ns: str | None = None
+    ) -> dict[str, Any]:
+        """Waits until the job pauses after ``step`` (its spec.trainer.holdAtSteps: see
+        :func:`holding_at`); its status. Fails at once when the job ended first."""
+
+        def pausing() -> dict[str, Any] | None:
+            status = self.status(job, ns=ns)
+            if status.get("phase") in ("Succeeded", "Failed"):
+                raise AssertionError(f"{job} ended before the hold after step {step}: {status}")
+            return status if (status.get("progress") or {}).get("heldAtStep") == step else None
+
+        return self.until(f"{job} held after step {step}", pausing, timeout_s, ns=ns)
 
     # -- when something failed ---------------------------------------------------------------
     def operator_log(self, lines: int = 20) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ def local_stack(factory: pytest.TempPathFactory, name: str, kueue: bool = False)
 
 
 class Scenario(Harness):
-    """One namespace of the stack: the harness in it, with holds and claims."""
+    """One namespace of the stack: the harness in it, with its claims' folders."""
 
     timeout_s = 180
 
@@ -49,31 +48,12 @@ class Scenario(Harness):
     def progress(self, job: str) -> dict[str, Any]:
         return dict(self.status(job).get("progress") or {})
 
-    def held(self, job: str, step: int, timeout_s: float | None = None) -> dict[str, Any]:
-        """Waits until the job pauses after ``step`` (spec.trainer.holdAtSteps); its progress."""
-
-        def pausing() -> dict[str, Any] | None:
-            p = self.progress(job)
-            return p if p.get("heldAtStep") == step else None
-
-        return self.until(f"{job} held after step {step}", pausing, timeout_s)
-
     def release(self, claim: str, step: int) -> None:
         """Lets a job held after ``step`` go on (its release file in the checkpoint folder)."""
         hold.release(self.claim(claim), step)
 
     def claim(self, name: str) -> Path:
         return self.s.claim_dir(name, ns=self.ns)
-
-
-def holding_at(*steps: int) -> Callable[[dict[str, Any]], None]:
-    """An edit that makes the job pause after ``steps`` until released: a scenario acts at a
-    known step, however fast or slow this machine trains."""
-
-    def edit(job: dict[str, Any]) -> None:
-        job["spec"]["trainer"]["holdAtSteps"] = list(steps)
-
-    return edit
 
 
 def resumes(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:

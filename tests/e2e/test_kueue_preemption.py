@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, holding_at, resumed_at, resumes
+from e2e_scenario import Scenario, resumed_at, resumes
 
+from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kueue import API
 from ddp_trainer.progress import read_run_log
 

@@ -8,9 +8,10 @@ import json
 import urllib.request
 
 import pytest
-from e2e_scenario import Scenario, holding_at
+from e2e_scenario import Scenario
 from prometheus_client.parser import text_string_to_metric_families
 
+from ddp_devcluster.harness import holding_at
 from ddp_devcluster.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.e2e

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_scenario import Scenario, holding_at, resumed_at, resumes
+from e2e_scenario import Scenario, resumed_at, resumes
 
-from ddp_devcluster.harness import EXAMPLES
+from ddp_devcluster.harness import EXAMPLES, holding_at
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
@@ -53,9 +53,9 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
     # Paused after step 11 at world size 2, and after step 31 at world size 3: each resize
     # happens there. A resize restarts the workers (SIGTERM: rank 0 saves the held step).
     sc.apply_example("checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(11, 31))
-    assert sc.held("charlm", 11)["worldSize"] == 2
+    assert sc.held("charlm", 11)["progress"]["worldSize"] == 2
     sc.k("scale", "ddpjob/charlm", "--replicas", "3")
-    assert sc.held("charlm", 31)["worldSize"] == 3
+    assert sc.held("charlm", 31)["progress"]["worldSize"] == 3
     sc.k("scale", "ddpjob/charlm", "--replicas", "2")
     sc.until("world size 2 again", lambda: sc.progress("charlm").get("worldSize") == 2)
     assert sc.status("charlm")["worldSize"] == 2
