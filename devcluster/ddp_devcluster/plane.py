@@ -486,6 +486,24 @@ class ControlPlane:
         ).stdout.split()
         return len(out) >= self.nodes and all(s == "True" for s in out)
 
+    def requests_of(self, user: str) -> tuple[set[tuple[str, str, str]], list[str]]:
+        """What ``user`` asked of the API server, by the audit log: (apiGroup,
+        resource[/subresource], verb) of each request, and "verb resource" of those RBAC
+        refused (a ResourceQuota's 403s are allowed by RBAC, then refused: not those)."""
+        used: set[tuple[str, str, str]] = set()
+        refused: list[str] = []
+        for line in self.audit_log.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("user", {}).get("username") != user or "objectRef" not in record:
+                continue
+            ref = record["objectRef"]
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            resource, verb = ref["resource"] + sub, record["verb"]
+            if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
+                refused.append(f"{verb} {resource}")
+            used.add((ref.get("apiGroup", ""), resource, verb))
+        return used, refused
+
     def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
         """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
         token = self.kubectl(
@@ -544,3 +562,14 @@ def kubectl(
     if check and proc.returncode != 0:
         raise KubectlError(proc.returncode, proc.args, proc.stdout, proc.stderr)
     return proc
+
+
+def role_rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every rule of a Role or ClusterRole."""
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from kwok_harness import KwokNamespace
 
-from ddp_devcluster.kueue import API, METRICS_CERTS, KueueProcess, operator_rbac
+from ddp_devcluster.kueue import API, METRICS_CERTS, KueueProcess, operator_rbac, queue_objects
 from ddp_devcluster.operator_process import NAMESPACE, OperatorProcess, install
-from ddp_devcluster.plane import ControlPlane
+from ddp_devcluster.plane import ControlPlane, role_rules
 from ddp_devcluster.pytest_plugin import unavailable
 
 pytestmark = pytest.mark.controlplane
@@ -78,44 +78,8 @@ class Queues(KwokNamespace):
         self.kueue = kueue
         self.id = self.ns.removeprefix("q-")
         self.flavor, self.cq = f"f-{self.id}", f"cq-{self.id}"
-        self.create(
-            {
-                "kind": "ResourceFlavor",
-                "metadata": {"name": self.flavor},
-                "spec": {"nodeLabels": {"type": "kwok"}},
-            }
-        )
-        self.create(
-            {
-                "kind": "ClusterQueue",
-                "metadata": {"name": self.cq},
-                "spec": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}},
-                    "preemption": {"withinClusterQueue": "LowerPriority"},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory"],
-                            "flavors": [
-                                {
-                                    "name": self.flavor,
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": cpu},
-                                        {"name": "memory", "nominalQuota": "64Gi"},
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            }
-        )
-        self.create(
-            {
-                "kind": "LocalQueue",
-                "metadata": {"name": "lq", "namespace": self.ns},
-                "spec": {"clusterQueue": self.cq},
-            }
-        )
+        quota = {"cpu": cpu, "memory": "64Gi"}
+        self.apply(*queue_objects(self.ns, "lq", self.cq, self.flavor, quota, {"type": "kwok"}))
 
     def create(self, obj: dict[str, Any]) -> None:
         self.apply({"apiVersion": API, **obj})
@@ -379,27 +343,9 @@ def test_the_operator_used_exactly_the_rbac_of_the_kueue_value(
     q2: Queues, operator: OperatorProcess
 ) -> None:
     """Runs last in this module: every rule kueue.enabled adds was used, and no more."""
-    user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
-    used: set[tuple[str, str, str]] = set()
-    refused: list[str] = []
-    for line in q2.cp.audit_log.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("user", {}).get("username") != user or "objectRef" not in record:
-            continue
-        ref = record["objectRef"]
-        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-            refused.append(f"{record['verb']} {resource}")
-        used.add((ref.get("apiGroup", ""), resource, record["verb"]))
+    used, refused = q2.cp.requests_of(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
-    role = next(d for d in chart_rbac() if d["kind"] == "ClusterRole")
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = role_rules(next(d for d in chart_rbac() if d["kind"] == "ClusterRole"))
     kueue_rules = {x for x in granted if x[0] in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert used <= granted
     assert kueue_rules - used == set(), "rules of kueue.enabled that nothing used"

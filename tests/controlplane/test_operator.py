@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 from kwok_harness import KwokNamespace
-from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_devcluster.operator_process import OperatorProcess, install
-from ddp_devcluster.plane import ControlPlane
+from ddp_devcluster.plane import ControlPlane, role_rules
+from ddp_devcluster.prometheus import scrape
 from ddp_operator import render
 from ddp_operator.api import DDPJob
 from ddp_trainer.progress import InClusterProgressClient
@@ -648,29 +648,17 @@ def test_a_job_that_cannot_start_says_why_and_what_cannot_heal_fails(c: Cluster)
     assert [r for _, r, _ in c.events("noclaim")].count("ClaimNotFound") == 2  # said, failed
 
 
-def scrape(op: OperatorProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The operator's /metrics, parsed by Prometheus' own text parser: (sample, labels) -> value."""
-    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        assert family.documentation, f"{family.name} has no help text"
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
 def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) -> None:
-    before = scrape(c.op)
+    before = scrape(c.op.metrics_url)
 
     def delta(name: str, **labels: str) -> float:
         key = (name, tuple(sorted(labels.items())))
-        return scrape(c.op).get(key, 0.0) - before.get(key, 0.0)
+        return scrape(c.op.metrics_url).get(key, 0.0) - before.get(key, 0.0)
 
     c.submit("metered", {"nodes": 2})
     c.running("metered", 2)
     running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
-    assert scrape(c.op)[running] == 1
+    assert scrape(c.op.metrics_url)[running] == 1
     c.report("metered", {"step": 1, "totalSteps": 10})  # rank 0's first step, as it reports it
     c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
     c.k("delete", "pod", "metered-node-1")
@@ -679,7 +667,7 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.exit("metered-node-0", 0)
     c.exit("metered-node-1", 0)
     c.phase("metered", "Succeeded")
-    after = scrape(c.op)
+    after = scrape(c.op.metrics_url)
     assert after[("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Succeeded")))] == 1
     assert after[running] == 0  # the other phases of a namespace stay, at 0
     assert delta("ddp_operator_restarts_total", reason="PodDisrupted") == 1
@@ -837,39 +825,14 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     assert c.status("old")["phase"] in ("Running", "Restarting")
 
 
-def _rbac_rules() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) of the operator's ClusterRole in manifests/."""
-    docs = list(yaml.safe_load_all(RBAC_FILE.read_text()))
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
-    return {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-
-
 def test_the_operator_used_exactly_the_rbac_in_manifests(
     c: Cluster, operator: OperatorProcess
 ) -> None:
     """Runs last in this module: by now every scenario above has exercised the operator."""
-    user = "system:serviceaccount:ddp-system:ddp-operator"
-    used: set[tuple[str, str, str]] = set()
-    refused: list[str] = []
-    for line in c.cp.audit_log.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("user", {}).get("username") != user or "objectRef" not in record:
-            continue
-        ref = record["objectRef"]
-        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        verb = record["verb"]
-        # RBAC's own refusals (a ResourceQuota's 403s are allowed by RBAC, then refused).
-        if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-            refused.append(f"{verb} {resource}")
-        used.add((ref.get("apiGroup", ""), resource, verb))
+    used, refused = c.cp.requests_of("system:serviceaccount:ddp-system:ddp-operator")
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
-    granted = _rbac_rules()
+    docs = yaml.safe_load_all(RBAC_FILE.read_text())
+    granted = role_rules(next(d for d in docs if d and d["kind"] == "ClusterRole"))
     assert used <= granted
     # Held only to be granted: RBAC lets the operator give a trainer's Role only what it holds.
     held_to_grant = {("", "configmaps", "patch")}

@@ -15,7 +15,7 @@ import pytest
 from e2e_scenario import Scenario, resumed_at, resumes
 
 from ddp_devcluster.harness import holding_at
-from ddp_devcluster.kueue import API
+from ddp_devcluster.kueue import queue_objects
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
@@ -24,40 +24,8 @@ HELD = 25  # the low job's step when the high one arrives
 
 def queues(sc: Scenario) -> None:
     """A ClusterQueue with quota for one digits job (2 nodes x 500m), preempting by priority."""
-    objs: list[dict[str, Any]] = [
-        {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": f"f-{sc.ns}"}},
-        {
-            "apiVersion": API,
-            "kind": "ClusterQueue",
-            "metadata": {"name": f"cq-{sc.ns}"},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": sc.ns}},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [
-                            {
-                                "name": f"f-{sc.ns}",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "1"},
-                                    {"name": "memory", "nominalQuota": "8Gi"},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": API,
-            "kind": "LocalQueue",
-            "metadata": {"name": "team", "namespace": sc.ns},
-            "spec": {"clusterQueue": f"cq-{sc.ns}"},
-        },
-    ]
-    for obj in objs:
-        sc.k("apply", "-f", "-", input=json.dumps(obj))
+    quota = {"cpu": "1", "memory": "8Gi"}
+    sc.apply(*queue_objects(sc.ns, "team", f"cq-{sc.ns}", f"f-{sc.ns}", quota))
     for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
         sc.s.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
 

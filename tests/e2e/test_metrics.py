@@ -5,29 +5,14 @@ parser (prometheus_client.parser), and scraped by a real Prometheus server and q
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 from e2e_scenario import Scenario
-from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_devcluster.harness import holding_at
-from ddp_devcluster.prometheus import PrometheusServer
+from ddp_devcluster.prometheus import PrometheusServer, scrape
 
 pytestmark = pytest.mark.e2e
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        assert family.documentation, f"{family.name} at {url} has no help text"
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Scenario) -> None:
