@@ -230,11 +230,13 @@ class Harness:
 
     def diagnostics(self, ns: str | None = None) -> str:
         """What to read when a wait failed: the DDPJobs, pods and claims of ``ns`` (of every
-        namespace where there is none), its Events, the operator's log and the pods' logs."""
+        namespace where there is none), its DDPJobs' YAML, its Events, the operator's log and
+        the pods' logs."""
         where = self.ns if ns is None else ns
         every = () if where else ("-A",)
         parts = [
             self.k("get", "ddpj,pods,pvc", "-o", "wide", *every, ns=where, check=False),
+            self.k("get", "ddpj", "-o", "yaml", ns=where, check=False)[-6000:] if where else "",
             self.k("get", "events", "--sort-by=.lastTimestamp", *every, ns=where, check=False)[
                 -4000:
             ],
