@@ -28,8 +28,9 @@ from typing import Any
 
 import yaml
 
+from ddp_devcluster.harness import EXAMPLES
 from ddp_devcluster.kueue import API
-from ddp_devcluster.stack import EXAMPLES, LocalStack
+from ddp_devcluster.stack import LocalStack
 
 HOLD = 25
 
@@ -93,12 +94,12 @@ def one_round(s: LocalStack) -> dict[str, float]:
         "apply", "-n", ns, "-f", "-", input=job("low", "ddp-low", "digits-checkpoints", [HOLD])
     )
     deadline = time.monotonic() + 300
-    while (s.job("low", ns).get("status") or {}).get("progress", {}).get("heldAtStep") != HOLD:
+    while (s.job("low", ns=ns).get("status") or {}).get("progress", {}).get("heldAtStep") != HOLD:
         if time.monotonic() > deadline:
             raise TimeoutError(s.diagnostics(ns))
         time.sleep(0.5)
 
-    ckpt = s.claim_dir("digits-checkpoints", ns) / f"step-{HOLD:08d}.pt"
+    ckpt = s.claim_dir("digits-checkpoints", ns=ns) / f"step-{HOLD:08d}.pt"
     assert not ckpt.exists()
     cp.kubectl(
         "apply", "-n", ns, "-f", "-", input=job("high", "ddp-high", "charlm-checkpoints", [])

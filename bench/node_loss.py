@@ -109,14 +109,7 @@ def start_job(cl: Cluster, rounds: int) -> None:
         spec["trainer"]["holdAtSteps"] = [EVERY * (k + 1) for k in range(rounds)]
         spec["trainer"]["logEverySteps"] = 1
 
-    cl.apply_example(NS, cl.claims, "digits.yaml", edit=edit)
-
-
-def held_at(cl: Cluster, step: int) -> dict[str, Any] | None:
-    s = cl.status(NS, JOB)
-    if s.get("phase") in ("Succeeded", "Failed"):
-        raise RuntimeError(f"{JOB} ended before the hold after step {step}: {s}")
-    return s if (s.get("progress") or {}).get("heldAtStep") == step else None
+    cl.apply_example(cl.claims, "digits.yaml", edit=edit, ns=NS)
 
 
 def first_step_after(folder: Path, since: float, hold: int) -> float | None:
@@ -133,7 +126,7 @@ def first_step_after(folder: Path, since: float, hold: int) -> float | None:
 
 
 def one_round(cl: Cluster, hold: int, victim_name: str, cap_s: float | None) -> dict[str, Any]:
-    cl.until(f"{JOB} held after step {hold}", lambda: held_at(cl, hold), 900)
+    cl.held(JOB, hold, 900, ns=NS)
     where = machines(cl, NS, JOB)
     store_machine = where.get(f"{JOB}-rdzv")
     if where[victim_name] == store_machine:  # a lost store is another story (test_cluster.py)
@@ -189,7 +182,7 @@ def run_mode(cl: Cluster, mode: str, rounds: int, cap_s: float | None) -> list[d
     for k in range(rounds):
         victim = f"{JOB}-node-{k % 2}"
         out.append(one_round(cl, EVERY * (k + 1), victim, cap_s))
-    done = cl.phase(NS, JOB, "Succeeded", 900)
+    done = cl.phase(JOB, "Succeeded", 900, ns=NS)
     log(f"{mode}: {JOB} Succeeded, restarts {done.get('restarts', 0)},"
         f" disruptions {done.get('disruptions', 0)}")  # fmt: skip
     for r in out:

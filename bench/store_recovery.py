@@ -33,8 +33,9 @@ from typing import Any
 
 import yaml
 
+from ddp_devcluster.harness import EXAMPLES
 from ddp_devcluster.polling import until
-from ddp_devcluster.stack import EXAMPLES, LocalStack
+from ddp_devcluster.stack import LocalStack
 from ddp_trainer.progress import read_run_log
 
 HOLD = 25
@@ -53,11 +54,11 @@ def one_round(stack: LocalStack) -> dict[str, float]:
         if d["kind"] == "DDPJob":
             d["spec"]["trainer"].update({"holdAtSteps": [HOLD], "logEverySteps": 1})
     stack.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
-    ckpt = stack.claim_dir("digits-checkpoints", ns)
+    ckpt = stack.claim_dir("digits-checkpoints", ns=ns)
     until(
         f"digits held after step {HOLD}",
         lambda: (
-            (stack.job("digits", ns).get("status") or {}).get("progress", {}).get("heldAtStep")
+            (stack.job("digits", ns=ns).get("status") or {}).get("progress", {}).get("heldAtStep")
             == HOLD
         ),
         timeout_s=300,

@@ -92,10 +92,10 @@ def copy_logs(stack: LocalStack, out: Path) -> list[Path]:
     """The job's container logs (``kubectl logs``) to ``out/<pod>.<container>.0.log``."""
     copied = []
     out.mkdir(parents=True, exist_ok=True)
-    for pod, container in stack.pod_containers(NAMESPACE):
+    for pod, container in stack.pod_containers(ns=NAMESPACE):
         if pod.startswith(f"{JOB}-"):
             dest = out / f"{pod}.{container}.0.log"
-            dest.write_text(stack.logs(NAMESPACE, pod, container))
+            dest.write_text(stack.logs(pod, container, ns=NAMESPACE))
             copied.append(dest)
     return copied
 
@@ -146,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
 
         status = train(stack, args.stall_timeout)
         if status is None or status["phase"] != "Succeeded":
-            print(f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics()}", file=sys.stderr)
+            print(
+                f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics(NAMESPACE)}", file=sys.stderr
+            )
             return 1
         problem = results(stack, out)
         if problem:
-            print(f"\nFAILED: {problem}\n{stack.diagnostics()}", file=sys.stderr)
+            print(f"\nFAILED: {problem}\n{stack.diagnostics(NAMESPACE)}", file=sys.stderr)
             return 1
     finally:
         print("  tearing down the cluster ...", flush=True)
@@ -166,7 +168,7 @@ def train(stack: LocalStack, stall_timeout_s: float) -> dict[str, Any] | None:
     view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
     t_job = time.monotonic()
     try:
-        status = stack.wait_for_phase(JOB, TERMINAL_PHASES, stall_timeout_s, on_status=view)
+        status = stack.phase(JOB, TERMINAL_PHASES, stall_timeout_s, ns=NAMESPACE, on_status=view)
     except TimeoutError as e:
         view.close()
         print(f"\n{e}", file=sys.stderr)
@@ -177,7 +179,7 @@ def train(stack: LocalStack, stall_timeout_s: float) -> dict[str, Any] | None:
         said = [
             line.strip()
             for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
-            for line in stack.logs(NAMESPACE, pod, "trainer").splitlines()
+            for line in stack.logs(pod, "trainer", ns=NAMESPACE).splitlines()
             if "progress" in line and "WARNING" in line
         ]
         print(

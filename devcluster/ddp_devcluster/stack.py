@@ -7,7 +7,8 @@ The operator runs either as the Helm chart installs it (``chart=True``: its imag
 under the manifests' RBAC (tests/e2e, which kill and restart it and read its metrics).
 
     with LocalStack(chart=True) as s:
-        s.kubectl("apply", "-f", "manifests/examples/digits.yaml")
+        s.apply_example("digits.yaml")
+        s.phase("digits", "Succeeded", stall_s=300)
 """
 
 from __future__ import annotations
@@ -16,19 +17,16 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from .harness import Harness
 from .kueue import KueueProcess, operator_rbac
 from .node import RealNode
 from .operator_process import NAMESPACE, REPO, SERVICE_ACCOUNT, OperatorProcess, install
 from .plane import ControlPlane, binary
-from .polling import until
 
-EXAMPLES = REPO / "manifests" / "examples"
 CHART = REPO / "helm" / "ddp-operator"
 
 
@@ -69,72 +67,10 @@ def install_chart(
     return proc.stdout
 
 
-class JobWatch:
-    """kubectl and waiting on DDPJobs, for any stack with a ``plane``."""
-
-    plane: ControlPlane | None
-
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        assert self.plane is not None
-        return self.plane.kubectl(*args, check=check, input=input)
-
-    def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
-        out = self.kubectl("get", "ddpjob", name, "-n", namespace, "-o", "json", check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else {}
-
-    def wait_for_phase(
-        self,
-        name: str,
-        phases: tuple[str, ...],
-        stall_s: float,
-        namespace: str = "default",
-        on_status: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
-        """Polls the job's status until its phase is one of ``phases``; returns the status.
-
-        Gives up (TimeoutError) only when the status has not moved for ``stall_s`` seconds (no
-        new phase, step or ready count), so a slow or busy machine is no failure, a stuck job is.
-        """
-        status: dict[str, Any] = {}
-        seen: tuple[Any, ...] = ()
-        moved = time.monotonic()
-        while time.monotonic() - moved < stall_s:
-            status = self.job(name, namespace).get("status") or {}
-            if on_status is not None:
-                on_status(status)
-            if status.get("phase") in phases:
-                return status
-            now = (
-                status.get("phase"),
-                status.get("readyNodes"),
-                (status.get("progress") or {}).get("step"),
-            )
-            if now != seen:
-                seen, moved = now, time.monotonic()
-            time.sleep(0.5)
-        raise TimeoutError(
-            f"{name} did not reach {'/'.join(phases)}: its status did not move for"
-            f" {stall_s:.0f}s; status: {status}"
-        )
-
-    def pod_containers(self, namespace: str) -> list[tuple[str, str]]:
-        out = self.kubectl(
-            "get",
-            "pods",
-            "-n",
-            namespace,
-            "-o",
-            'jsonpath={range .items[*]}{.metadata.name} {.spec.containers[*].name}{"\\n"}{end}',
-            check=False,
-        ).stdout
-        rows = [row.split() for row in str(out).splitlines() if row.strip()]
-        return [(pod, c) for pod, *containers in rows for c in containers]
-
-
 @dataclass
-class LocalStack(JobWatch):
+class LocalStack(Harness):
+    """The cluster, and the harness on it (:class:`~ddp_devcluster.harness.Harness`)."""
+
     workdir: Path | None = None
     # The operator from `helm install` of the chart with the built operator image; else a
     # process of the checkout's code, with ``operator_env`` added to its environment.
@@ -214,44 +150,25 @@ class LocalStack(JobWatch):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- conveniences ------------------------------------------------------------------------
-    def claim_dir(self, claim: str, namespace: str = "default", timeout_s: float = 180) -> Path:
+    # -- the harness on this stack -------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.plane is not None, "the stack is not started"
+        return self.plane.kubeconfig
+
+    def operator_log(self, lines: int = 20) -> str:
+        if self.operator is not None:
+            return self.operator.tail(lines)
+        return super().operator_log(lines)
+
+    def claim_dir(self, claim: str, *, ns: str | None = None, timeout_s: float = 180) -> Path:
         """The node's folder behind a PersistentVolumeClaim (local-path-provisioner's), which
         the host sees as it is. The default class binds a claim when its first pod is
         scheduled, so this waits for that."""
 
         def bound() -> str | None:
-            return (
-                self.kubectl(
-                    "get", "pvc", claim, "-n", namespace, "-o", "jsonpath={.spec.volumeName}"
-                ).stdout.strip()
-                or None
-            )
+            return str(self.get("pvc", claim, ns=ns).get("spec", {}).get("volumeName", "")) or None
 
-        volume = until(f"claim {namespace}/{claim} bound", bound, timeout_s, 0.5)
-        pv = json.loads(self.kubectl("get", "pv", volume, "-o", "json").stdout)["spec"]
+        volume = self.until(f"claim {claim} bound", bound, timeout_s, ns=ns)
+        pv = self.get("pv", volume, check=True)["spec"]
         return Path((pv.get("hostPath") or pv.get("local") or {})["path"])
-
-    def logs(self, namespace: str, pod: str, container: str) -> str:
-        return self.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
-
-    def operator_tail(self, lines: int = 20) -> str:
-        if self.operator is not None:
-            return self.operator.tail(lines)
-        return self.kubectl(
-            "logs", "-n", NAMESPACE, "deploy/ddp-operator", f"--tail={lines}", check=False
-        ).stdout
-
-    def diagnostics(self, namespace: str = "default", lines: int = 25) -> str:
-        """What to read when something failed: pods, events, the operator's and pods' logs."""
-        parts = [
-            self.kubectl("get", "ddpj,pods", "-n", namespace, "-o", "wide", check=False).stdout,
-            self.kubectl(
-                "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
-            ).stdout[-4000:],
-            "operator log:\n" + self.operator_tail(),
-        ]
-        for pod, c in self.pod_containers(namespace):
-            text = self.logs(namespace, pod, c).splitlines()[-lines:]
-            parts.append(f"log of {pod}/{c} (last {lines} lines):\n" + "\n".join(text))
-        return "\n".join(parts)

@@ -18,95 +18,43 @@ namespace that enforces the ``restricted`` Pod Security Standard.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
-import yaml
-
-from ddp_devcluster.polling import until
+from ddp_devcluster.harness import Harness
 from ddp_devcluster.pytest_plugin import unavailable
 from ddp_devcluster.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "manifests" / "examples"
 LOGS = REPO / "out" / "cluster-logs"
 PROVIDER = os.environ.get("DDP_CLUSTER", "kind")
-T = TypeVar("T")
 
 
-def sh(*argv: str, input: str | None = None, timeout: float = 900, check: bool = True) -> str:
-    proc = subprocess.run(
-        argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if check and proc.returncode != 0:
-        out = proc.stdout[-4000:] + proc.stderr[-4000:]
-        raise AssertionError(f"{' '.join(argv)} failed:\n{out}")
-    return proc.stdout
+class Cluster(Harness):
+    """A cluster with the chart installed: the harness on it, and failure reports."""
 
+    timeout_s = 600
+    interval_s = 2
+    kubectl_timeout_s = 900
 
-def kubectl_binary() -> str:
-    from ddp_devcluster.plane import kubectl_path
-
-    return kubectl_path()
-
-
-@dataclass
-class Cluster:
-    """A cluster with the chart installed: kubectl, waits, and failure reports."""
-
-    provider: str
-    kubeconfig: Path
-    operator_image: str
-    trainer_image: str
-    extra_logs: Callable[[Path], None] = field(default=lambda where: None)
-    # The examples' checkpoint claims that fit the cluster: ReadWriteMany where pods of a job
-    # run on several machines, ReadWriteOnce on one machine.
-    claims: str = "checkpoint-pvc.yaml"
-
-    def k(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        return sh(
-            kubectl_binary(), f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check
-        )
-
-    def job(self, ns: str, name: str) -> dict[str, Any]:
-        out = self.k("get", "ddpjob", name, "-n", ns, "-o", "json", check=False)
-        return json.loads(out) if out else {}
-
-    def status(self, ns: str, name: str) -> dict[str, Any]:
-        return dict(self.job(ns, name).get("status") or {})
-
-    def events(self, ns: str, name: str) -> list[dict[str, Any]]:
-        """The Events about object ``name`` of ``ns`` (a job's: what the operator said)."""
-        out = self.k("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}",
-                     "-o", "json")  # fmt: skip
-        return list(json.loads(out)["items"])
-
-    def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 600) -> T:
-        return until(what, probe, timeout_s, interval_s=2)
-
-    def phase(self, ns: str, name: str, phase: str, timeout_s: float = 600) -> dict[str, Any]:
-        def probe() -> dict[str, Any] | None:
-            s = self.status(ns, name)
-            if s.get("phase") == "Failed" and phase != "Failed":
-                raise AssertionError(f"{ns}/{name} Failed: {s}")
-            return s if s.get("phase") == phase else None
-
-        return self.until(f"{ns}/{name} {phase}", probe, timeout_s)
-
-    def apply_example(
-        self, ns: str, *files: str, edit: Callable[[dict[str, Any]], None] | None = None
-    ) -> None:
-        docs = [d for f in files for d in yaml.safe_load_all((EXAMPLES / f).read_text()) if d]
-        for d in docs:
-            if edit is not None and d["kind"] == "DDPJob":
-                edit(d)
-        self.k("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+    def __init__(
+        self,
+        provider: str,
+        kubeconfig: Path,
+        operator_image: str,
+        trainer_image: str,
+        extra_logs: Callable[[Path], None] = lambda where: None,
+        claims: str = "checkpoint-pvc.yaml",
+    ):
+        super().__init__(kubeconfig)
+        self.provider = provider
+        self.operator_image, self.trainer_image = operator_image, trainer_image
+        self.extra_logs = extra_logs
+        # The examples' checkpoint claims that fit the cluster: ReadWriteMany where pods of a
+        # job run on several machines, ReadWriteOnce on one machine.
+        self.claims = claims
 
     def collect(self, ns: str, where: Path) -> None:
         """Everything that explains a failure: objects, events, descriptions and logs."""

@@ -16,39 +16,19 @@ On a failure the cluster's state, events and logs go to out/cluster-logs/.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster_env import Cluster
 
+from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.kind.nodeimage import SHARED_PATH
 from ddp_devcluster.pytest_plugin import unavailable
 
 # The first test also starts the cluster, which imports the images on a cold store (minutes).
 pytestmark = pytest.mark.timeout(1500)
-
-
-def holding(*steps: int) -> Callable[[dict[str, Any]], None]:
-    """Pause the job after these steps (spec.trainer.holdAtSteps): the tests resize and delete
-    pods at known steps, however fast the cluster trains."""
-
-    def edit(job: dict[str, Any]) -> None:
-        job["spec"]["trainer"]["holdAtSteps"] = list(steps)
-
-    return edit
-
-
-def held(cluster: Cluster, ns: str, job: str, step: int) -> Callable[[], dict[str, Any] | None]:
-    def probe() -> dict[str, Any] | None:
-        s = cluster.status(ns, job)
-        if s.get("phase") in ("Succeeded", "Failed"):
-            raise AssertionError(f"{job} ended before the hold after step {step}: {s}")
-        return s if (s.get("progress") or {}).get("heldAtStep") == step else None
-
-    return probe
 
 
 def test_the_operator_is_ready_through_its_probes_and_logs_json(cluster: Cluster) -> None:
@@ -80,7 +60,7 @@ def test_the_operator_is_ready_through_its_probes_and_logs_json(cluster: Cluster
 def test_digits_succeeds_and_leaves_its_checkpoints_on_the_volume(
     cluster: Cluster, ns: str
 ) -> None:
-    cluster.apply_example(ns, cluster.claims, "digits.yaml")
+    cluster.apply_example(cluster.claims, "digits.yaml", ns=ns)
 
     def rank0_training() -> str | None:
         # Rendezvous hands out ranks in order of arrival: rank 0 may be on either pod.
@@ -92,7 +72,7 @@ def test_digits_succeeds_and_leaves_its_checkpoints_on_the_volume(
 
     rank0 = cluster.until("rank 0 training in its pod's logs", rank0_training)
     print(f"rank 0 trained on {rank0}")
-    status = cluster.phase(ns, "digits", "Succeeded")
+    status = cluster.phase("digits", "Succeeded", ns=ns)
     assert status["progress"]["lastCheckpoint"]
     # A pod that mounts the same claim lists what rank 0 wrote there.
     pod = {
@@ -139,20 +119,18 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_and_recovers_from_a_delet
     spread = cluster.provider == "kind"  # four machines; the local cluster has one
 
     def edit(job: dict[str, Any]) -> None:
-        holding(11, 21, 31)(job)
+        holding_at(11, 21, 31)(job)
         if spread:
             job["spec"]["spread"] = "Required"
 
-    cluster.apply_example(ns, cluster.claims, "charlm-elastic.yaml", edit=edit)
+    cluster.apply_example(cluster.claims, "charlm-elastic.yaml", edit=edit, ns=ns)
 
     def node_machines() -> list[str]:
         where = machines(cluster, ns, "charlm")
         return [m for p, m in sorted(where.items()) if p != "charlm-rdzv"]
 
     for hold, size in ((11, 2), (21, 3), (31, 4)):
-        status = cluster.until(
-            f"charlm held after step {hold} at world size {size}", held(cluster, ns, "charlm", hold)
-        )
+        status = cluster.held("charlm", hold, ns=ns)
         assert status["progress"]["worldSize"] == size and status["nodes"] == size, status
         on = node_machines()
         print(f"step {hold}: world size {size} on {on}")
@@ -163,7 +141,7 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_and_recovers_from_a_delet
 
     cluster.k("delete", "pod", "-n", ns, "charlm-node-1", "--wait=false")
     cluster.until(
-        "the deleted pod counted", lambda: cluster.status(ns, "charlm").get("restarts", 0) >= 1
+        "the deleted pod counted", lambda: cluster.status("charlm", ns=ns).get("restarts", 0) >= 1
     )
     # The release file on the checkpoint volume, written from a pod that mounts it (node-0
     # was not deleted). The restarted group resumes after 31, so this only keeps it from
@@ -171,7 +149,7 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_and_recovers_from_a_delet
     cluster.k(
         "exec", "-n", ns, "charlm-node-0", "--", "touch", "/checkpoints/release-step-00000031"
     )
-    done = cluster.phase(ns, "charlm", "Succeeded")
+    done = cluster.phase("charlm", "Succeeded", ns=ns)
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
     assert done["progress"]["worldSize"] == 4
     if spread:
@@ -179,23 +157,23 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_and_recovers_from_a_delet
 
 
 def test_own_torchrun_script_from_a_configmap_succeeds(cluster: Cluster, ns: str) -> None:
-    cluster.apply_example(ns, cluster.claims, "own-script.yaml")
-    cluster.phase(ns, "own-script", "Succeeded")
+    cluster.apply_example(cluster.claims, "own-script.yaml", ns=ns)
+    cluster.phase("own-script", "Succeeded", ns=ns)
     # Rendezvous hands out ranks in order of arrival: the script's rank 0 may be on either pod.
     logs = [cluster.k("logs", "-n", ns, f"own-script-node-{i}") for i in (0, 1)]
     assert any("step 200/200" in text for text in logs), [text[-2000:] for text in logs]
 
 
 def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster, ns: str) -> None:
-    cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=holding(25))
-    cluster.until("digits held after step 25", held(cluster, ns, "digits", 25))
+    cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(25), ns=ns)
+    cluster.held("digits", 25, ns=ns)
     # Every pod the operator made was admitted by the restricted namespace, and their
     # processes run as the trainer image's user.
     for pod in ("digits-node-0", "digits-node-1", "digits-rdzv"):
         ids = cluster.k("exec", "-n", ns, pod, "--", "id", "-u", "-n")
         assert ids.strip() == "trainer", (pod, ids)
     old = json.loads(cluster.k("get", "pod", "-n", ns, "digits-rdzv", "-o", "json"))
-    worker_uids = uids(cluster, ns, "digits")
+    worker_uids = cluster.worker_uids("digits", ns=ns)
     # Across machines: the new store pod goes where no worker runs, so every rendezvous
     # message after this crosses the pod network between machines.
     workers = {m for p, m in machines(cluster, ns, "digits").items() if p != "digits-rdzv"}
@@ -223,12 +201,12 @@ def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster,
     cluster.k(
         "exec", "-n", ns, "digits-node-0", "--", "touch", "/checkpoints/release-step-00000025"
     )
-    done = cluster.phase(ns, "digits", "Succeeded")
+    done = cluster.phase("digits", "Succeeded", ns=ns)
     assert done.get("restarts", 0) == 0, done  # the store's loss costs no restart
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
-    assert uids(cluster, ns, "digits") == worker_uids  # the same pods ran to the end
-    events = cluster.events(ns, "digits")
-    reasons = {e["reason"] for e in events}
+    assert cluster.worker_uids("digits", ns=ns) == worker_uids  # the same pods ran to the end
+    events = cluster.events("digits", ns=ns)
+    reasons = {e.reason for e in events}
     assert "StoreLost" in reasons and "PodFailed" not in reasons, reasons
 
 
@@ -240,10 +218,10 @@ def test_kubectl_drain_of_a_node_pod_s_machine_is_a_disruption_and_the_job_succe
     ``backoffLimit``; the pod is made again on another machine and the job Succeeds."""
     if cluster.provider != "kind":
         unavailable("one machine only: a drained pod would have nowhere to go (DDP_CLUSTER=kind)")
-    cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=holding(25))
-    cluster.until("digits held after step 25", held(cluster, ns, "digits", 25))
+    cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(25), ns=ns)
+    cluster.held("digits", 25, ns=ns)
     target = machines(cluster, ns, "digits")["digits-node-1"]
-    old = uids(cluster, ns, "digits")["digits-node-1"]
+    old = cluster.worker_uids("digits", ns=ns)["digits-node-1"]
     try:
         # Only this job's node pod is drained: the machine may also hold the operator and
         # other tests' pods, which a maintenance drain would move too, at its own pace.
@@ -252,7 +230,7 @@ def test_kubectl_drain_of_a_node_pod_s_machine_is_a_disruption_and_the_job_succe
                   "--timeout=180s")  # fmt: skip
 
         def replaced() -> str | None:
-            now = uids(cluster, ns, "digits").get("digits-node-1")
+            now = cluster.worker_uids("digits", ns=ns).get("digits-node-1")
             where = machines(cluster, ns, "digits").get("digits-node-1")
             return where if now not in (None, old) and where else None
 
@@ -263,35 +241,26 @@ def test_kubectl_drain_of_a_node_pod_s_machine_is_a_disruption_and_the_job_succe
     cluster.k(
         "exec", "-n", ns, "digits-node-0", "--", "touch", "/checkpoints/release-step-00000025"
     )
-    done = cluster.phase(ns, "digits", "Succeeded")
+    done = cluster.phase("digits", "Succeeded", ns=ns)
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
     assert done.get("disruptions", 0) >= 1 and done.get("restarts", 0) == 0, done
-    events = cluster.events(ns, "digits")
-    assert any(
-        e["reason"] == "Disruption" and "EvictionByEvictionAPI" in e.get("message", "")
-        for e in events
-    ), [(e["reason"], e.get("message")) for e in events]
+    events = cluster.events("digits", ns=ns)
+    assert any(e.reason == "Disruption" and "EvictionByEvictionAPI" in e.message for e in events), [
+        (e.reason, e.message) for e in events
+    ]
 
 
 def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
     """The machine (Kubernetes node) of each pod of a job, by pod name."""
-    pods = json.loads(cluster.k("get", "pods", "-n", ns, "-l", f"ddp.dev/job-name={job}",
-                                "-o", "json"))["items"]  # fmt: skip
-    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
-
-
-def uids(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
-    """The uid of each node pod of a job (not the store's), by pod name."""
-    selector = f"ddp.dev/job-name={job},ddp.dev/role=worker"
-    pods = json.loads(cluster.k("get", "pods", "-n", ns, "-l", selector, "-o", "json"))
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods["items"]}
+    pods = cluster.pods(f"ddp.dev/job-name={job}", ns=ns)
+    return {name: p["spec"].get("nodeName", "") for name, p in pods.items()}
 
 
 def claim_dir(cluster: Cluster, ns: str, claim: str) -> Path:
     """The host folder of a ``ddp-shared`` claim on the kind cluster (every machine mounts
     that same folder): what the job wrote, readable whatever its pods are doing."""
-    pvc = json.loads(cluster.k("get", "pvc", "-n", ns, claim, "-o", "json"))
-    pv = json.loads(cluster.k("get", "pv", pvc["spec"]["volumeName"], "-o", "json"))
+    pvc = cluster.get("pvc", claim, ns=ns, check=True)
+    pv = cluster.get("pv", pvc["spec"]["volumeName"], check=True)
     inside = Path(pv["spec"]["hostPath"]["path"])
     return kind.shared_dir() / inside.relative_to(SHARED_PATH)
 
@@ -324,11 +293,11 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
         unavailable("one machine only: rank 0 cannot move to another (DDP_CLUSTER=kind)")
 
     def edit(job: dict[str, Any]) -> None:
-        holding(30)(job)
+        holding_at(30)(job)
         job["spec"]["trainer"]["logEverySteps"] = 1  # a loss line per step, to compare
 
-    cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=edit)
-    cluster.until("digits held after step 30", held(cluster, ns, "digits", 30))
+    cluster.apply_example(cluster.claims, "digits.yaml", edit=edit, ns=ns)
+    cluster.held("digits", 30, ns=ns)
     first = cluster.until("the pod of rank 0", lambda: rank0_pod(cluster, ns, "digits"))
     where = machines(cluster, ns, "digits")
     machine_a = where[first]
@@ -363,5 +332,5 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
     print(f"rank 0: {first} on {machine_a} -> {second} on {now[second]};"
           f" steps 21-30 replayed with the same losses ({before[-1]['loss']} at 30)")  # fmt: skip
     (folder / "release-step-00000030").touch()
-    done = cluster.phase(ns, "digits", "Succeeded")
+    done = cluster.phase("digits", "Succeeded", ns=ns)
     assert done["progress"]["step"] == done["progress"]["totalSteps"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 from cluster_env import Cluster
-from test_cluster import claim_dir, held, holding, machines, metrics
+from test_cluster import claim_dir, machines, metrics
 
+from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.pytest_plugin import unavailable
 
@@ -34,9 +35,9 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
     frozen: list[str] = []
     lost: list[str] = []
     try:
-        cluster.apply_example(ns, cluster.claims, "digits.yaml", edit=holding(20, 40, 60))
+        cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(20, 40, 60), ns=ns)
         for hold, victim_pod in ((20, "digits-node-1"), (40, "digits-rdzv"), (60, "digits-node-0")):
-            cluster.until(f"digits held after step {hold}", held(cluster, ns, "digits", hold), 900)
+            cluster.held("digits", hold, 900, ns=ns)
             where = machines(cluster, ns, "digits")
             machine = where[victim_pod]
             on_it = sorted(p for p, m in where.items() if m == machine)
@@ -47,13 +48,9 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
             folder = claim_dir(cluster, ns, "digits-checkpoints")
             (folder / f"release-step-{hold:08d}").touch()
             if hold < 60:
-                cluster.until(
-                    f"digits past the loss of {machine}, held after step {hold + 20}",
-                    held(cluster, ns, "digits", hold + 20),
-                    900,
-                )
+                cluster.held("digits", hold + 20, 900, ns=ns)  # past the loss of the machine
             else:
-                done = cluster.phase(ns, "digits", "Succeeded", 900)
+                done = cluster.phase("digits", "Succeeded", 900, ns=ns)
             kind.thaw(machine)
             frozen.remove(machine)
     finally:
@@ -64,8 +61,8 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
     print(f"restarts {done.get('restarts', 0)}, disruptions {done.get('disruptions')}")
     assert done.get("restarts", 0) == 0, done
-    events = cluster.events(ns, "digits")
-    said = [e["message"] for e in events if e["reason"] in ("NodeLost", "StoreLost")]
+    events = cluster.events("digits", ns=ns)
+    said = [e.message for e in events if e.reason in ("NodeLost", "StoreLost")]
     for machine in lost:
         assert any(f"on machine {machine}," in m for m in said), (machine, said)
     assert done.get("disruptions", 0) >= 2, done  # node-1's and node-0's machines

@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from kwok_harness import KwokNamespace
 
-from ddp_devcluster.kueue import API, METRICS_CERTS, KueueProcess, operator_rbac
+from ddp_devcluster.kueue import API, METRICS_CERTS, KueueProcess, operator_rbac, queue_objects
 from ddp_devcluster.operator_process import NAMESPACE, OperatorProcess, install
-from ddp_devcluster.plane import ControlPlane
-from ddp_devcluster.polling import until
+from ddp_devcluster.plane import ControlPlane, role_rules
 from ddp_devcluster.pytest_plugin import unavailable
 
 pytestmark = pytest.mark.controlplane
-T = TypeVar("T")
-EXIT = "kwok.ddp.dev/exit-code"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RELEASE = "ddp-kueue"
 REPO = Path(__file__).resolve().parents[2]
@@ -70,140 +67,47 @@ def operator(
     print(op.tail(30))
 
 
-class Queues:
+class Queues(KwokNamespace):
     """One namespace, a ResourceFlavor, a ClusterQueue with quota for ``cpu`` CPUs and a
-    LocalQueue ``lq`` in front of it, and the helpers the tests share."""
+    LocalQueue ``lq`` in front of it."""
+
+    timeout_s = 60
 
     def __init__(self, cp: ControlPlane, op: OperatorProcess, kueue: KueueProcess, cpu: int):
-        self.cp, self.op, self.kueue = cp, op, kueue
-        self.id = uuid.uuid4().hex[:8]
-        self.ns, self.flavor, self.cq = f"q-{self.id}", f"f-{self.id}", f"cq-{self.id}"
-        cp.kubectl("create", "namespace", self.ns)
-        self.create(
-            {
-                "kind": "ResourceFlavor",
-                "metadata": {"name": self.flavor},
-                "spec": {"nodeLabels": {"type": "kwok"}},
-            }
-        )
-        self.create(
-            {
-                "kind": "ClusterQueue",
-                "metadata": {"name": self.cq},
-                "spec": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}},
-                    "preemption": {"withinClusterQueue": "LowerPriority"},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory"],
-                            "flavors": [
-                                {
-                                    "name": self.flavor,
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": cpu},
-                                        {"name": "memory", "nominalQuota": "64Gi"},
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            }
-        )
-        self.create(
-            {
-                "kind": "LocalQueue",
-                "metadata": {"name": "lq", "namespace": self.ns},
-                "spec": {"clusterQueue": self.cq},
-            }
-        )
+        super().__init__(cp, op, "q")
+        self.kueue = kueue
+        self.id = self.ns.removeprefix("q-")
+        self.flavor, self.cq = f"f-{self.id}", f"cq-{self.id}"
+        quota = {"cpu": cpu, "memory": "64Gi"}
+        self.apply(*queue_objects(self.ns, "lq", self.cq, self.flavor, quota, {"type": "kwok"}))
 
     def create(self, obj: dict[str, Any]) -> None:
-        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": API, **obj}))
+        self.apply({"apiVersion": API, **obj})
 
-    def k(self, *args: str, check: bool = True, input: str | None = None) -> str:
-        return str(self.cp.kubectl(*args, "-n", self.ns, check=check, input=input).stdout)
+    def queue(self, name: str, cpu: str = "1", labels: dict[str, str] | None = None, **spec: Any):
+        """A DDPJob of two nodes of ``cpu`` CPUs each unless ``spec`` says, in LocalQueue lq."""
+        resources = {"requests": {"cpu": cpu, "memory": "1Gi"}}
+        self.submit(
+            name,
+            {"nodes": 2, "resources": resources, **spec},
+            {QUEUE_LABEL: "lq", **(labels or {})},
+        )
 
-    def apply(self, name: str, cpu: str = "1", labels: dict[str, str] | None = None, **spec: Any):
-        body = {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": name, "labels": {QUEUE_LABEL: "lq", **(labels or {})}},
-            "spec": {
-                "nodes": 2,
-                "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}},
-                "checkpoint": {"volume": {"emptyDir": {}}},
-                **spec,
-            },
-        }
-        self.k("apply", "-f", "-", input=yaml.safe_dump(body))
-
-    def status(self, name: str) -> dict[str, Any]:
-        out = self.k("get", "ddpjob", name, "-o", "json", check=False)
-        return dict((json.loads(out) if out else {}).get("status") or {})
-
-    def workers(self, job: str, live: bool = True) -> list[str]:
-        sel = f"ddp.dev/job-name={job},ddp.dev/role=worker"
-        items = json.loads(self.k("get", "pods", "-l", sel, "-o", "json"))["items"]
+    def worker_names(self, job: str, live: bool = True) -> list[str]:
+        """The job's node pods, without those being deleted unless ``live`` is False."""
         return sorted(
-            p["metadata"]["name"]
-            for p in items
+            n
+            for n, p in self.workers(job).items()
             if not live or not p["metadata"].get("deletionTimestamp")
         )
 
     def workloads(self, job: str) -> list[dict[str, Any]]:
-        out = self.k(
-            "get", "workloads.kueue.x-k8s.io", "-l", f"ddp.dev/job-name={job}", "-o", "json"
-        )
-        return list(json.loads(out)["items"])
+        of_job = f"ddp.dev/job-name={job}"
+        return list(self.get("workloads.kueue.x-k8s.io", "-l", of_job, check=True)["items"])
 
-    def events(self, job: str) -> list[tuple[str, str, str]]:
-        out = json.loads(
-            self.k("get", "events", "-o", "json", "--field-selector", f"involvedObject.name={job}")
-        )
-        return [(e["type"], e["reason"], e["message"]) for e in out["items"]]
-
-    def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 60) -> T:
-        return until(
-            what,
-            probe,
-            timeout_s,
-            detail=lambda: (
-                "operator log:\n"
-                + self.op.tail(15)
-                + "\nkueue log:\n"
-                + self.kueue.tail(10)
-                + "\n"
-                + self.k("get", "ddpj,workloads,pods", "-o", "wide", check=False)
-            ),
-        )
-
-    def phase(self, job: str, phase: str, timeout_s: float = 60) -> dict[str, Any]:
-        return self.until(
-            f"{job} {phase}",
-            lambda: ((s := self.status(job)).get("phase") == phase and s) or None,
-            timeout_s,
-        )
-
-    def running(self, job: str, nodes: int) -> dict[str, Any]:
-        return self.until(
-            f"{job} Running with {nodes} nodes",
-            lambda: (
-                (
-                    (
-                        (s := self.status(job)).get("phase") == "Running"
-                        and s.get("readyNodes") == nodes
-                    )
-                    and s
-                )
-                or None
-            ),
-        )
-
-    def succeed(self, job: str) -> dict[str, Any]:
-        for pod in self.workers(job):
-            self.k("annotate", "pod", pod, f"{EXIT}=0")
-        return self.phase(job, "Succeeded")
+    def diagnostics(self, ns: str | None = None) -> str:
+        workloads = self.k("get", "workloads", "-o", "wide", ns=ns, check=False)
+        return f"{super().diagnostics(ns)}\nkueue log:\n{self.kueue.tail(10)}\n{workloads}"
 
 
 @pytest.fixture
@@ -264,7 +168,7 @@ def test_kueue_admits_a_hand_made_workload(q2: Queues) -> None:
 
 
 def test_the_second_job_waits_queued_without_pods_until_the_first_succeeds(q2: Queues) -> None:
-    q2.apply("first")
+    q2.queue("first")
     q2.running("first", 2)
     first = q2.status("first")
     assert (first["queue"], first["clusterQueue"], first["admissions"]) == ("lq", q2.cq, 1)
@@ -281,12 +185,12 @@ def test_the_second_job_waits_queued_without_pods_until_the_first_succeeds(q2: Q
     owner = wl["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("DDPJob", "first", True)
 
-    q2.apply("second")
+    q2.queue("second")
     second = q2.phase("second", "Queued")
     assert second["queue"] == "lq" and "clusterQueue" not in second
     wide = q2.k("get", "ddpj", "second", "-o", "wide")
     assert "Queued" in wide and "lq" in wide
-    assert q2.workers("second") == []
+    assert q2.worker_names("second") == []
     assert q2.k("get", "pod", "second-rdzv", check=False) == ""
 
     q2.succeed("first")
@@ -303,13 +207,13 @@ def test_the_second_job_waits_queued_without_pods_until_the_first_succeeds(q2: Q
 
 
 def test_a_job_too_big_for_every_flavor_stays_queued_with_kueues_message(q2: Queues) -> None:
-    q2.apply("huge", cpu="50")
+    q2.queue("huge", cpu="50")
     q2.until("Kueue's verdict on the Workload", lambda: _reserved_message(q2, "huge"))
     status = q2.phase("huge", "Queued")
     kueue_says = _reserved_message(q2, "huge")
     assert kueue_says and kueue_says in condition(status, "Admitted")["message"]
     assert kueue_says in condition(status, "Queued")["message"]
-    assert status["phase"] != "Failed" and q2.workers("huge") == []
+    assert status["phase"] != "Failed" and q2.worker_names("huge") == []
 
 
 def _reserved_message(q: Queues, job: str) -> str | None:
@@ -323,17 +227,17 @@ def _reserved_message(q: Queues, job: str) -> str | None:
 def test_deleting_a_queued_job_deletes_its_workload_and_a_restart_makes_no_duplicate(
     q2: Queues, operator: OperatorProcess
 ) -> None:
-    q2.apply("holder")
+    q2.queue("holder")
     q2.running("holder", 2)
-    q2.apply("waiting-a")
-    q2.apply("waiting-b")
+    q2.queue("waiting-a")
+    q2.queue("waiting-b")
     q2.phase("waiting-a", "Queued")
     q2.phase("waiting-b", "Queued")
     assert len(q2.workloads("waiting-a")) == 1
 
     operator.kill()
     operator.start()
-    q2.apply("waiting-c")  # a reconcile after the restart has certainly happened
+    q2.queue("waiting-c")  # a reconcile after the restart has certainly happened
     q2.phase("waiting-c", "Queued")
     for job in ("holder", "waiting-a", "waiting-b", "waiting-c"):
         assert len(q2.workloads(job)) == 1, job
@@ -350,10 +254,10 @@ def test_a_high_priority_job_preempts_a_low_one_which_is_readmitted_after(
 ) -> None:
     for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
         control_plane.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
-    q2.apply("low", template={"priorityClassName": "ddp-low"})
+    q2.queue("low", template={"priorityClassName": "ddp-low"})
     q2.running("low", 2)
     assert q2.workloads("low")[0]["spec"]["priority"] == 100
-    q2.apply("high", template={"priorityClassName": "ddp-high"})
+    q2.queue("high", template={"priorityClassName": "ddp-high"})
 
     evicted = q2.until(
         "low evicted",
@@ -364,7 +268,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_is_readmitted_after(
     assert condition(status, "Queued")["reason"] == "Preempted"
     assert status.get("restarts", 0) == 0
     q2.running("high", 2)
-    assert q2.workers("low", live=False) == []
+    assert q2.worker_names("low", live=False) == []
     q2.succeed("high")
     q2.running("low", 2)
     low = q2.status("low")
@@ -377,9 +281,9 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
     """Supported elasticity: the Workload asks for spec.nodes with minCount minNodes; Kueue's
     partial admission may admit fewer, and the job runs that many. While queued, `kubectl
     scale` changes the Workload's count; once admitted it runs at most the admitted count."""
-    q2.apply("wide", nodes=3, minNodes=1, maxNodes=4)
+    q2.queue("wide", nodes=3, minNodes=1, maxNodes=4)
     status = q2.running("wide", 2)
-    assert status["nodes"] == 2 and len(q2.workers("wide")) == 2
+    assert status["nodes"] == 2 and len(q2.worker_names("wide")) == 2
     (wl,) = q2.workloads("wide")
     assert (wl["spec"]["podSets"][0]["count"], wl["spec"]["podSets"][0]["minCount"]) == (3, 1)
     assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 2
@@ -390,12 +294,12 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
         "the scale seen by the operator",
         lambda: q2.status("wide").get("observedGeneration") == generation,
     )
-    assert q2.workers("wide") == ["wide-node-0", "wide-node-1"]
+    assert q2.worker_names("wide") == ["wide-node-0", "wide-node-1"]
     q2.k("scale", "ddpjob", "wide", "--replicas=1")
-    q2.until("wide down to 1 node", lambda: q2.workers("wide") == ["wide-node-0"])
+    q2.until("wide down to 1 node", lambda: q2.worker_names("wide") == ["wide-node-0"])
     q2.running("wide", 1)
 
-    q2.apply("later", nodes=2, minNodes=1, maxNodes=4)
+    q2.queue("later", nodes=2, minNodes=1, maxNodes=4)
     q2.phase("later", "Queued")
     q2.k("scale", "ddpjob", "later", "--replicas=1")
     q2.until(
@@ -408,9 +312,9 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
 
 
 def test_suspending_an_admitted_job_gives_its_quota_back_until_it_is_resumed(q2: Queues) -> None:
-    q2.apply("pausing")
+    q2.queue("pausing")
     q2.running("pausing", 2)
-    q2.apply("next")
+    q2.queue("next")
     q2.phase("next", "Queued")
     q2.k("patch", "ddpjob", "pausing", "--type=merge", "-p", '{"spec": {"suspend": true}}')
     q2.phase("pausing", "Suspended")
@@ -439,27 +343,9 @@ def test_the_operator_used_exactly_the_rbac_of_the_kueue_value(
     q2: Queues, operator: OperatorProcess
 ) -> None:
     """Runs last in this module: every rule kueue.enabled adds was used, and no more."""
-    user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
-    used: set[tuple[str, str, str]] = set()
-    refused: list[str] = []
-    for line in q2.cp.audit_log.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("user", {}).get("username") != user or "objectRef" not in record:
-            continue
-        ref = record["objectRef"]
-        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-            refused.append(f"{record['verb']} {resource}")
-        used.add((ref.get("apiGroup", ""), resource, record["verb"]))
+    used, refused = q2.cp.requests_of(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
-    role = next(d for d in chart_rbac() if d["kind"] == "ClusterRole")
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = role_rules(next(d for d in chart_rbac() if d["kind"] == "ClusterRole"))
     kueue_rules = {x for x in granted if x[0] in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert used <= granted
     assert kueue_rules - used == set(), "rules of kueue.enabled that nothing used"

@@ -16,25 +16,22 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from kwok_harness import KwokNamespace
 
 from ddp_api.ddpjob import DDPJob
 from ddp_devcluster.operator_process import OperatorProcess, install
-from ddp_devcluster.plane import ControlPlane
-from ddp_devcluster.polling import until
+from ddp_devcluster.plane import ControlPlane, role_rules
+from ddp_devcluster.prometheus import scrape
 from ddp_operator import render
 from ddp_trainer.progress import InClusterProgressWriter
 
 pytestmark = pytest.mark.controlplane
-T = TypeVar("T")
-EXIT = "kwok.ddp.dev/exit-code"
 RBAC_FILE = Path(__file__).resolve().parents[2] / "manifests" / "rbac" / "operator.yaml"
 
 
@@ -87,43 +84,8 @@ class Account:
         return True
 
 
-class Cluster:
-    """kubectl in one fresh namespace, and polling helpers."""
-
-    def __init__(self, cp: ControlPlane, op: OperatorProcess):
-        self.cp, self.op = cp, op
-        self.ns = f"t-{uuid.uuid4().hex[:8]}"
-        cp.kubectl("create", "namespace", self.ns)
-
-    def k(self, *args: str, check: bool = True, input: str | None = None) -> str:
-        return str(self.cp.kubectl(*args, "-n", self.ns, check=check, input=input).stdout)
-
-    def apply(self, name: str, spec: dict[str, Any]) -> None:
-        body = {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": name},
-            "spec": {"checkpoint": {"volume": {"emptyDir": {}}}, **spec},
-        }
-        self.k("apply", "-f", "-", input=yaml.safe_dump(body))
-
-    def job(self, name: str) -> dict[str, Any]:
-        out = self.k("get", "ddpjob", name, "-o", "json", check=False)
-        return json.loads(out) if out else {}
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.job(name).get("status") or {})
-
-    def pods(self, selector: str = "") -> dict[str, dict[str, Any]]:
-        args = ["get", "pods", "-o", "json"] + (["-l", selector] if selector else [])
-        return {p["metadata"]["name"]: p for p in json.loads(self.k(*args))["items"]}
-
-    def workers(self, job: str) -> dict[str, dict[str, Any]]:
-        return self.pods(f"ddp.dev/job-name={job},ddp.dev/role=worker")
-
-    def exit(self, pod: str, code: int) -> None:
-        """kwok ends the pod with this exit code (Succeeded for 0, else Failed)."""
-        self.k("annotate", "pod", pod, f"{EXIT}={code}")
+class Cluster(KwokNamespace):
+    """The harness in one fresh namespace, with the trainer's ServiceAccount tokens."""
 
     def account(self, name: str) -> Account:
         """A real token of ServiceAccount ``name`` of this namespace, as a pod would hold it."""
@@ -139,42 +101,11 @@ class Cluster:
         trainer = self.account(f"{job}-trainer")
         self.until(f"{job}'s progress reported", lambda: trainer.report(self.ns, job, text))
 
-    def events(self, job: str) -> list[tuple[str, str, str]]:
-        out = json.loads(
-            self.k("get", "events", "-o", "json", "--field-selector", f"involvedObject.name={job}")
-        )
-        return [(e["type"], e["reason"], e["message"]) for e in out["items"]]
-
-    def until(self, what: str, probe: Callable[[], T | None], timeout_s: float = 30) -> T:
-        return until(what, probe, timeout_s, detail=lambda: "operator log:\n" + self.op.tail(15))
-
-    def phase(self, job: str, phase: str, timeout_s: float = 30) -> dict[str, Any]:
-        return self.until(
-            f"{job} {phase}",
-            lambda: ((s := self.status(job)).get("phase") == phase and s) or None,
-            timeout_s,
-        )
-
-    def reason(self, job: str, reason: str, timeout_s: float = 30) -> dict[str, Any]:
+    def reason(self, job: str, reason: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Waits until ``status.reason`` (the reason of the phase's condition) is ``reason``."""
         return self.until(
             f"{job} saying {reason}",
             lambda: ((s := self.status(job)).get("reason") == reason and s) or None,
-            timeout_s,
-        )
-
-    def running(self, job: str, nodes: int, timeout_s: float = 30) -> dict[str, Any]:
-        return self.until(
-            f"{job} Running with {nodes} ready nodes",
-            lambda: (
-                (
-                    (s := self.status(job)).get("phase") == "Running"
-                    and s.get("readyNodes") == nodes
-                    and len(self.workers(job)) == nodes
-                    and s
-                )
-                or None
-            ),
             timeout_s,
         )
 
@@ -191,7 +122,7 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluster) -> None:
-    c.apply("digits", {"nodes": 2, "nprocPerNode": 2, "trainer": {"workload": "digits"}})
+    c.submit("digits", {"nodes": 2, "nprocPerNode": 2, "trainer": {"workload": "digits"}})
     status = c.running("digits", 2)
     job = c.job("digits")
     uid = job["metadata"]["uid"]
@@ -261,7 +192,7 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
 
 
 def test_user_overrides_and_own_command_are_merged_into_the_pods(c: Cluster) -> None:
-    c.apply(
+    c.submit(
         "own",
         {
             "nodes": 1,
@@ -293,7 +224,7 @@ def test_user_overrides_and_own_command_are_merged_into_the_pods(c: Cluster) -> 
 
 
 def test_scale_up_adds_and_scale_down_removes_the_highest_indices(c: Cluster) -> None:
-    c.apply("elastic", {"nodes": 2, "minNodes": 1, "maxNodes": 4})
+    c.submit("elastic", {"nodes": 2, "minNodes": 1, "maxNodes": 4})
     c.running("elastic", 2)
     first = {n: p["metadata"]["uid"] for n, p in c.workers("elastic").items()}
     c.k("scale", "ddpjob/elastic", "--replicas", "3")
@@ -310,7 +241,7 @@ def test_scale_up_adds_and_scale_down_removes_the_highest_indices(c: Cluster) ->
 
 
 def test_a_failed_pod_is_recreated_and_counted(c: Cluster) -> None:
-    c.apply("flaky", {"nodes": 2})
+    c.submit("flaky", {"nodes": 2})
     c.running("flaky", 2)
     old = c.workers("flaky")["flaky-node-1"]["metadata"]["uid"]
     c.exit("flaky-node-1", 137)
@@ -329,7 +260,7 @@ def test_a_failed_pod_is_recreated_and_counted(c: Cluster) -> None:
 
 
 def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> None:
-    c.apply("lost", {"nodes": 2})
+    c.submit("lost", {"nodes": 2})
     c.running("lost", 2)
     old = c.workers("lost")["lost-node-0"]["metadata"]["uid"]
     c.k("delete", "pod", "lost-node-0", "--wait=false")
@@ -343,7 +274,7 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
 
 def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
     """The eviction API (what kubectl drain calls) marks the pod DisruptionTarget first."""
-    c.apply("evicted", {"nodes": 2, "backoffLimit": 0})
+    c.submit("evicted", {"nodes": 2, "backoffLimit": 0})
     c.running("evicted", 2)
     old = c.workers("evicted")["evicted-node-1"]["metadata"]["uid"]
     eviction = {
@@ -366,7 +297,7 @@ def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
 
 
 def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None:
-    c.apply("ending", {"nodes": 2, "backoffLimit": 0})
+    c.submit("ending", {"nodes": 2, "backoffLimit": 0})
     c.running("ending", 2)
     c.exit("ending-node-0", 0)
     c.until(  # the operator saw it: the job waits for node-1
@@ -407,7 +338,7 @@ def test_pods_on_a_machine_that_stopped_its_heartbeat_go_while_its_node_still_sa
 
     beating = threading.Thread(target=heartbeat, daemon=True)
     try:
-        c.apply("quiet", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
+        c.submit("quiet", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
         c.running("quiet", 2)
         old = {p["metadata"]["uid"] for p in c.workers("quiet").values()}
         # The Lease only now: kwok leaves the pods of a node whose Lease someone else holds.
@@ -450,7 +381,7 @@ def test_pods_on_a_lost_machine_are_deleted_at_once_and_recreated(c: Cluster) ->
     machine = f"machine-{c.ns}"
     c.cp.add_kwok_node(machine, labels={"machine": machine})
     try:
-        c.apply("stranded", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
+        c.submit("stranded", {"nodes": 2, "template": {"nodeSelector": {"machine": machine}}})
         c.running("stranded", 2)
         old = {n: p["metadata"]["uid"] for n, p in c.workers("stranded").items()}
         # The machine stops answering: kwok no longer keeps it, its Ready condition went Unknown
@@ -514,7 +445,7 @@ def test_spread_required_gives_each_node_pod_a_machine_of_its_own(c: Cluster) ->
         prefer_first = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": prefer}}
         template = {"nodeSelector": {"machines": c.ns}, "affinity": prefer_first}
         spec = {"nodes": 3, "minNodes": 1, "maxNodes": 4, "spread": "Required"}
-        c.apply("spread", {**spec, "template": template})
+        c.submit("spread", {**spec, "template": template})
         c.running("spread", 3)
 
         def placement() -> dict[str, str]:
@@ -533,7 +464,7 @@ def test_spread_required_gives_each_node_pod_a_machine_of_its_own(c: Cluster) ->
 
 
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:
-    c.apply("budget", {"nodes": 2, "backoffLimit": 1})
+    c.submit("budget", {"nodes": 2, "backoffLimit": 1})
     c.running("budget", 2)
     c.exit("budget-node-0", 1)
     c.until("restart 1", lambda: c.status("budget").get("restarts") == 1)
@@ -548,7 +479,7 @@ def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:
 
 
 def test_exit_code_policy_fails_at_once_on_a_program_error(c: Cluster) -> None:
-    c.apply("strict", {"nodes": 2, "restartPolicy": "ExitCode", "backoffLimit": 5})
+    c.submit("strict", {"nodes": 2, "restartPolicy": "ExitCode", "backoffLimit": 5})
     c.running("strict", 2)
     c.exit("strict-node-1", 2)
     status = c.phase("strict", "Failed")
@@ -558,7 +489,7 @@ def test_exit_code_policy_fails_at_once_on_a_program_error(c: Cluster) -> None:
 
 
 def test_the_job_succeeds_when_every_node_exits_zero(c: Cluster) -> None:
-    c.apply("done", {"nodes": 2})
+    c.submit("done", {"nodes": 2})
     c.running("done", 2)
     c.exit("done-node-0", 0)
     c.exit("done-node-1", 0)
@@ -571,7 +502,7 @@ def test_the_job_succeeds_when_every_node_exits_zero(c: Cluster) -> None:
 
 
 def test_suspend_deletes_the_pods_and_resume_recreates_them(c: Cluster) -> None:
-    c.apply("pause", {"nodes": 2})
+    c.submit("pause", {"nodes": 2})
     c.running("pause", 2)
     c.k("patch", "ddpjob", "pause", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     c.phase("pause", "Suspended")
@@ -584,15 +515,15 @@ def test_suspend_deletes_the_pods_and_resume_recreates_them(c: Cluster) -> None:
 
 
 def test_active_deadline_fails_the_job(c: Cluster) -> None:
-    c.apply("slow", {"nodes": 1, "activeDeadlineSeconds": 3})
-    status = c.phase("slow", "Failed", timeout_s=20)
+    c.submit("slow", {"nodes": 1, "activeDeadlineSeconds": 3})
+    status = c.phase("slow", "Failed", 20)
     failed = next(x for x in status["conditions"] if x["type"] == "Failed")
     assert failed["reason"] == "DeadlineExceeded"
     c.until("pods stopped", lambda: not c.workers("slow") or None)
 
 
 def test_a_finished_job_is_deleted_after_its_ttl_with_its_pods(c: Cluster) -> None:
-    c.apply("brief", {"nodes": 1, "ttlSecondsAfterFinished": 2})
+    c.submit("brief", {"nodes": 1, "ttlSecondsAfterFinished": 2})
     c.running("brief", 1)
     c.exit("brief-node-0", 0)
     c.phase("brief", "Succeeded")
@@ -601,7 +532,7 @@ def test_a_finished_job_is_deleted_after_its_ttl_with_its_pods(c: Cluster) -> No
 
 
 def test_deleting_a_job_garbage_collects_its_pods_and_services(c: Cluster) -> None:
-    c.apply("gone", {"nodes": 2})
+    c.submit("gone", {"nodes": 2})
     c.running("gone", 2)
     c.k("delete", "ddpjob", "gone")
     c.until("pods collected", lambda: not c.pods("ddp.dev/job-name=gone") or None)
@@ -625,7 +556,7 @@ def test_an_operator_killed_mid_creation_converges_without_duplicates(
         "quota usage known",
         lambda: json.loads(c.k("get", "quota", "pods", "-o", "json")).get("status", {}).get("used"),
     )
-    c.apply("big", {"nodes": nodes, "minNodes": 1, "maxNodes": nodes})
+    c.submit("big", {"nodes": nodes, "minNodes": 1, "maxNodes": nodes})
     c.until(
         "creation held by the quota",
         lambda: any(r == "CreateFailed" and "quota" in m for _, r, m in c.events("big")),
@@ -654,9 +585,9 @@ def test_a_job_that_cannot_start_says_why_and_what_cannot_heal_fails(c: Cluster)
     missing claim; a kubelet's, patched in (kwok plays only Running and the end), for an
     image that cannot be pulled and a command that does not exist."""
     nowhere = {"volume": {"persistentVolumeClaim": {"claimName": "nope"}}}
-    c.apply("noclaim", {"nodes": 2, "startupDeadlineSeconds": 10, "checkpoint": nowhere})
-    c.apply("noimage", {"nodes": 1})
-    c.apply("nocmd", {"nodes": 1, "command": ["/no/such/binary"]})
+    c.submit("noclaim", {"nodes": 2, "startupDeadlineSeconds": 10, "checkpoint": nowhere})
+    c.submit("noimage", {"nodes": 1})
+    c.submit("nocmd", {"nodes": 1, "command": ["/no/such/binary"]})
     c.running("noimage", 1)
     c.running("nocmd", 1)
 
@@ -710,36 +641,24 @@ def test_a_job_that_cannot_start_says_why_and_what_cannot_heal_fails(c: Cluster)
     )
     header, row = c.k("get", "ddpj", "noclaim").splitlines()[:2]
     assert dict(zip(header.split(), row.split(), strict=False))["REASON"] == "ClaimNotFound"
-    failed = _condition(c.phase("noclaim", "Failed", timeout_s=30))
+    failed = _condition(c.phase("noclaim", "Failed"))
     assert failed["reason"] == "ClaimNotFound"
     assert "lasted past spec.startupDeadlineSeconds (10s)" in failed["message"]
     c.until("its pods removed", lambda: not c.pods("ddp.dev/job-name=noclaim") or None)
     assert [r for _, r, _ in c.events("noclaim")].count("ClaimNotFound") == 2  # said, failed
 
 
-def scrape(op: OperatorProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The operator's /metrics, parsed by Prometheus' own text parser: (sample, labels) -> value."""
-    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        assert family.documentation, f"{family.name} has no help text"
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
 def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) -> None:
-    before = scrape(c.op)
+    before = scrape(c.op.metrics_url)
 
     def delta(name: str, **labels: str) -> float:
         key = (name, tuple(sorted(labels.items())))
-        return scrape(c.op).get(key, 0.0) - before.get(key, 0.0)
+        return scrape(c.op.metrics_url).get(key, 0.0) - before.get(key, 0.0)
 
-    c.apply("metered", {"nodes": 2})
+    c.submit("metered", {"nodes": 2})
     c.running("metered", 2)
     running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
-    assert scrape(c.op)[running] == 1
+    assert scrape(c.op.metrics_url)[running] == 1
     c.report("metered", {"step": 1, "totalSteps": 10})  # rank 0's first step, as it reports it
     c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
     c.k("delete", "pod", "metered-node-1")
@@ -748,7 +667,7 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.exit("metered-node-0", 0)
     c.exit("metered-node-1", 0)
     c.phase("metered", "Succeeded")
-    after = scrape(c.op)
+    after = scrape(c.op.metrics_url)
     assert after[("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Succeeded")))] == 1
     assert after[running] == 0  # the other phases of a namespace stay, at 0
     assert delta("ddp_operator_restarts_total", reason="PodDisrupted") == 1
@@ -771,7 +690,7 @@ GOOD_PROGRESS = {
 
 def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: Cluster) -> None:
     for name in ("a", "b"):
-        c.apply(name, {"nodes": 1})
+        c.submit(name, {"nodes": 1})
         c.running(name, 1)
     pod_a = c.account("a-trainer")
     jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
@@ -865,7 +784,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
         if pod["metadata"]["labels"][render.LABEL_ROLE] == render.ROLE_WORKER:
             pod["spec"]["serviceAccountName"] = LEGACY
     c.k("create", "-f", "-", input=yaml.safe_dump_all(pods))
-    c.apply("old", {"nodes": 2})
+    c.submit("old", {"nodes": 2})
     c.running("old", 2)
     uids = {n: p["metadata"]["uid"] for n, p in c.workers("old").items()}
     assert {p["spec"]["serviceAccountName"] for p in c.workers("old").values()} == {LEGACY}
@@ -906,39 +825,14 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     assert c.status("old")["phase"] in ("Running", "Restarting")
 
 
-def _rbac_rules() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) of the operator's ClusterRole in manifests/."""
-    docs = list(yaml.safe_load_all(RBAC_FILE.read_text()))
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
-    return {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-
-
 def test_the_operator_used_exactly_the_rbac_in_manifests(
     c: Cluster, operator: OperatorProcess
 ) -> None:
     """Runs last in this module: by now every scenario above has exercised the operator."""
-    user = "system:serviceaccount:ddp-system:ddp-operator"
-    used: set[tuple[str, str, str]] = set()
-    refused: list[str] = []
-    for line in c.cp.audit_log.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("user", {}).get("username") != user or "objectRef" not in record:
-            continue
-        ref = record["objectRef"]
-        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        verb = record["verb"]
-        # RBAC's own refusals (a ResourceQuota's 403s are allowed by RBAC, then refused).
-        if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-            refused.append(f"{verb} {resource}")
-        used.add((ref.get("apiGroup", ""), resource, verb))
+    used, refused = c.cp.requests_of("system:serviceaccount:ddp-system:ddp-operator")
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
-    granted = _rbac_rules()
+    docs = yaml.safe_load_all(RBAC_FILE.read_text())
+    granted = role_rules(next(d for d in docs if d and d["kind"] == "ClusterRole"))
     assert used <= granted
     # Held only to be granted: RBAC lets the operator give a trainer's Role only what it holds.
     held_to_grant = {("", "configmaps", "patch")}

@@ -49,7 +49,7 @@ def plugin(sc: Scenario, kubectl_ddp: KubectlDdp) -> KubectlDdp:
 def watched(sc: Scenario, ddp: KubectlDdp, job: str) -> list[str]:
     """``kubectl ddp watch JOB`` to its end; its lines, once it exited 0."""
     out = ddp("watch", job, "-n", sc.ns, "--timeout", WATCH_TIMEOUT_S, timeout=600)
-    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{sc.s.diagnostics(sc.ns)}"
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{sc.diagnostics()}"
     return out.stdout.splitlines()
 
 
@@ -104,7 +104,7 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     sc: Scenario, kubectl_ddp: KubectlDdp, tmp_path: Path
 ) -> None:
     ddp = plugin(sc, kubectl_ddp)
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=faster_progress)
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=faster_progress)
     lines = watched(sc, ddp, "digits")
     bars = [line for line in lines if line.startswith("[")]
     assert bars and "(world size 2)" in bars[-1]
@@ -120,7 +120,7 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
 
     png = tmp_path / "loss.png"
     plotted = ddp("plot", "digits", "-n", sc.ns, "-o", str(png))
-    assert plotted.returncode == 0, f"{plotted.stderr}\n{sc.s.diagnostics(sc.ns)}"
+    assert plotted.returncode == 0, f"{plotted.stderr}\n{sc.diagnostics()}"
     assert plotted.stdout.strip() == (
         f"{png}: training loss and learning rate of steps 1 to {total}"
     )

@@ -12,9 +12,10 @@ import json
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, holding_at, resumed_at, resumes
+from e2e_scenario import Scenario, resumed_at, resumes
 
-from ddp_devcluster.kueue import API
+from ddp_devcluster.harness import holding_at
+from ddp_devcluster.kueue import queue_objects
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
@@ -23,40 +24,8 @@ HELD = 25  # the low job's step when the high one arrives
 
 def queues(sc: Scenario) -> None:
     """A ClusterQueue with quota for one digits job (2 nodes x 500m), preempting by priority."""
-    objs: list[dict[str, Any]] = [
-        {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": f"f-{sc.ns}"}},
-        {
-            "apiVersion": API,
-            "kind": "ClusterQueue",
-            "metadata": {"name": f"cq-{sc.ns}"},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": sc.ns}},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [
-                            {
-                                "name": f"f-{sc.ns}",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "1"},
-                                    {"name": "memory", "nominalQuota": "8Gi"},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": API,
-            "kind": "LocalQueue",
-            "metadata": {"name": "team", "namespace": sc.ns},
-            "spec": {"clusterQueue": f"cq-{sc.ns}"},
-        },
-    ]
-    for obj in objs:
-        sc.k("apply", "-f", "-", input=json.dumps(obj))
+    quota = {"cpu": "1", "memory": "8Gi"}
+    sc.apply(*queue_objects(sc.ns, "team", f"cq-{sc.ns}", f"f-{sc.ns}", quota))
     for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
         sc.s.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
 
@@ -87,7 +56,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     sc: Scenario,
 ) -> None:
     queues(sc)
-    sc.apply(
+    sc.apply_example(
         "checkpoint-pvc.yaml",
         "digits.yaml",
         edit=queued("ddp-low", holding_at(HELD), every_step_logged),
@@ -95,7 +64,9 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     sc.held("digits", HELD)
     assert sc.status("digits")["admissions"] == 1
 
-    sc.apply("digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints")))
+    sc.apply_example(
+        "digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints"))
+    )
     evicted = sc.until(
         "digits evicted by Kueue",
         lambda: [e for e in _events(sc, "digits") if e[1] == "Evicted"] or None,
@@ -113,8 +84,8 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
         ),
     )
     assert low["restarts"] == 0
-    sc.succeeded("urgent")
-    status = sc.succeeded("digits")
+    sc.phase("urgent", "Succeeded", 300)
+    status = sc.phase("digits", "Succeeded", 300)
     assert status["admissions"] == 2 and status["restarts"] == 0
     assert "Readmitted" in [e[1] for e in _events(sc, "digits")]
 

@@ -5,32 +5,18 @@ parser (prometheus_client.parser), and scraped by a real Prometheus server and q
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
-from e2e_scenario import Scenario, holding_at
-from prometheus_client.parser import text_string_to_metric_families
+from e2e_scenario import Scenario
 
-from ddp_devcluster.prometheus import PrometheusServer
+from ddp_devcluster.harness import holding_at
+from ddp_devcluster.prometheus import PrometheusServer, scrape
 
 pytestmark = pytest.mark.e2e
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        assert family.documentation, f"{family.name} at {url} has no help text"
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
 
 def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(20))
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(20))
     sc.held("digits", 20)
 
     assert sc.s.operator is not None
@@ -88,4 +74,4 @@ def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Sce
         assert len(up) == 3 and all(value == 1 for _, value in up)
 
     sc.release("digits-checkpoints", 20)
-    sc.succeeded("digits")
+    sc.phase("digits", "Succeeded", 300)

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_scenario import Scenario, holding_at, resumed_at, resumes
+from e2e_scenario import Scenario, resumed_at, resumes
 
-from ddp_devcluster.stack import EXAMPLES
+from ddp_devcluster.harness import EXAMPLES, holding_at
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
 
 
 def test_digits_succeeds_with_checkpoints_and_progress_in_kubectl_get(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml")
-    status = sc.succeeded("digits")
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml")
+    status = sc.phase("digits", "Succeeded", 300)
     progress = status["progress"]
     assert progress["step"] == progress["totalSteps"] and progress["worldSize"] == 2
     assert status["restarts"] == 0
@@ -52,14 +52,14 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
     every = 10  # the example's checkpoint.everySteps
     # Paused after step 11 at world size 2, and after step 31 at world size 3: each resize
     # happens there. A resize restarts the workers (SIGTERM: rank 0 saves the held step).
-    sc.apply("checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(11, 31))
-    assert sc.held("charlm", 11)["worldSize"] == 2
+    sc.apply_example("checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(11, 31))
+    assert sc.held("charlm", 11)["progress"]["worldSize"] == 2
     sc.k("scale", "ddpjob/charlm", "--replicas", "3")
-    assert sc.held("charlm", 31)["worldSize"] == 3
+    assert sc.held("charlm", 31)["progress"]["worldSize"] == 3
     sc.k("scale", "ddpjob/charlm", "--replicas", "2")
     sc.until("world size 2 again", lambda: sc.progress("charlm").get("worldSize") == 2)
     assert sc.status("charlm")["worldSize"] == 2
-    status = sc.succeeded("charlm")
+    status = sc.phase("charlm", "Succeeded", 300)
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == 60
 
     rows = read_run_log(sc.claim("charlm-checkpoints"))
@@ -75,15 +75,15 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
 
 
 def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
     sc.held("digits", 25)
     rank0 = sc.until(
         "the pod of rank 0",
-        lambda: next((p for p in sc.workers("digits") if "rank0 " in sc.logs(p)), None),
+        lambda: next((p for p in sc.workers("digits") if "rank0 " in sc.logs(p, "trainer")), None),
     )
     sc.k("delete", "pod", rank0)  # returns once it is gone: the held step is behind us
     sc.release("digits-checkpoints", 25)
-    status = sc.succeeded("digits")
+    status = sc.phase("digits", "Succeeded", 300)
     assert status["restarts"] == 1
     assert any(
         "PodDisrupted" in line and rank0 in line
@@ -114,11 +114,13 @@ for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
 
 def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc: Scenario) -> None:
     """As seen on a real kubelet: one node finishes, its peer is lost at the last step."""
-    sc.apply("checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(60))  # its last step
+    sc.apply_example(
+        "checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(60)
+    )  # its last step
     sc.held("charlm", 60)  # training complete: every rank waits on its own
     ckpt = sc.claim("charlm-checkpoints")
     assert json.loads((ckpt / "complete.json").read_text())["step"] == 60
-    lost = sc.workers("charlm")["charlm-node-1"]
+    lost = sc.worker_uids("charlm")["charlm-node-1"]
     out = sc.s.kubectl("exec", "charlm-node-1", "-n", sc.ns, "--", "python", "-c", FREEZE,
                        check=False)  # fmt: skip
     frozen = [line for line in out.stdout.splitlines() if not line.startswith("skipped")]
@@ -132,18 +134,18 @@ def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc:
     # node-0's agent waits at torchrun's exit barrier for the frozen peer: 30 s, not 300.
     sc.until("charlm-node-0 Succeeded", lambda: phase("charlm-node-0") == "Succeeded", 90)
     sc.k("delete", "pod", "charlm-node-1", "--wait=false")  # and now the frozen one is lost
-    status = sc.succeeded("charlm", 60)
+    status = sc.phase("charlm", "Succeeded", 60)
     assert time.monotonic() - released < 60
     done = next(c for c in status["conditions"] if c["type"] == "Succeeded")
     assert done["reason"] == "Completed"
     assert done["message"] == "charlm-node-1 was lost after charlm-node-0 completed training"
     assert status["restarts"] == 0 and not status.get("disruptions")
     assert status["progress"]["loss"] is not None  # a finite loss, reported
-    assert sc.workers("charlm").get("charlm-node-1", lost) == lost  # not recreated
+    assert sc.worker_uids("charlm").get("charlm-node-1", lost) == lost  # not recreated
 
 
 def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
     sc.held("digits", 25)
     sc.k("patch", "ddpjob", "digits", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     sc.until("Suspended", lambda: sc.status("digits").get("phase") == "Suspended")
@@ -155,7 +157,7 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario)
     assert kept == "step-00000025.pt" and (ckpt / kept).is_file()  # saved on SIGTERM
 
     sc.k("patch", "ddpjob", "digits", "--type=merge", "-p", '{"spec":{"suspend":false}}')
-    status = sc.succeeded("digits")
+    status = sc.phase("digits", "Succeeded", 300)
     assert status["restarts"] == 0  # suspending is no failure
     assert resumed_at(read_run_log(ckpt)) == [25]
 
@@ -163,15 +165,15 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario)
 def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) -> None:
     op = sc.s.operator
     assert op is not None
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(10))
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(10))
     sc.held("digits", 10)
-    before = sc.workers("digits")
+    before = sc.worker_uids("digits")
     op.kill()
     time.sleep(2)
     op.start()
     sc.release("digits-checkpoints", 10)
-    status = sc.succeeded("digits")
-    after = sc.workers("digits")
+    status = sc.phase("digits", "Succeeded", 300)
+    after = sc.worker_uids("digits")
     assert after == before and len(after) == 2  # the same pods: none duplicated or replaced
     assert status["restarts"] == 0
 
@@ -198,7 +200,7 @@ def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -
         if name == "noclaim":
             job["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = "nope"
         jobs.append(job)
-    sc.apply("checkpoint-pvc.yaml")
+    sc.apply_example("checkpoint-pvc.yaml")
     sc.k("apply", "-f", "-", input=yaml.safe_dump_all(jobs))
 
     def failed(job: str) -> dict[str, Any] | None:

@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, holding_at, resumed_at
+from e2e_scenario import Scenario, resumed_at
 
+from ddp_devcluster.harness import holding_at
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +57,7 @@ def reasons(sc: Scenario) -> list[str]:
 def test_the_store_and_then_three_workers_lost_in_turn_fit_the_default_budget(
     sc: Scenario,
 ) -> None:
-    sc.apply("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(10, 25, 40, 55))
+    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(10, 25, 40, 55))
     sc.held("digits", 10)
     assert 10 - EVERY < resumes_after_losing_the_store(sc) <= 10
     for step, node in ((25, 0), (40, 1), (55, 0)):
@@ -65,7 +66,7 @@ def test_the_store_and_then_three_workers_lost_in_turn_fit_the_default_budget(
         sc.k("delete", "pod", f"digits-node-{node}")
         sc.release("digits-checkpoints", step)
 
-    status = sc.succeeded("digits")
+    status = sc.phase("digits", "Succeeded", 300)
     assert status["restarts"] == 3  # backoffLimit defaults to 3: the store's loss was free
     assert status["progress"]["step"] == status["progress"]["totalSteps"]
     assert reasons(sc).count("PodDisrupted") == 3 and "BackoffLimitExceeded" not in reasons(sc)

@@ -88,19 +88,9 @@ def _kind(*args: str, check: bool = True, timeout: float = 600) -> str:
 
 
 def kubectl(kubeconfig: Path, *args: str, check: bool = True, input: str | None = None) -> str:
-    from ..plane import kubectl_path
+    from ..plane import kubectl as run
 
-    proc = subprocess.run(
-        [kubectl_path(), f"--kubeconfig={kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=120,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout
+    return run(kubeconfig, *args, check=check, input=input).stdout
 
 
 def exists(name: str = NAME) -> bool:

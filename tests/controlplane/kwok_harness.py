@@ -1,0 +1,66 @@
+"""The harness as the control-plane tests use it: one fresh namespace of the embedded plane,
+whose pods kwok runs and ends on an annotation (``kwok.ddp.dev/exit-code``), with the operator
+as a process beside it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ddp_devcluster.harness import Harness
+from ddp_devcluster.operator_process import OperatorProcess
+from ddp_devcluster.plane import ControlPlane
+
+EXIT = "kwok.ddp.dev/exit-code"
+
+
+class KwokNamespace(Harness):
+    timeout_s = 30
+    interval_s = 0.2
+    pod_log_lines = 0  # kwok's pods have no logs
+
+    def __init__(self, cp: ControlPlane, op: OperatorProcess, prefix: str = "t"):
+        super().__init__(cp.kubeconfig, f"{prefix}-{uuid.uuid4().hex[:8]}")
+        self.cp, self.op = cp, op
+        self.k("create", "namespace", self.ns, ns="")
+
+    def operator_log(self, lines: int = 20) -> str:
+        return self.op.tail(lines)
+
+    def submit(self, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None) -> None:
+        """A DDPJob with an emptyDir checkpoint volume unless ``spec`` names one."""
+        self.apply(
+            {
+                "apiVersion": "ddp.dev/v1alpha1",
+                "kind": "DDPJob",
+                "metadata": {"name": name, **({"labels": labels} if labels else {})},
+                "spec": {"checkpoint": {"volume": {"emptyDir": {}}}, **spec},
+            }
+        )
+
+    def exit(self, pod: str, code: int) -> None:
+        """kwok ends the pod with this exit code (Succeeded for 0, else Failed)."""
+        self.k("annotate", "pod", pod, f"{EXIT}={code}")
+
+    def running(self, job: str, nodes: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """Waits until the job is Running with ``nodes`` ready nodes and as many node pods."""
+        return self.until(
+            f"{job} Running with {nodes} ready nodes",
+            lambda: (
+                (
+                    (s := self.status(job)).get("phase") == "Running"
+                    and s.get("readyNodes") == nodes
+                    and len(self.workers(job)) == nodes
+                    and s
+                )
+                or None
+            ),
+            timeout_s,
+        )
+
+    def succeed(self, job: str) -> dict[str, Any]:
+        """Ends every node pod of the job with 0; its status once Succeeded."""
+        for pod, p in self.workers(job).items():
+            if not p["metadata"].get("deletionTimestamp"):
+                self.exit(pod, 0)
+        return self.phase(job, "Succeeded")
