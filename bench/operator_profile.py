@@ -3,17 +3,21 @@
 cProfile, and the operator's API requests per job from the API server's audit log::
 
     python bench/operator_profile.py [--jobs 20] [--nodes-per-job 8] [--out out/profile]
-                                     [--top 40]
+                                     [--top 40] [--functions a,b] [--no-profile]
 
-Writes ``OUT/operator.prof`` (``python -m pstats``) and prints, to stderr, the functions with
-the most cumulative time, and one JSON object to stdout: the requests per job by verb and
-resource and, per job, the cumulative seconds of the functions named in ``--functions``.
+Writes ``OUT/operator.prof`` (``python -m pstats``), ``OUT/audit.log`` and ``OUT/sent.json``
+(when each job's create was sent), prints to stderr the functions with the most cumulative time
+and to stdout one JSON object: the operator's requests per job by verb and resource, its CPU
+per job, the medians over the jobs of when the API server received and answered the first
+request of each kind for a job (ms after the job's create was sent), its garbage collections,
+and per job the cumulative ms of the functions named in ``--functions``. ``--no-profile`` runs
+the operator as the latency benchmark does and prints only the requests, CPU and timeline.
 
-cProfile counts a coroutine's time only while it runs (each resumption is a call), so a
-reconcile's figure is the operator's own time for it, without the API server's answers. It
-runs only in the operator's main thread (the event loop), which is where kopf and the
-controller run. The profiler slows the operator down, so compare its figures only with each
-other, at two commits, and not with the latency benchmark's.
+cProfile runs on a CPU clock (time the operator waited for a core is not counted) and only in
+the operator's main thread (the event loop), where kopf and the controller run. It counts a
+coroutine's time only while it runs (each resumption is a call), so a reconcile's figure is the
+operator's own time for it, without the API server's answers. The profiler slows the operator
+down, so compare its figures only with each other, at two commits, not with the benchmark's.
 """
 
 from __future__ import annotations
