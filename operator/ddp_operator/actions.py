@@ -48,7 +48,7 @@ class Actions:
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
         job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
-        diff = {k for k, v in p.status.items() if status.get(k) != v}
+        diff = bookkeeping.status_diff(status, p.status)
         never = -bookkeeping.STATUS_COUNTS_EVERY_S
         since = time.monotonic() - self.status_written_at.get(uid, never)
         changed, counted, wait = bookkeeping.status_write(diff, since)

@@ -47,6 +47,15 @@ def pending_creates(
     }
 
 
+def status_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """The status fields that ``new`` changes, an absent field and an empty list being the same.
+
+    A new job's first status has ``handledFailures: []``: that counts no failure, so it must not
+    make :func:`status_write` write before the pods (a round trip before every new job's pods).
+    """
+    return {k for k, v in new.items() if old.get(k) != v and not (v == [] and old.get(k) is None)}
+
+
 def status_write(
     diff: Collection[str], since_last_write_s: float
 ) -> tuple[bool, bool, float | None]:

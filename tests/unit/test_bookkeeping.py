@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from ddp_api.ddpjob import DDPJob, DDPJobSpec
 from ddp_operator import bookkeeping, kube, render
+from ddp_operator import plan as planner
 from ddp_operator.settings import Settings
 
 
@@ -52,6 +53,23 @@ def test_status_writes_counted_failures_first_and_pod_counts_at_a_bounded_rate()
     write, first, wait = bookkeeping.status_write({"ready", "readyNodes"}, 0.25)
     assert (write, first) == (False, False) and wait == pytest.approx(0.75)
     assert bookkeeping.status_write({"ready"}, 1.5) == (True, False, None)
+
+
+def test_a_new_jobs_first_status_is_written_after_its_pods_and_a_counted_failure_before() -> None:
+    job = DDPJob.model_validate(
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": {"nodes": 2}}
+    )
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    first = planner.plan(job, {}, [], now, render.OperatorConfig(default_image="t"))
+    assert first.status["handledFailures"] == [] and any(o["kind"] == "Pod" for o in first.create)
+    diff = bookkeeping.status_diff({}, first.status)
+    assert "handledFailures" not in diff and "phase" in diff
+    assert bookkeeping.status_write(diff, 99.0) == (True, False, None)  # after the creates
+    counted = bookkeeping.status_diff({"handledFailures": []}, {"handledFailures": ["p:1"]})
+    assert bookkeeping.status_write(counted, 99.0) == (True, True, None)
+    assert bookkeeping.status_diff({"handledFailures": ["p:1"]}, {"handledFailures": []}) == {
+        "handledFailures"
+    }
 
 
 def test_an_unreadable_spec_fails_the_job_once_with_the_fields_named() -> None:
