@@ -31,7 +31,6 @@ class GoTool:
     name: str
     version: str
     module: str
-    module_version: str
     binaries: dict[str, str]  # binary name -> main package import path
     ldflags: list[str] = field(default_factory=list)
     staging_replaces: bool = False  # k8s.io/kubernetes needs its staging modules replaced
@@ -46,6 +45,10 @@ class GoTool:
     # write: CoreDNS with a chosen plugin list. A binary built from one names its package as
     # ``ddp-operator.local/build/<name>/<dir>``.
     sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def module_version(self) -> str:
+        return f"v{self.version}"  # every module here tags its releases v<version>
 
     @property
     def install_dir(self) -> Path:
@@ -80,14 +83,12 @@ def tools() -> list[GoTool]:
             name="etcd",
             version=versions.ETCD,
             module="go.etcd.io/etcd/server/v3",
-            module_version=f"v{versions.ETCD}",
             binaries={"etcd": "go.etcd.io/etcd/server/v3"},
         ),
         GoTool(
             name="kubernetes",
             version=k,
             module="k8s.io/kubernetes",
-            module_version=f"v{k}",
             binaries={
                 b: f"k8s.io/kubernetes/cmd/{b}"
                 for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -100,14 +101,12 @@ def tools() -> list[GoTool]:
             name="kwok",
             version=versions.KWOK,
             module="sigs.k8s.io/kwok",
-            module_version=f"v{versions.KWOK}",
             binaries={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
         ),
         GoTool(
             name="helm",
             version=versions.HELM,
             module="helm.sh/helm/v4",
-            module_version=f"v{versions.HELM}",
             binaries={"helm": "helm.sh/helm/v4/cmd/helm"},
             ldflags=[f"-X helm.sh/helm/v4/internal/version.version=v{versions.HELM}"],
         ),
@@ -115,7 +114,6 @@ def tools() -> list[GoTool]:
             name="kueue",
             version=versions.KUEUE,
             module="sigs.k8s.io/kueue",
-            module_version=f"v{versions.KUEUE}",
             binaries={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
             ldflags=[f"-X sigs.k8s.io/kueue/pkg/version.GitVersion=v{versions.KUEUE}"],
             upstream_sums=True,
@@ -124,7 +122,6 @@ def tools() -> list[GoTool]:
             name="prometheus",
             version=versions.PROMETHEUS,
             module="github.com/prometheus/prometheus",
-            module_version=f"v{versions.PROMETHEUS}",
             binaries={"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
             # Without the optional service discoveries (cloud providers, Nomad, ...): the tests
             # scrape static targets, and the build is half as long.
@@ -138,7 +135,6 @@ def tools() -> list[GoTool]:
             name="kubernetes-node",
             version=k,
             module="k8s.io/kubernetes",
-            module_version=f"v{k}",
             binaries={
                 b: f"k8s.io/kubernetes/cmd/{b}" for b in ("kubelet", "kube-proxy", "kubeadm")
             },
@@ -150,7 +146,6 @@ def tools() -> list[GoTool]:
             name="containerd",
             version=versions.CONTAINERD,
             module="github.com/containerd/containerd/v2",
-            module_version=f"v{versions.CONTAINERD}",
             binaries={
                 b: f"github.com/containerd/containerd/v2/cmd/{b}"
                 for b in ("containerd", "containerd-shim-runc-v2", "ctr")
@@ -166,7 +161,6 @@ def tools() -> list[GoTool]:
             name="coredns",
             version=versions.COREDNS,
             module="github.com/coredns/coredns",
-            module_version=f"v{versions.COREDNS}",
             binaries={"coredns": "ddp-operator.local/build/coredns/cmd/coredns"},
             ldflags=[f"-X github.com/coredns/coredns/coremain.GitCommit=v{versions.COREDNS}"],
             sources={"cmd/coredns/main.go": COREDNS_MAIN},
@@ -176,7 +170,6 @@ def tools() -> list[GoTool]:
             name="local-path-provisioner",
             version=versions.LOCAL_PATH_PROVISIONER,
             module="github.com/rancher/local-path-provisioner",
-            module_version=f"v{versions.LOCAL_PATH_PROVISIONER}",
             binaries={"local-path-provisioner": "github.com/rancher/local-path-provisioner"},
             upstream_sums=True,
         ),
@@ -184,14 +177,12 @@ def tools() -> list[GoTool]:
             name="kind",
             version=versions.KIND,
             module="sigs.k8s.io/kind",
-            module_version=f"v{versions.KIND}",
             binaries={"kind": "sigs.k8s.io/kind"},
         ),
         GoTool(
             name="cni-plugins",
             version=versions.CNI_PLUGINS,
             module="github.com/containernetworking/plugins",
-            module_version=f"v{versions.CNI_PLUGINS}",
             binaries={
                 p.rsplit("/", 1)[1]: f"github.com/containernetworking/plugins/plugins/{p}"
                 for p in ("ipam/host-local", "main/loopback", "main/ptp", "meta/portmap")
@@ -202,7 +193,6 @@ def tools() -> list[GoTool]:
             name="registry",
             version=versions.DISTRIBUTION,
             module="github.com/distribution/distribution/v3",
-            module_version=f"v{versions.DISTRIBUTION}",
             binaries={"registry": "github.com/distribution/distribution/v3/cmd/registry"},
             upstream_sums=True,
         ),
@@ -333,6 +323,20 @@ def build(tool: GoTool) -> float:
     t0 = time.monotonic()
     src = cache_dir() / "src" / f"{tool.name}-{tool.version}"
     src.mkdir(parents=True, exist_ok=True)
+    _write_module(tool, src)
+    tmp = tool.install_dir.with_name(tool.install_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _compile(tool, src, tmp)
+    shutil.rmtree(tool.install_dir, ignore_errors=True)
+    tmp.rename(tool.install_dir)
+    took = time.monotonic() - t0
+    print(f">> {tool.name} {tool.version}: built in {took:.0f}s -> {tool.install_dir}", flush=True)
+    return took
+
+
+def _write_module(tool: GoTool, src: Path) -> None:
+    """The wrapper module in ``src`` that requires ``tool``'s module, tidied."""
     print(
         f">> {tool.name} {tool.version}: resolving {tool.module}@{tool.module_version}", flush=True
     )
@@ -359,13 +363,13 @@ def build(tool: GoTool) -> float:
     tidy = ["mod", "tidy", *(["-e"] if tool.tidy_lenient else [])]
     _checked(_go(tidy, src, capture_output=True), f"go mod tidy for {tool.name}")
 
+
+def _compile(tool: GoTool, src: Path, out: Path) -> None:
+    """``go build`` of each of ``tool``'s binaries into ``out``, counting packages as they go."""
     pkgs = list(tool.binaries.values())
     tags = ["-tags", ",".join(tool.tags)] if tool.tags else []
     deps = _checked(_go(["list", *tags, "-deps", *pkgs], src, capture_output=True), "go list -deps")
     progress = BuildProgress(tool.name, len(deps.stdout.split()))
-    tmp = tool.install_dir.with_name(tool.install_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     print(
         f">> {tool.name} {tool.version}: compiling {len(pkgs)} binaries "
         f"({progress.total} packages; cached packages are skipped)",
@@ -373,19 +377,9 @@ def build(tool: GoTool) -> float:
     )
     ldflags = " ".join(["-s", "-w", *tool.ldflags])
     for binary, pkg in tool.binaries.items():
+        command = ["go", "build", "-v", "-trimpath", *tags, "-ldflags", ldflags]
         proc = subprocess.Popen(
-            [
-                "go",
-                "build",
-                "-v",
-                "-trimpath",
-                *tags,
-                "-ldflags",
-                ldflags,
-                "-o",
-                str(tmp / binary),
-                pkg,
-            ],
+            [*command, "-o", str(out / binary), pkg],
             cwd=src,
             env=_go_env(),
             stderr=subprocess.PIPE,
@@ -401,11 +395,6 @@ def build(tool: GoTool) -> float:
         if proc.wait() != 0:
             raise SystemExit(f"go build {pkg} failed:\n{''.join(errors)}")
     progress.print()
-    shutil.rmtree(tool.install_dir, ignore_errors=True)
-    tmp.rename(tool.install_dir)
-    took = time.monotonic() - t0
-    print(f">> {tool.name} {tool.version}: built in {took:.0f}s -> {tool.install_dir}", flush=True)
-    return took
 
 
 # What `make demo` runs (the embedded plane, which always starts kwok, one real node and Helm):
