@@ -24,7 +24,6 @@ import kopf
 MERGE_PATCH = "application/merge-patch+json"
 RETRIES = 6
 RETRIED = (429, 500, 502, 503, 504)
-WATCH_CONNECTIONS = 4  # long-lived watches, on top of the requests in flight
 log = logging.getLogger("ddp_operator")
 
 
@@ -67,7 +66,10 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 class Kube:
-    """An aiohttp session to the API server with at most ``concurrency`` requests in flight."""
+    """An aiohttp session to the API server with at most ``concurrency`` requests in flight,
+    and its watches besides (each holds a connection for as long as it runs: one a resource,
+    or one a resource and namespace where the operator may only watch namespaces one by one).
+    """
 
     def __init__(
         self,
@@ -76,11 +78,11 @@ class Kube:
         on_error: Callable[[str], None] = lambda code: None,
     ):
         self._credentials = credentials
-        self._concurrency = concurrency
         self._on_error = on_error  # told each non-2xx status code, or "transport"
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self._lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(concurrency)  # requests; watches are not counted
 
     async def _connect(self) -> aiohttp.ClientSession:
         async with self._lock:
@@ -91,9 +93,7 @@ class Kube:
                 headers = {"Accept": "application/json"}
                 if info.token:
                     headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-                connector = aiohttp.TCPConnector(
-                    ssl=info.as_ssl_context(), limit=self._concurrency + WATCH_CONNECTIONS
-                )
+                connector = aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=0)
                 self._server = info.server.rstrip("/")
                 self._session = aiohttp.ClientSession(
                     connector=connector,
@@ -119,12 +119,15 @@ class Kube:
         for attempt in range(1, RETRIES + 1):
             session = await self._connect()
             try:
-                async with session.request(
-                    method,
-                    self._server + path,
-                    data=data,
-                    headers={"Content-Type": content_type} if data is not None else None,
-                ) as r:
+                async with (
+                    self._slots,
+                    session.request(
+                        method,
+                        self._server + path,
+                        data=data,
+                        headers={"Content-Type": content_type} if data is not None else None,
+                    ) as r,
+                ):
                     text = await r.text()
                     status, retry_after = r.status, r.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError) as e:

@@ -96,3 +96,49 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
             await api.close()
 
     asyncio.run(scenario())
+
+
+def test_watches_do_not_take_the_slots_of_requests(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator that may only watch namespace by namespace holds a watch a resource and
+    namespace; however many, its requests still go through (before, each watch took one of
+    ``concurrency + 4`` connections, and the 5th namespace's watches starved every request)."""
+    cp = control_plane
+    namespaces = [f"slots-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
+    for ns in namespaces:
+        cp.kubectl("create", "namespace", ns)
+    monkeypatch.setenv("KUBECONFIG", str(cp.kubeconfig))
+    log = logging.getLogger("test")
+
+    async def scenario() -> None:
+        api = kube.Kube(
+            lambda: kube.login(logger=log, settings=kopf.OperatorSettings()), concurrency=1
+        )
+        caches = [informer.Cache(render.LABEL_JOB, plan.view) for _ in range(2 * len(namespaces))]
+        watches = [
+            informer.Informer(api, plural, ns, caches[i], lambda key: None, watch_s=60)
+            for i, (plural, ns) in enumerate(
+                (p, ns) for ns in namespaces for p in ("pods", "services")
+            )
+        ]
+        tasks = [asyncio.create_task(w.run()) for w in watches]
+        try:
+            for w in watches:  # eight watches open at once, each on a connection of its own
+                await asyncio.wait_for(w.synced.wait(), 20)
+            r = await asyncio.wait_for(api.call("GET", kube.core_path(namespaces[0], "pods")), 10)
+            assert r.ok, r.message
+            made = await asyncio.wait_for(
+                asyncio.gather(
+                    *(api.call("GET", kube.core_path(ns, "services")) for ns in namespaces)
+                ),
+                10,
+            )
+            assert all(m.ok for m in made)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await api.close()
+
+    asyncio.run(scenario())
