@@ -68,9 +68,13 @@ class Actions:
 
         if changed and counted and not await write_status():
             return []
-        if job is not None and any(o["kind"] == "Pod" for o in p.create):
-            await self.trainer.ensure(job)
+        starts = job if job is not None and any(o["kind"] == "Pod" for o in p.create) else None
+        account = self.trainer.account(starts) if starts is not None else None
+        if account is not None:
+            await asyncio.shield(account)  # admission refuses a pod whose account is not there
         created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
+        if starts is not None:
+            self.trainer.for_reports(starts)  # needed once rank 0 reports: after the pods
         self.metrics.pod_creates.inc(
             sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
         )

@@ -145,6 +145,12 @@ class Controller:
         except ValidationError as e:
             p = bookkeeping.invalid_spec(status, e, dt.datetime.now(dt.UTC))
         else:
+            if not status.get("phase") and not job.spec.suspend:
+                # A new job's pods will wait for its trainer account: its create goes out now,
+                # while the plan is made, instead of after it (the short sleep is a turn of the
+                # event loop long enough for the request to be sent).
+                self.trainer.account(job)
+                await asyncio.sleep(0.001)
             p, workload = await self._plan(key, job, status, observed, expected.keys())
         services = self.services.names(key)
         p.create = [

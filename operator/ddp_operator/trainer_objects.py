@@ -29,26 +29,37 @@ class TrainerObjects:
     legacy_retired: set[str] = field(default_factory=set)  # namespaces without 0.1.0's account
     retiring: set[str] = field(default_factory=set)  # ... being checked now
 
-    async def ensure(self, job: DDPJob) -> None:
-        """The job's progress ConfigMap, and the ServiceAccount that may patch it and nothing else
-        (render.render_trainer_identity), for a job whose rank 0 reports progress.
+    def account(self, job: DDPJob) -> asyncio.Future[None] | None:
+        """Begins the create of the job's trainer ServiceAccount, the one that may patch its
+        progress ConfigMap and nothing else; None where its pods need none of ours (no progress
+        reports, or the user's own account: theirs to grant). Pods wait for it: admission
+        refuses a pod whose ServiceAccount does not exist.
 
-        Made once per job and operator process (a repeat after a restart meets 409); concurrent
-        reconciles share one attempt, and a failed one is tried again by the next reconcile.
-        Only the ServiceAccount is awaited (admission refuses a pod whose ServiceAccount does
-        not exist); the rest is needed only once rank 0 reports, so it follows meanwhile.
+        Each object is made once per job and operator process (a repeat after a restart meets
+        409); concurrent reconciles share one attempt, and a failed one is tried again by the
+        next reconcile.
         """
+        if not render.reports_progress(job):
+            return None
+        t = job.spec.template
+        if t is not None and t.service_account_name:
+            return None
+        sa = render.render_trainer_identity(job)[0]
+        return self._once(("account", render.job_key(job)[2]), lambda: self._post(sa))
+
+    def for_reports(self, job: DDPJob) -> None:
+        """Begins what rank 0's reports need besides the account, seconds after the pods: the
+        progress ConfigMap and, with our account, the Role and RoleBinding that let it patch
+        that ConfigMap (made after the pods: nothing waits for them)."""
         if not render.reports_progress(job):
             return
         uid = render.job_key(job)[2]
         self._once(("progress", uid), lambda: self._post(render.render_progress_configmap(job)))
         t = job.spec.template
-        if t is not None and t.service_account_name:
-            return  # the user's own account: theirs to grant
-        account, role, binding = render.render_trainer_identity(job)
-        # RBAC checks a new binding against its Role, so the Role must exist first.
-        self._once(("rbac", uid), lambda: self._post_all(role, binding))
-        await asyncio.shield(self._once(("account", uid), lambda: self._post(account)))
+        if t is None or not t.service_account_name:
+            _, role, binding = render.render_trainer_identity(job)
+            # RBAC checks a new binding against its Role, so the Role must exist first.
+            self._once(("rbac", uid), lambda: self._post_all(role, binding))
 
     def forget(self, uid: str) -> None:
         for what in ("account", "rbac", "progress"):
