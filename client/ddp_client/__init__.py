@@ -14,20 +14,18 @@ but :mod:`ddp_api`; ``pip install '.[client]'`` installs these two packages and 
 (not the operator, the trainer or the development harness).
 """
 
-from .client import (
+from .client import DDPClient
+from .curves import Plot, draw_curves
+from .errors import (
     ClusterUnreachable,
-    DDPClient,
     DDPError,
     JobNotFound,
     NoMetrics,
-    Plot,
     ScriptNotFound,
-    ScriptOptions,
     WaitTimeout,
-    draw_curves,
-    read_script,
-    status_of,
 )
+from .jobs import read_script, status_of
+from .objects import ScriptOptions
 
 __all__ = [
     "ClusterUnreachable",

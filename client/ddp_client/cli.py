@@ -16,8 +16,11 @@ from collections.abc import Sequence
 
 from ddp_api.contract import parse_rfc3339
 
-from .client import DDPClient, DDPError, ScriptOptions, WaitTimeout, read_script
+from .client import DDPClient
+from .errors import DDPError, WaitTimeout
+from .jobs import read_script
 from .live import LiveView, exit_code
+from .objects import ScriptOptions
 
 PROG = "kubectl ddp"
 EXIT_ERROR, EXIT_TIMEOUT, EXIT_INTERRUPTED = 2, 3, 130

@@ -18,33 +18,7 @@ text is one line that says what to do.
 
 from __future__ import annotations
 
-from .curves import Plot, draw_curves
-from .errors import (
-    ClusterUnreachable,
-    DDPError,
-    JobNotFound,
-    NoMetrics,
-    ScriptNotFound,
-    WaitTimeout,
-)
-from .jobs import read_script, status_of
-from .objects import ScriptOptions
 from .run_log import RunLogReader
-
-__all__ = [
-    "ClusterUnreachable",
-    "DDPClient",
-    "DDPError",
-    "JobNotFound",
-    "NoMetrics",
-    "Plot",
-    "ScriptNotFound",
-    "ScriptOptions",
-    "WaitTimeout",
-    "draw_curves",
-    "read_script",
-    "status_of",
-]
 
 
 class DDPClient(RunLogReader):

@@ -27,8 +27,7 @@ from typing import Any
 import yaml
 
 from ddp_api.ddpjob import TERMINAL_PHASES
-from ddp_client.client import draw_curves
-from ddp_client.curves import curves
+from ddp_client.curves import curves, draw_curves
 from ddp_client.live import LiveView
 from ddp_trainer.progress import read_run_log
 

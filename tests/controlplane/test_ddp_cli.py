@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ddp_client.client import DDPClient, JobNotFound, WaitTimeout
+from ddp_client import DDPClient, JobNotFound, WaitTimeout
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from e2e_scenario import Scenario
 
-from ddp_client.client import DDPClient
+from ddp_client import DDPClient
 from ddp_client.loglines import parse_timestamp
 from kubectl_plugin import KubectlDdp
 

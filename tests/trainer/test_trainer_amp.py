@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,7 @@ from ddp_trainer.trainer import DistEnv, Trainer
 SMALL = {"workload": "digits", "maxSteps": 6, "checkpointEverySteps": 3, "logEverySteps": 1}
 
 
-@pytest.fixture(autouse=True)
-def keep_sigterm_handler() -> Iterator[None]:
-    """Trainer.train installs a SIGTERM handler; these tests run it in the pytest process."""
-    handler = signal.getsignal(signal.SIGTERM)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("trainer_in_this_process")
 
 
 def train(directory: Path, **settings: object) -> Trainer:

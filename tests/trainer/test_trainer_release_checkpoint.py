@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +58,7 @@ KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def keep_sigterm_handler() -> Iterator[None]:
-    """Trainer.train installs a SIGTERM handler; these tests run it in the pytest process."""
-    handler = signal.getsignal(signal.SIGTERM)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("trainer_in_this_process")
 
 
 def same(a: Any, b: Any) -> bool:

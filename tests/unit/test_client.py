@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_client import cli
+from ddp_client import cli, draw_curves, status_of
 from ddp_client import objects as client_objects
-from ddp_client.client import draw_curves, status_of
 from ddp_client.curves import Curves
 from ddp_client.objects import (
     InvalidJob,

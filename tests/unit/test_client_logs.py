@@ -14,8 +14,8 @@ import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from ddp_client import DDPClient, DDPError
 from ddp_client import logs as logs_module
-from ddp_client.client import DDPClient, DDPError
 from ddp_operator.render import LABEL_INDEX
 
 
