@@ -101,6 +101,8 @@ def main() -> int:
     second = cluster.pull_everywhere(kubeconfig, remote2, log)
     second_wall = time.monotonic() - t0
     forget(remote2)  # the bench's image goes; the real one stays on the machines
+    subprocess.run(["podman", "rmi", changed], env=images.podman_env(), capture_output=True,
+                   check=False)  # fmt: skip
 
     sizes = images.sizes([trainer])
     result = {
