@@ -246,6 +246,13 @@ def pull_everywhere(kubeconfig: Path, ref: str, log: Log = print) -> dict[str, f
     """Pulls ``ref`` onto every node at once (one pod per node that runs ``true``); returns
     each node's pull time from kubelet's event (None: the image was there already)."""
     ns = "ddp-pull"
+
+    def gone_or_active() -> bool:  # the last call's namespace may still be terminating
+        phase = kubectl(kubeconfig, "get", "namespace", ns, "-o", "jsonpath={.status.phase}",
+                        "--ignore-not-found")  # fmt: skip
+        return phase.strip() != "Terminating"
+
+    until(f"namespace {ns} not terminating", gone_or_active, timeout_s=300, interval_s=1)
     kubectl(kubeconfig, "create", "namespace", ns, check=False)
     nodes = json.loads(kubectl(kubeconfig, "get", "nodes", "-o", "json"))["items"]
     names = [n["metadata"]["name"] for n in nodes]
