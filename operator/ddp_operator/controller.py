@@ -145,12 +145,7 @@ class Controller:
         except ValidationError as e:
             p = bookkeeping.invalid_spec(status, e, dt.datetime.now(dt.UTC))
         else:
-            if not status.get("phase") and not job.spec.suspend:
-                # A new job's pods will wait for its trainer account: its create goes out now,
-                # while the plan is made, instead of after it (the short sleep is a turn of the
-                # event loop long enough for the request to be sent).
-                self.trainer.account(job)
-                await asyncio.sleep(0.001)
+            await self._account_first(job, status)
             p, workload = await self._plan(key, job, status, observed, expected.keys())
         services = self.services.names(key)
         p.create = [
@@ -174,6 +169,14 @@ class Controller:
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
         self.trainer.retire_legacy_soon(meta["namespace"], self.spawn)
         self.queue.later(key, p.requeue_after)
+
+    async def _account_first(self, job: DDPJob, status: dict[str, Any]) -> None:
+        """A new job's pods will wait for its trainer account: its create goes out before the
+        plan is made, so that the round trip runs while the plan is computed (the short sleep
+        is a turn of the event loop long enough for the request to be sent)."""
+        if not status.get("phase") and not job.spec.suspend:
+            self.trainer.account(job)
+            await asyncio.sleep(0.001)
 
     async def _plan(
         self,
