@@ -26,18 +26,6 @@ PROG = "kubectl ddp"
 EXIT_ERROR, EXIT_TIMEOUT, EXIT_INTERRUPTED = 2, 3, 130
 
 
-def _nproc(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, not {value!r}")
-    return n
-
-
 def _positive(value: str) -> int:
     try:
         n = int(value)
@@ -46,6 +34,17 @@ def _positive(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, not {value!r}")
     return n
+
+
+def _nproc(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return _positive(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1 or auto, not {value!r}"
+        ) from None
 
 
 def parser() -> argparse.ArgumentParser:
