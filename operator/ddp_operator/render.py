@@ -461,7 +461,7 @@ def _identity(job: DDPJob) -> dict[str, Any]:
     t = job.spec.template
     if t is not None and t.service_account_name:
         return {"serviceAccountName": t.service_account_name}
-    if reports_progress(job):
+    if uses_trainer_account(job):
         return {"serviceAccountName": trainer_account(job_key(job)[1])}
     return {"automountServiceAccountToken": False}
 
@@ -470,6 +470,13 @@ def _identity(job: DDPJob) -> dict[str, Any]:
 def reports_progress(job: DDPJob) -> bool:
     """Whether the job's pods run the bundled trainer, whose rank 0 reports progress."""
     return job.spec.command is None
+
+
+def uses_trainer_account(job: DDPJob) -> bool:
+    """Whether the job's pods run as its own trainer account (rank 0 reports progress, and
+    ``spec.template`` names no account of the user's)."""
+    t = job.spec.template
+    return reports_progress(job) and not (t is not None and t.service_account_name)
 
 
 def render_progress_configmap(job: DDPJob) -> dict[str, Any]:

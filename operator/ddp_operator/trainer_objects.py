@@ -39,13 +39,12 @@ class TrainerObjects:
         409); concurrent reconciles share one attempt, and a failed one is tried again by the
         next reconcile.
         """
-        if not render.reports_progress(job):
+        if not render.uses_trainer_account(job):
             return None
-        t = job.spec.template
-        if t is not None and t.service_account_name:
-            return None
-        sa = render.render_trainer_identity(job)[0]
-        return self._once(("account", render.job_key(job)[2]), lambda: self._post(sa))
+        return self._once(
+            ("account", render.job_key(job)[2]),
+            lambda: self._post(render.render_trainer_identity(job)[0]),
+        )
 
     def for_reports(self, job: DDPJob) -> None:
         """Begins what rank 0's reports need besides the account, seconds after the pods: the
@@ -55,11 +54,11 @@ class TrainerObjects:
             return
         uid = render.job_key(job)[2]
         self._once(("progress", uid), lambda: self._post(render.render_progress_configmap(job)))
-        t = job.spec.template
-        if t is None or not t.service_account_name:
-            _, role, binding = render.render_trainer_identity(job)
+        if render.uses_trainer_account(job):
             # RBAC checks a new binding against its Role, so the Role must exist first.
-            self._once(("rbac", uid), lambda: self._post_all(role, binding))
+            self._once(
+                ("rbac", uid), lambda: self._post_all(*render.render_trainer_identity(job)[1:])
+            )
 
     def forget(self, uid: str) -> None:
         for what in ("account", "rbac", "progress"):
