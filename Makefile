@@ -124,7 +124,7 @@ down: ## delete the kind cluster of `make up`, its registry and kind's podman ne
 	$(PY) -m ddp_devcluster kind-down
 
 .PHONY: demo
-demo: venv host-packages ## the chart's operator runs the digits example on a real node here (as root)
+demo: venv host-packages ## the chart's operator runs the digits example on a 4-machine kind cluster here (as root)
 	$(MAKE) --no-print-directory -j2 demo-binaries images
 	$(PY) -m ddp_devcluster demo
 

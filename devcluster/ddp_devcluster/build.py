@@ -397,12 +397,12 @@ def _compile(tool: GoTool, src: Path, out: Path) -> None:
     progress.print()
 
 
-# What `make demo` runs (the embedded plane, which always starts kwok, one real node and Helm):
-# a new machine builds these only, not Kueue, Prometheus and kind's tools (about 8 of the 22
-# minutes of Go builds).
+# What `make demo` runs (the kind cluster: its node image's Kubernetes, etcd, containerd, CNI
+# plugins, CoreDNS and local-path-provisioner; kind, the registry and Helm on this machine): a
+# new machine builds these only, not kwok, Kueue and Prometheus.
 DEMO_TOOLS = (
-    "etcd", "kubernetes", "kwok", "helm", "kubernetes-node", "containerd", "coredns",
-    "local-path-provisioner",
+    "etcd", "kubernetes", "helm", "kubernetes-node", "containerd", "coredns",
+    "local-path-provisioner", "kind", "cni-plugins", "registry",
 )  # fmt: skip
 SETS = {"all": None, "demo": DEMO_TOOLS}
 

@@ -1,16 +1,20 @@
-"""``make demo``: the operator runs a real training job on this machine, with live progress.
+"""``make demo``: the operator runs a real training job on a cluster of four machines here,
+with live progress.
 
-1/4 starts a whole cluster here (:class:`~ddp_devcluster.stack.LocalStack`, ``chart=True``):
-both images built by `make images`, the embedded control plane, one real node (kubelet,
-containerd, runc, CNI, CoreDNS, kube-proxy, a volume provisioner) and the Helm chart with the
-operator image. 2/4 applies ``manifests/examples/checkpoint-pvc.yaml`` and ``digits.yaml``.
-3/4 follows the DDPJob: one line per change of its ``status.progress`` (as rank 0 reports it)
-and of its phase. 4/4 prints ``kubectl get ddpj digits``, copies the checkpoint volume and the
+1/4 brings up the kind cluster of `make up` (:mod:`ddp_devcluster.kind.cluster`: one control
+plane and three workers, podman's provider, the node image assembled here), or reuses the one
+that is up: the registry on this host, both images that `make images` built pushed there and
+pulled by every machine, and the Helm chart with the operator image. 2/4 applies
+``manifests/examples/checkpoint-pvc-shared.yaml`` (a ReadWriteMany claim every machine
+mounts) and ``digits.yaml`` in the namespace ``ddp-demo``. 3/4 follows the DDPJob: one line
+per change of its ``status.progress`` (as rank 0 reports it) and of its phase. 4/4 prints
+``kubectl get ddpj digits`` and the machine of each pod, copies the checkpoint volume and the
 pods' logs to ``--out`` (so they outlive the cluster), prints the test accuracy and draws the
-loss curve; then everything is torn down.
+loss curve. A cluster the demo made is deleted at the end (``--keep`` keeps it, as
+`make up` does); one that was up already keeps running without the demo's namespace.
 
-Needs root (the node's namespaces, cgroups and mounts) and the container tools from Debian's
-packages that `make host-packages` installs.
+Needs root (kind's node containers are privileged podman containers) and the container tools
+from Debian's packages that `make host-packages` installs.
 """
 
 from __future__ import annotations
@@ -31,13 +35,13 @@ from ddp_client.curves import curves, draw_curves
 from ddp_client.live import LiveView
 from ddp_trainer.progress import read_run_log
 
-from . import node
+from .harness import Harness
+from .kind import cluster as kind
 from .operator_process import REPO
-from .stack import LocalStack
 
-JOB, CLAIM, NAMESPACE = "digits", "digits-checkpoints", "default"
+JOB, CLAIM, NAMESPACE = "digits", "digits-checkpoints", "ddp-demo"
 EXAMPLES = REPO / "manifests" / "examples"
-EXAMPLE_FILES = ("checkpoint-pvc.yaml", "digits.yaml")
+EXAMPLE_FILES = ("checkpoint-pvc-shared.yaml", "digits.yaml")
 # The trainer reports status.progress at most every 10 s by default: a live view of a
 # half-minute job wants it more often. Added to the applied object only (the file is as is).
 PROGRESS_INTERVAL_S = "2"
@@ -78,6 +82,14 @@ def checkpoint_problem(rows: list[dict[str, Any]], manifest: dict[str, Any] | No
     return ""
 
 
+def pod_machines(pods: dict[str, dict[str, Any]]) -> list[str]:
+    """``pod  machine`` lines, by pod name: where the scheduler put each pod of the job."""
+    return [
+        f"{name}  {p['spec'].get('nodeName') or '(not scheduled)'}"
+        for name, p in sorted(pods.items())
+    ]
+
+
 # -- the demo -----------------------------------------------------------------------------
 def header(text: str) -> None:
     print(f"== {text}", flush=True)
@@ -87,14 +99,18 @@ def indent(text: str) -> str:
     return "\n".join("  " + line for line in text.rstrip().splitlines())
 
 
-def copy_logs(stack: LocalStack, out: Path) -> list[Path]:
+def log(message: str) -> None:
+    print("  " + message, flush=True)
+
+
+def copy_logs(h: Harness, out: Path) -> list[Path]:
     """The job's container logs (``kubectl logs``) to ``out/<pod>.<container>.0.log``."""
     copied = []
     out.mkdir(parents=True, exist_ok=True)
-    for pod, container in stack.pod_containers(ns=NAMESPACE):
+    for pod, container in h.pod_containers():
         if pod.startswith(f"{JOB}-"):
             dest = out / f"{pod}.{container}.0.log"
-            dest.write_text(stack.logs(pod, container, ns=NAMESPACE))
+            dest.write_text(h.logs(pod, container))
             copied.append(dest)
     return copied
 
@@ -108,14 +124,20 @@ def main(argv: list[str] | None = None) -> int:
         default=300,
         help="give up when the job's status has not moved for this many seconds",
     )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the cluster the demo made (`make down` removes it)",
+    )
     args = ap.parse_args(argv)
 
-    why = node.requirements()
+    why = kind.requirements()
     if why:
         print(
-            f"make demo runs the job on a real node of this machine, which it cannot start "
-            f"here: {why}. Run it as root (e.g. `sudo make demo`) on Linux; `make demo` "
-            "installs the container tools (podman, buildah, runc, CNI plugins) from apt.",
+            f"make demo runs the job on a kind cluster of four machines (podman containers) on "
+            f"this machine, which cannot start here: {why}. Run it as root (e.g. `sudo make "
+            "demo`) on Linux; `make demo` installs the container tools (podman, buildah, runc, "
+            "CNI plugins) from apt.",
             file=sys.stderr,
         )
         return 2
@@ -125,50 +147,55 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True)
     t_start = time.monotonic()
 
-    header("1/4 cluster up: images, embedded control plane, a real node, helm install")
-    stack = LocalStack(chart=True, log=lambda m: print("  " + m, flush=True))
+    header("1/4 cluster up: kind (4 machines), a registry here, both images, helm install")
+    ours = not kind.exists()
+    h: Harness | None = None
     try:
-        stack.start()
+        kubeconfig = kind.up(log=log)
+        kind.install(kubeconfig, log=log)
+        h = Harness(kubeconfig, NAMESPACE)
         print(f"  up in {time.monotonic() - t_start:.0f}s")
-        print(indent(stack.kubectl("get", "nodes").stdout), flush=True)
-
-        header(f"2/4 kubectl apply -f manifests/examples/{{{','.join(EXAMPLE_FILES)}}}")
-        print(
-            f"  (the applied DDPJob gets spec.template.env DDPJOB_PROGRESS_INTERVAL_S="
-            f"{PROGRESS_INTERVAL_S}: rank 0 reports progress every {PROGRESS_INTERVAL_S}s, "
-            "not 10s)"
-        )
-        applied = stack.kubectl(
-            "apply", "-f", "-", input=yaml.safe_dump_all(example_documents(), sort_keys=False)
-        )
-        print(indent(applied.stdout), flush=True)
-
-        status = train(stack, args.stall_timeout)
-        if status is None or status["phase"] != "Succeeded":
-            print(
-                f"\nFAILED: ddpjob/{JOB} {status}\n{stack.diagnostics(NAMESPACE)}", file=sys.stderr
-            )
-            return 1
-        problem = results(stack, out)
-        if problem:
-            print(f"\nFAILED: {problem}\n{stack.diagnostics(NAMESPACE)}", file=sys.stderr)
+        print(indent(h.k("get", "nodes", ns="")), flush=True)
+        status = run(h, args.stall_timeout, out)
+        if status is not None:
+            print(f"\nFAILED: {status}\n{h.diagnostics()}", file=sys.stderr)
             return 1
     finally:
-        print("  tearing down the cluster ...", flush=True)
-        stack.stop()
+        if ours and not args.keep:
+            print("  tearing down the cluster ...", flush=True)
+            kind.down(log=log)
+        elif h is not None:
+            print(f"  the cluster stays (`make down` removes it); namespace {NAMESPACE} deleted")
+            h.k("delete", "namespace", NAMESPACE, "--wait=false", ns="", check=False)
     print(f"  done in {time.monotonic() - t_start:.0f}s")
     return 0
 
 
-def train(stack: LocalStack, stall_timeout_s: float) -> dict[str, Any] | None:
+def run(h: Harness, stall_timeout_s: float, out: Path) -> str | None:
+    """Steps 2 to 4 in the demo's namespace (made anew); what went wrong, or None."""
+    h.k("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", ns="")
+    h.k("create", "namespace", NAMESPACE, ns="")
+    header(f"2/4 kubectl apply -n {NAMESPACE} -f manifests/examples/{{{','.join(EXAMPLE_FILES)}}}")
+    print(
+        f"  (the applied DDPJob gets spec.template.env DDPJOB_PROGRESS_INTERVAL_S="
+        f"{PROGRESS_INTERVAL_S}: rank 0 reports progress every {PROGRESS_INTERVAL_S}s, not 10s)"
+    )
+    print(indent(h.apply(*example_documents())), flush=True)
+    status = train(h, stall_timeout_s)
+    if status is None or status["phase"] != "Succeeded":
+        return f"ddpjob/{JOB} {status}"
+    return results(h, out) or None
+
+
+def train(h: Harness, stall_timeout_s: float) -> dict[str, Any] | None:
     """Step 3: the job's progress as rank 0 reports it, until it ends; its last status (None:
     its status stopped moving for ``stall_timeout_s``)."""
     header(f"3/4 training: status.progress of ddpjob/{JOB}, as rank 0 reports it")
     view = LiveView(lambda s: print(s, end="", flush=True), tty=sys.stdout.isatty())
     t_job = time.monotonic()
     try:
-        status = stack.phase(JOB, TERMINAL_PHASES, stall_timeout_s, ns=NAMESPACE, on_status=view)
-    except TimeoutError as e:
+        status = h.phase(JOB, TERMINAL_PHASES, stall_timeout_s, on_status=view)
+    except (TimeoutError, AssertionError) as e:
         view.close()
         print(f"\n{e}", file=sys.stderr)
         return None
@@ -177,8 +204,8 @@ def train(stack: LocalStack, stall_timeout_s: float) -> dict[str, Any] | None:
     if view.lines == 0:
         said = [
             line.strip()
-            for pod in (f"{JOB}-node-0", f"{JOB}-node-1")
-            for line in stack.logs(pod, "trainer", ns=NAMESPACE).splitlines()
+            for pod in h.workers(JOB)
+            for line in h.logs(pod, "trainer").splitlines()
             if "progress" in line and "WARNING" in line
         ]
         print(
@@ -189,19 +216,21 @@ def train(stack: LocalStack, stall_timeout_s: float) -> dict[str, Any] | None:
     return status
 
 
-def results(stack: LocalStack, out: Path) -> str:
+def results(h: Harness, out: Path) -> str:
     """Step 4: the checkpoints, logs and loss curve copied to ``out``; what is wrong with the
     checkpoints ("" when nothing)."""
     header("4/4 results")
-    print(indent(stack.kubectl("get", "ddpj", JOB).stdout))
+    print(indent(h.k("get", "ddpj", JOB)))
+    print("  the job's pods ran on these machines:")
+    print(indent("\n".join(pod_machines(h.pods(f"ddp.dev/job-name={JOB}")))))
     ckpt = out / "checkpoints"
-    shutil.copytree(stack.claim_dir(CLAIM), ckpt)
-    logs = copy_logs(stack, out / "logs")
+    shutil.copytree(kind.claim_folder(h, CLAIM), ckpt)
+    logs = copy_logs(h, out / "logs")
     rows = read_run_log(ckpt)
     end = end_event(rows)
     if "testAccuracy" in end:
         print(f"  test accuracy {end['testAccuracy']:.3f} (test loss {end['testLoss']:.4f})")
-    print(f"  checkpoints (the claim {CLAIM}) copied to {ckpt}:")
+    print(f"  checkpoints (the claim {CLAIM}, on every machine) copied to {ckpt}:")
     for f in sorted(ckpt.iterdir()):
         print(f"    {f.name}")
     print(f"  pod logs: {len(logs)} files in {out / 'logs'}")

@@ -3,11 +3,8 @@ must have to run it."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
-from ddp_devcluster.build import binary
 from ddp_devcluster.harness import Harness
+from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.pytest_plugin import unavailable
 
 
@@ -18,13 +15,6 @@ class KindCluster(Harness):
 
 
 def requirements() -> None:
-    missing = [c for c in ("podman", "buildah", "go", "gcc") if not shutil.which(c)]
-    if missing:
-        unavailable(f"the kind cluster needs {', '.join(missing)} (make host-packages)")
-    for tool, name in (("kind", "kind"), ("registry", "registry"), ("kubernetes-node", "kubeadm")):
-        try:
-            binary(tool, name)
-        except FileNotFoundError as e:
-            unavailable(str(e))
-    if subprocess.run(["podman", "info"], capture_output=True, check=False).returncode != 0:
-        unavailable("podman cannot run containers here")
+    why = kind.requirements()
+    if why:
+        unavailable(f"the kind cluster cannot start here: {why}")

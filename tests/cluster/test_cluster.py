@@ -24,7 +24,6 @@ from cluster_env import Cluster
 
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
-from ddp_devcluster.kind.nodeimage import SHARED_PATH
 from ddp_devcluster.pytest_plugin import unavailable
 
 # The first test also starts the cluster, which imports the images on a cold store (minutes).
@@ -256,15 +255,6 @@ def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
     return {name: p["spec"].get("nodeName", "") for name, p in pods.items()}
 
 
-def claim_dir(cluster: Cluster, ns: str, claim: str) -> Path:
-    """The host folder of a ``ddp-shared`` claim on the kind cluster (every machine mounts
-    that same folder): what the job wrote, readable whatever its pods are doing."""
-    pvc = cluster.get("pvc", claim, ns=ns, check=True)
-    pv = cluster.get("pv", pvc["spec"]["volumeName"], check=True)
-    inside = Path(pv["spec"]["hostPath"]["path"])
-    return kind.shared_dir() / inside.relative_to(SHARED_PATH)
-
-
 def metrics(folder: Path) -> list[dict[str, Any]]:
     """The rows of a checkpoint folder's metrics.jsonl (rank 0 appends them)."""
     text = (folder / "metrics.jsonl").read_text()
@@ -301,7 +291,7 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
     first = cluster.until("the pod of rank 0", lambda: rank0_pod(cluster, ns, "digits"))
     where = machines(cluster, ns, "digits")
     machine_a = where[first]
-    folder = claim_dir(cluster, ns, "digits-checkpoints")
+    folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
     before = [r for r in metrics(folder) if r["event"] == "step"]
     assert [r["step"] for r in before] == list(range(1, 31)), before
     cluster.k("cordon", machine_a)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from cluster_env import Cluster
-from test_cluster import claim_dir, machines, metrics
+from test_cluster import machines, metrics
 
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
@@ -45,7 +45,7 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
             kind.freeze(machine)
             frozen.append(machine)
             lost.append(machine)
-            folder = claim_dir(cluster, ns, "digits-checkpoints")
+            folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
             (folder / f"release-step-{hold:08d}").touch()
             if hold < 60:
                 cluster.held("digits", hold + 20, 900, ns=ns)  # past the loss of the machine
@@ -66,7 +66,7 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
     for machine in lost:
         assert any(f"on machine {machine}," in m for m in said), (machine, said)
     assert done.get("disruptions", 0) >= 2, done  # node-1's and node-0's machines
-    rows = metrics(claim_dir(cluster, ns, "digits-checkpoints"))
+    rows = metrics(kind.claim_folder(cluster, "digits-checkpoints", ns=ns))
     reached, lost_steps = 0, []
     for r in rows:
         if r["event"] == "start" and r.get("resumedFrom"):

@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..build import binary
 from ..images import CONTAINERS_CONF, REPO
@@ -19,6 +19,9 @@ from ..paths import state_dir
 from ..polling import until
 from . import registry
 from .nodeimage import SHARED_PATH, ensure_node_image
+
+if TYPE_CHECKING:
+    from ..harness import Harness
 
 NAME = "ddp"
 CONFIG = REPO / "kind" / "cluster-4.yaml"
@@ -42,6 +45,34 @@ def kubeconfig_path(name: str = NAME) -> Path:
 def shared_dir(name: str = NAME) -> Path:
     """The host folder behind the ReadWriteMany class: mounted at SHARED_PATH in every node."""
     return state_dir() / f"kind-{name}-shared"
+
+
+def requirements() -> str:
+    """Why the kind cluster cannot start on this machine ("" when it can)."""
+    if os.geteuid() != 0:
+        return "not running as root (kind's nodes are privileged podman containers here)"
+    gone = [c for c in ("podman", "buildah", "go", "gcc") if not shutil.which(c)]
+    if gone:
+        return f"{', '.join(gone)} missing (`make host-packages` installs podman and buildah)"
+    for tool, name in (("kind", "kind"), ("registry", "registry"), ("kubernetes-node", "kubeadm")):
+        try:
+            binary(tool, name)
+        except FileNotFoundError as e:
+            return str(e)
+    info = subprocess.run(["podman", "info"], env=kind_env(), capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if info.returncode != 0:
+        return f"podman cannot run containers here: {info.stderr.strip()[-500:]}"
+    return ""
+
+
+def claim_folder(h: Harness, claim: str, *, ns: str | None = None, name: str = NAME) -> Path:
+    """The host folder of a bound ``ddp-shared`` claim (every machine mounts that same
+    folder): what a job wrote, readable whatever its pods are doing."""
+    pvc = h.get("pvc", claim, ns=ns, check=True)
+    pv = h.get("pv", pvc["spec"]["volumeName"], ns="", check=True)
+    inside = Path(pv["spec"]["hostPath"]["path"])
+    return shared_dir(name) / inside.relative_to(SHARED_PATH)
 
 
 def node_count(config_text: str) -> int:

@@ -1,5 +1,7 @@
-"""`make demo`, the README's first command: the chart's operator runs the `digits` example on
-a real node of this machine (LocalStack, chart=True) and the demo leaves what it promises."""
+"""`make demo`, the README's first command, on the kind cluster of this suite (which the demo
+reuses as it reuses `make up`'s): the chart's operator runs the `digits` example across the
+machines, and the demo leaves what it promises. (Making and deleting the cluster is the
+``kind_cluster`` fixture's part, shown by this suite's first and last tests.)"""
 
 from __future__ import annotations
 
@@ -11,45 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
+from kind_env import KindCluster
 
-from ddp_devcluster import demo, node
-from ddp_devcluster.demo import checkpoint_problem
 from ddp_devcluster.paths import source_path
-from ddp_devcluster.pytest_plugin import unavailable
 
-REPO = Path(__file__).resolve().parents[1]
 # What manifests/examples/digits.yaml (3 epochs, 66 steps, 2 ranks) reaches: 0.928 measured.
 ACCURACY_TARGET = 0.9
 
 
-def test_demo_says_why_it_cannot_start_a_real_node(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+@pytest.mark.timeout(1500)  # a new cluster's first pull of the trainer image takes minutes
+def test_demo_runs_digits_across_machines_through_the_operator(
+    kind_cluster: KindCluster, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(node, "requirements", lambda: "not running as root (the node ...)")
-    assert demo.main(["--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert "runs the job on a real node" in err and "not running as root" in err
-    assert "sudo make demo" in err
-    assert not (tmp_path / "out").exists()  # nothing was started or written
-
-
-def test_checkpoint_problem() -> None:
-    rows = [{"event": "checkpoint", "name": "step-00000020.pt"}]
-    rows += [{"event": "checkpoint", "name": "step-00000066.pt"}]
-    assert checkpoint_problem(rows, {"latest": "step-00000066.pt"}) == ""
-    assert "step-00000066.pt" in checkpoint_problem(rows, {"latest": "step-00000020.pt"})
-    assert checkpoint_problem(rows, None) == "the volume has no manifest.json"
-
-
-@pytest.mark.timeout(1500)  # the images' first import into the node takes minutes
-def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
-    why = node.requirements()
-    if why:
-        unavailable(f"the demo needs a real node: {why}")
-    env = {
-        **os.environ,
-        "PYTHONPATH": source_path(),
-    }
+    env = {**os.environ, "PYTHONPATH": source_path()}
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "ddp_devcluster", "demo", "--out", str(tmp_path)],
@@ -64,7 +40,7 @@ def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
 
-    # results copied out of the cluster before the teardown
+    # results copied out of the cluster before the demo's namespace went
     ckpt = tmp_path / "checkpoints"
     rows = [json.loads(x) for x in (ckpt / "metrics.jsonl").read_text().splitlines()]
     end = next(r for r in rows if r.get("event") == "end")
@@ -78,8 +54,9 @@ def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
     assert len(trainer_logs) == 2
     assert any("rank0 INFO ddp_trainer.trainer: evaluation" in x for x in trainer_logs)
 
-    # what it printed: the cluster, kubectl's words, progress from status, the results
-    assert "node-0   Ready" in out  # the real node
+    # what it printed: four machines, kubectl's words, progress from status, the results
+    nodes = out[out.index("  NAME ") : out.index("== 2/4")].splitlines()[1:]
+    assert len(nodes) == 4 and all(line.split()[1] == "Ready" for line in nodes), nodes
     assert "ddpjob.ddp.dev/digits created" in out
     training = out[out.index("== 3/4") : out.index("phase Succeeded")]
     progress = [x for x in training.splitlines() if x.startswith("  [")]
@@ -91,6 +68,14 @@ def test_demo_runs_digits_through_the_operator(tmp_path: Path) -> None:
     header = ["NAME", "PHASE", "READY", "REASON", "EPOCH", "STEP", "LOSS"]
     assert table[0].split()[:7] == header, table
     assert table[1].split()[:4] == ["digits", "Succeeded", "0/2", "Completed"], table
+    # the spec's default spread put the two node pods on two machines
+    where = results[results.index("ran on these machines:") :].splitlines()[1:4]
+    workers = dict(line.split() for line in where if line.split()[0].startswith("digits-node-"))
+    assert len(workers) == 2 and len(set(workers.values())) == 2, where
     assert f"test accuracy {end['testAccuracy']:.3f}" in results
     assert manifest["latest"] in results and "loss curve:" in results
-    assert "tearing down" in results
+    assert "the cluster stays" in results  # this suite's cluster, not the demo's to delete
+    namespaces = kind_cluster.k("get", "namespaces", "-o", "name")
+    assert "namespace/ddp-demo" not in namespaces or "Terminating" in kind_cluster.k(
+        "get", "namespace", "ddp-demo", "--ignore-not-found"
+    )
