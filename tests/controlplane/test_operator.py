@@ -250,7 +250,8 @@ def test_a_failed_pod_is_recreated_and_counted(c: Cluster) -> None:
         lambda: (p := c.workers("flaky").get("flaky-node-1")) and p["metadata"]["uid"] != old,
     )
     status = c.running("flaky", 2)
-    assert status["restarts"] == 1
+    # What was counted, and why, if the count is off (it was 2 once, under heavy load).
+    assert status["restarts"] == 1, (status, c.events("flaky"), c.operator_log(60))
     pod = c.workers("flaky")["flaky-node-1"]
     assert pod["metadata"]["annotations"]["ddp.dev/attempt"] == "1"
     assert any(
@@ -268,7 +269,8 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
         "a new lost-node-0",
         lambda: (p := c.workers("lost").get("lost-node-0")) and p["metadata"]["uid"] != old,
     )
-    assert c.running("lost", 2)["restarts"] == 1
+    status = c.running("lost", 2)
+    assert status["restarts"] == 1, (status, c.events("lost"), c.operator_log(60))
     assert any(r == "PodDisrupted" for _, r, _ in c.events("lost"))
 
 
