@@ -46,7 +46,7 @@ $(DEMO_STAMP): | $(VENV)/.ok
 
 .PHONY: venv binaries demo-binaries deps
 venv: $(VENV)/.ok ## the pinned Python environment (cached)
-binaries: $(BIN_STAMP) ## the control plane, kwok, helm, kueue, prometheus and the real node's kubelet, kube-proxy, containerd, CoreDNS, local-path-provisioner (cached)
+binaries: $(BIN_STAMP) ## the control plane, kwok, helm, kueue, prometheus, kind, the registry and the kind node image's kubelet, kubeadm, kube-proxy, containerd, CNI plugins, CoreDNS, local-path-provisioner (cached)
 demo-binaries: $(DEMO_STAMP)
 deps: venv binaries ## everything the tests and the demo need
 
@@ -61,7 +61,7 @@ lock: | $(UV) ## re-resolve requirements/*.lock (dev, operator image, trainer im
 	$(COMPILE) --extra operator -o requirements/operator.lock
 	$(COMPILE) --extra trainer -o requirements/trainer.lock
 
-# The container tools of `make images` (and of the node work), from apt, only when missing.
+# The container tools of `make images` and of the kind cluster, from apt, only when missing.
 HOST_PACKAGES := podman buildah runc containernetworking-plugins debootstrap iptables conntrack
 .PHONY: host-packages
 host-packages: ## podman, buildah, runc, debootstrap, ... from apt (only what is missing; root)
@@ -106,8 +106,8 @@ test: deps-and-images lint ## everything CI runs: lint, type check, the images, 
 	$(PY) -m ddp_devcluster.lanes $(PYTEST_ARGS)
 
 .PHONY: e2e-kind
-e2e-kind: deps-and-images ## only the cluster suite, on the 4-node kind cluster (podman; reuses `make up`'s)
-	DDP_CLUSTER=kind $(PY) -m pytest tests/cluster -v -rs $(PYTEST_ARGS)
+e2e-kind: deps-and-images ## only the cluster suite and the end-to-end scenarios, on the 4-node kind cluster (podman; reuses `make up`'s)
+	$(PY) -m pytest tests/cluster tests/e2e -v -rs $(PYTEST_ARGS)
 
 .PHONY: cluster-up cluster-down
 cluster-up: deps ## start the embedded control plane in the background; prints the KUBECONFIG to export

@@ -1,7 +1,8 @@
 """How long Kueue's preemption of a training DDPJob takes to free its quota, with real pods.
 
-Runs on the end-to-end stack with real Kueue (``LocalStack(kueue=True)``: embedded control
-plane, Kueue, operator, a real node running torchrun in containers; needs root). Prints one
+Runs on the end-to-end stack with real Kueue (``KindStack(kueue=True)``: the kind cluster of
+four machines running torchrun in containers, Kueue and the operator as processes here; needs
+root). Prints one
 JSON object::
 
     python bench/kueue_preemption.py [--rounds 3]
@@ -29,8 +30,8 @@ from typing import Any
 import yaml
 
 from ddp_devcluster.harness import EXAMPLES
+from ddp_devcluster.kind.stack import KindStack
 from ddp_devcluster.kueue import API
-from ddp_devcluster.stack import LocalStack
 
 HOLD = 25
 
@@ -40,7 +41,7 @@ def _true(wl: dict[str, Any], ctype: str) -> bool:
     return any(c["type"] == ctype and c["status"] == "True" for c in conds)
 
 
-def one_round(s: LocalStack) -> dict[str, float]:
+def one_round(s: KindStack) -> dict[str, float]:
     assert s.plane is not None
     cp, ns = s.plane, f"bench-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", ns)
@@ -78,7 +79,9 @@ def one_round(s: LocalStack) -> dict[str, float]:
         cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": API, **q}))
     for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
         cp.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
-    docs = [d for d in yaml.safe_load_all((EXAMPLES / "checkpoint-pvc.yaml").read_text()) if d]
+    docs = [
+        d for d in yaml.safe_load_all((EXAMPLES / "checkpoint-pvc-shared.yaml").read_text()) if d
+    ]
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
     digits = yaml.safe_load((EXAMPLES / "digits.yaml").read_text())
 
@@ -136,7 +139,7 @@ def main() -> None:
         print(msg, file=sys.stderr, flush=True)
 
     rounds = []
-    with LocalStack(kueue=True, log=log) as s:
+    with KindStack(kueue=True, log=log) as s:
         for i in range(args.rounds):
             r = one_round(s)
             log(f"round {i + 1}/{args.rounds}: {r}")

@@ -47,11 +47,11 @@ SOURCES = ("api", "client", "operator", "trainer_image", "devcluster", "tests/cl
 sys.path[:0] = [str(REPO / p) for p in SOURCES]
 
 from cluster_env import Cluster  # noqa: E402
-from test_cluster import claim_dir, machines, metrics  # noqa: E402
+from test_cluster import machines, metrics  # noqa: E402
 
 from ddp_api.contract import parse_rfc3339  # noqa: E402
+from ddp_devcluster.chart import install_chart  # noqa: E402
 from ddp_devcluster.kind import cluster as kind  # noqa: E402
-from ddp_devcluster.stack import install_chart  # noqa: E402
 
 NS = "bench-node-loss"
 JOB = "digits"
@@ -133,7 +133,7 @@ def one_round(cl: Cluster, hold: int, victim_name: str, cap_s: float | None) -> 
         victim_name = next(p for p in where if p.startswith(f"{JOB}-node-") and p != victim_name)
     machine = where[victim_name]
     old_uid = pods(cl)[victim_name]["metadata"]["uid"]
-    folder = claim_dir(cl, NS, "digits-checkpoints")
+    folder = kind.claim_folder(cl, "digits-checkpoints", ns=NS)
     log(f"step {hold}: freezing {machine} ({victim_name}; the store is on {store_machine})")
     t0 = time.time()
     kind.freeze(machine)

@@ -1,7 +1,8 @@
 """How long a job takes to train again after its rendezvous store pod is deleted.
 
-Runs on the end-to-end stack (embedded control plane, operator, a real node: torchrun in the
-trainer image's containers; needs root). Prints one JSON object and writes a PNG::
+Runs on the end-to-end stack (``KindStack``: the kind cluster of four machines, torchrun in the
+trainer image's containers, the operator as a process here; needs root; the cluster stays
+for `make down`). Prints one JSON object and writes a PNG::
 
     python bench/store_recovery.py [--rounds 3] [--plot out/store_recovery.png]
 
@@ -34,19 +35,19 @@ from typing import Any
 import yaml
 
 from ddp_devcluster.harness import EXAMPLES
+from ddp_devcluster.kind.stack import KindStack
 from ddp_devcluster.polling import until
-from ddp_devcluster.stack import LocalStack
 from ddp_trainer.progress import read_run_log
 
 HOLD = 25
 
 
-def one_round(stack: LocalStack) -> dict[str, float]:
+def one_round(stack: KindStack) -> dict[str, float]:
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     stack.kubectl("create", "namespace", ns)
     docs = [
         d
-        for f in ("checkpoint-pvc.yaml", "digits.yaml")
+        for f in ("checkpoint-pvc-shared.yaml", "digits.yaml")
         for d in yaml.safe_load_all((EXAMPLES / f).read_text())
         if d
     ]
@@ -137,7 +138,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plot", type=Path, default=Path("out/store_recovery.png"))
     args = ap.parse_args()
-    with LocalStack(log=lambda m: print(f"[stack] {m}", file=sys.stderr)) as stack:
+    with KindStack(log=lambda m: print(f"[stack] {m}", file=sys.stderr)) as stack:
         rounds = []
         for i in range(args.rounds):
             rounds.append(one_round(stack))

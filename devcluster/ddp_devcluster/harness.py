@@ -2,7 +2,7 @@
 waits (a deadline, or a stall timeout for a job's phase) and what to read when a wait fails.
 
 The control-plane tests, the end-to-end scenarios (through
-:class:`~ddp_devcluster.stack.LocalStack`), the cluster suite and ``make demo`` all use it;
+:class:`~ddp_devcluster.kind.stack.KindStack`), the cluster suite and ``make demo`` all use it;
 each adds only what is its own (kwok's exit codes, Kueue's queues, holds and claims, kind's
 machines).
 

@@ -1,12 +1,14 @@
-"""Kueue, the real one, as a process against the embedded control plane (development and tests).
+"""Kueue, the real one, as a process of this machine against a cluster's API (the embedded control
+plane's or the kind cluster's; development and tests).
 
 Its CRDs and webhook manifests come from the pinned module itself (``go mod download``, the way
-``python -m ddp_devcluster build`` fetched it), never from copies in this repository. It runs with a
-cluster-admin client certificate, a Configuration naming DDPJob as an external framework, no
-internal certificate management, and a webhook serving certificate from the plane's CA. Its
-webhooks for Kueue's own kinds are registered with ``clientConfig.url`` on loopback, so the API
-server reaches them without a Service; the webhooks of the job integrations it is not asked to
-manage (batch Jobs, pods, ...) are left out.
+``python -m ddp_devcluster build`` fetched it), never from copies in this repository. It runs with
+the cluster's admin kubeconfig, a Configuration naming DDPJob as an external framework, no
+internal certificate management, and a webhook serving certificate from a CA of its own. Its
+webhooks for Kueue's own kinds are registered with ``clientConfig.url`` at this machine's address
+as the API server reaches it (loopback for the embedded plane, the host's end of kind's network
+for kind), so the API server reaches them without a Service; the webhooks of the job
+integrations it is not asked to manage (batch Jobs, pods, ...) are left out.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import yaml
 
 from . import certs, versions
 from .paths import cache_dir
-from .plane import MARKER_ENV, ControlPlane, Process
+from .plane import MARKER_ENV, ClusterAPI, Process
 from .plane import binary as plane_binary
 from .procs import free_port
 
@@ -124,24 +126,29 @@ def module_dir() -> Path:
     return Path(json.loads(out.stdout)["Dir"])
 
 
-def configuration(webhook_port: int, health_port: int, cert_dir: Path) -> dict:
-    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the embedded plane."""
+def configuration(
+    webhook_port: int, health_port: int, cert_dir: Path, webhook_host: str = "127.0.0.1"
+) -> dict:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2), its webhooks served on
+    ``webhook_host``."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         "metrics": {"bindAddress": "0"},
-        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+        "webhook": {"port": webhook_port, "host": webhook_host, "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "integrations": {"frameworks": [], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
     }
 
 
-def webhook_configurations(manifests: str, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+def webhook_configurations(
+    manifests: str, port: int, ca_pem: bytes, host: str = "127.0.0.1"
+) -> list[dict[str, Any]]:
     """Kueue's webhook configurations, only the webhooks of its own kinds, each pointed at
-    ``https://127.0.0.1:port<its path>`` and trusting ``ca_pem``."""
+    ``https://host:port<its path>`` and trusting ``ca_pem``."""
     out = []
     for doc in yaml.safe_load_all(manifests):
         if not doc or not doc.get("kind", "").endswith("WebhookConfiguration"):
@@ -153,7 +160,7 @@ def webhook_configurations(manifests: str, port: int, ca_pem: bytes) -> list[dic
                 continue
             path = hook["clientConfig"]["service"]["path"]
             hook["clientConfig"] = {
-                "url": f"https://127.0.0.1:{port}{path}",
+                "url": f"https://{host}:{port}{path}",
                 "caBundle": base64.b64encode(ca_pem).decode(),
             }
             hooks.append(hook)
@@ -167,7 +174,7 @@ def webhook_configurations(manifests: str, port: int, ca_pem: bytes) -> list[dic
 class KueueProcess:
     """``kueue`` (the controller manager) in a child process; ``start()`` installs its CRDs."""
 
-    plane: ControlPlane
+    plane: ClusterAPI
     workdir: Path
     process: Process | None = None
     startup_s: float = 0.0
@@ -188,29 +195,23 @@ class KueueProcess:
         self.plane.kubectl("wait", "--for=condition=Established", *crds, "--timeout=120s")
         self.plane.kubectl("create", "namespace", NAMESPACE, check=False)
 
-        ca_key, ca_cert = certs.load_ca(
-            self.plane.ca_file.read_bytes(), self.plane.ca_key_file.read_bytes()
-        )
+        ca, ca_key, ca_cert = certs.make_ca()  # for its serving certificates only
+        host = self.plane.webhook_host
         cert_dir = self.workdir / "certs"
         cert_dir.mkdir(exist_ok=True)
-        serving = certs.issue(
-            ca_key, ca_cert, "kueue-webhook", dns=("localhost",), ips=("127.0.0.1",)
-        )
+        serving = certs.issue(ca_key, ca_cert, "kueue-webhook", dns=("localhost",), ips=(host,))
         (cert_dir / "tls.crt").write_bytes(serving.cert_pem)
         (cert_dir / "tls.key").write_bytes(serving.key_pem)
-        client = certs.issue(ca_key, ca_cert, "system:kueue", ("system:masters",))
-        kubeconfig = self.workdir / "kueue.kubeconfig"
-        kubeconfig.write_text(
-            certs.kubeconfig(
-                self.plane.server, self.plane.ca_file.read_bytes(), "kueue", client=client
-            )
-        )
         self.webhook_port, self.health_port = free_port(), free_port()
         config = self.workdir / "config.yaml"
         config.write_text(
-            yaml.safe_dump(configuration(self.webhook_port, self.health_port, cert_dir))
+            yaml.safe_dump(configuration(self.webhook_port, self.health_port, cert_dir, host))
         )
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), MARKER_ENV: self.plane.marker}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.plane.kubeconfig),
+            MARKER_ENV: self.plane.marker,
+        }
         argv = self._with_metrics_cert(
             [str(binary()), f"--config={config}", "--zap-log-level=2", *FEATURE_GATES],
             ca_key,
@@ -221,7 +222,7 @@ class KueueProcess:
         self._wait(self._ready, "kueue /readyz", timeout_s)
 
         manifests = (source / "config" / "components" / "webhook" / "manifests.yaml").read_text()
-        for hook in webhook_configurations(manifests, self.webhook_port, self.plane.ca_pem):
+        for hook in webhook_configurations(manifests, self.webhook_port, ca.cert_pem, host):
             self.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(hook))
         self._wait(self._webhook_answers, "Kueue's webhooks through the API server", 60)
         self.startup_s = time.monotonic() - t0

@@ -3,8 +3,8 @@ while one tier waits on machines and the other on processes.
 
 * ``nodes``: everything that runs containers on real kubelets, in order and never two at
   once (they share podman, the node images and the host's network): the four-machine kind
-  cluster (tests/cluster and the demo on it, its cluster deleted after its last test), then the
-  real node of the end-to-end stack and of tests/node.
+  cluster, made once: tests/cluster, the demo on it and then the end-to-end scenarios of
+  tests/e2e (the cluster deleted after their last test).
 * ``procs``: the rest (the embedded control plane with kwok, real torchrun processes on this
   machine, the packaging checks and the unit tests): every path under tests/ that ``nodes``
   does not name, found anew each run, so that a new test folder cannot be left out.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 TESTS = Path("tests")
-NODES = ("tests/cluster", "tests/e2e", "tests/node")
+NODES = ("tests/cluster", "tests/e2e")
 
 
 def test_paths(tests: Path = TESTS) -> list[str]:

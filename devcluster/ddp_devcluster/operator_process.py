@@ -1,4 +1,5 @@
-"""The operator as a real process against the embedded control plane (development and tests).
+"""The operator as a real process of this machine against a cluster's API (the embedded control
+plane, or the kind cluster's; development and tests).
 
 It is installed from ``manifests/`` (CRD, namespace, RBAC) and runs under the manifests'
 ServiceAccount with a TokenRequest token, so a permission missing from ``manifests/`` fails here
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .paths import source_path
-from .plane import MARKER_ENV, ControlPlane, Process
+from .plane import MARKER_ENV, ClusterAPI, Process
 from .procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ NAMESPACE = "ddp-system"
 SERVICE_ACCOUNT = "ddp-operator"
 
 
-def install(plane: ControlPlane) -> None:
+def install(plane: ClusterAPI) -> None:
     """Applies the CRD, the operator's namespace and its RBAC, and waits for the CRD."""
     for path in INSTALL:
         plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
@@ -43,7 +44,7 @@ class OperatorProcess:
     """``kopf run`` of ``ddp_operator.handlers`` in a child process, watching ``namespaces``
     (all when empty) as ServiceAccount ``service_account`` of the operator's namespace."""
 
-    plane: ControlPlane
+    plane: ClusterAPI
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
     namespaces: list[str] = field(default_factory=list)

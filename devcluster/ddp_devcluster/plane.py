@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -141,6 +141,41 @@ class StartupError(RuntimeError):
     pass
 
 
+class ClusterAPI(Protocol):
+    """A cluster's API as processes of this machine use it (the operator and Kueue of
+    :mod:`~ddp_devcluster.operator_process` and :mod:`~ddp_devcluster.kueue`): the embedded
+    :class:`ControlPlane`, or the kind cluster's (:class:`~ddp_devcluster.kind.stack.KindAPI`)."""
+
+    server: str
+    ca_pem: bytes
+    marker: str  # in the environment of every process started for it (processes_with_marker)
+    webhook_host: str  # this machine's address as the API server reaches a webhook here
+
+    @property
+    def kubeconfig(self) -> Path: ...  # an admin's
+
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        input: str | None = None,
+        kubeconfig: Path | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path: ...
+
+
+def token_kubeconfig(api: ClusterAPI, namespace: str, service_account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+    token = api.kubectl(
+        "create", "token", service_account, "-n", namespace, "--duration=24h"
+    ).stdout.strip()
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    path.write_text(certs.kubeconfig(api.server, api.ca_pem, user, token=token))
+    return path
+
+
 @dataclass
 class ControlPlane:
     """Start with ``with ControlPlane(nodes=2) as cp:``; ``cp.kubeconfig`` is an admin config."""
@@ -156,6 +191,7 @@ class ControlPlane:
     # the server then listens on every address and advertises this one as the endpoint of
     # the `kubernetes` Service. None: loopback only (kwok nodes).
     advertise_address: str | None = None
+    webhook_host: str = "127.0.0.1"  # the API server listens here too: loopback reaches us
 
     procs: dict[str, Process] = field(default_factory=dict, init=False)
     server: str = field(default="", init=False)
@@ -505,19 +541,7 @@ class ControlPlane:
         return used, refused
 
     def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
-        """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
-        token = self.kubectl(
-            "create", "token", service_account, "-n", namespace, "--duration=24h"
-        ).stdout.strip()
-        path.write_text(
-            certs.kubeconfig(
-                self.server,
-                self.ca_pem,
-                f"system:serviceaccount:{namespace}:{service_account}",
-                token=token,
-            )
-        )
-        return path
+        return token_kubeconfig(self, namespace, service_account, path)
 
 
 def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:

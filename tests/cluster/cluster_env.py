@@ -8,24 +8,20 @@ way to load images.
   :mod:`ddp_devcluster.kind.nodeimage`), reused when it is up already. The images that
   `make images` built (buildah) are pushed to the registry on the host and pulled from it by
   every machine's containerd; checkpoints go on the ``ddp-shared`` ReadWriteMany class.
-* ``local``: the embedded control plane and one real node of this machine
-  (:mod:`ddp_devcluster.node`), the images imported into its containerd; everything on one
-  machine, so checkpoints go on ReadWriteOnce claims.
 
-Either way the chart is installed with the built operator image, and a test gets a fresh
-namespace that enforces the ``restricted`` Pod Security Standard.
+(``local``, the embedded control plane and the home-made real node of this machine, was
+retired with that node when the end-to-end tier moved to kind.) The chart is installed with
+the built operator image, and a test gets a fresh namespace that enforces the ``restricted``
+Pod Security Standard.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddp_devcluster.harness import Harness
-from ddp_devcluster.pytest_plugin import unavailable
-from ddp_devcluster.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "out" / "cluster-logs"
@@ -75,30 +71,6 @@ class Cluster(Harness):
         self.extra_logs(where)
 
 
-def _local(kubeconfig: Path | None, tmp: Path) -> Iterator[Cluster]:
-    """The embedded plane and one real node of this machine, the chart installed."""
-    from ddp_devcluster.node import requirements
-
-    why = requirements()
-    if why:
-        unavailable(f"the local cluster's real node cannot start here: {why}")
-    stack = LocalStack(chart=True, log=lambda m: print(f"\n[local] {m}", flush=True))
-    try:
-        stack.start()
-        assert stack.plane is not None and stack.node is not None
-        node = stack.node
-        kubeconfig = tmp / "kubeconfig"
-        shutil.copyfile(stack.plane.kubeconfig, kubeconfig)
-
-        def node_logs(where: Path) -> None:
-            for name, proc in node.procs.items():
-                shutil.copyfile(proc.log, where / f"node-{name}.log")
-
-        yield Cluster("local", kubeconfig, stack.refs["operator"], stack.refs["trainer"], node_logs)
-    finally:
-        stack.stop()
-
-
 def _kind(kubeconfig: Path | None, tmp: Path) -> Iterator[Cluster]:
     """The 4-machine kind cluster (``kind_cluster``): both images pushed to the host registry
     and pulled onto every machine before the first test, the chart installed from them."""
@@ -119,6 +91,5 @@ def _kind(kubeconfig: Path | None, tmp: Path) -> Iterator[Cluster]:
 
 
 PROVIDERS: dict[str, Callable[[Path | None, Path], Iterator[Cluster]]] = {
-    "local": _local,
     "kind": _kind,
 }

@@ -1,10 +1,6 @@
-"""Fixtures of the cluster suite: ``kind_cluster`` (the 4-node kind cluster of `make up`,
-once per session), ``cluster`` (the chart installed on the cluster that ``DDP_CLUSTER`` names:
-see cluster_env.py) and ``ns`` (a restricted namespace per test).
-
-The kind cluster is created here unless one is up already, and deleted after the last test
-that uses it (when this session created it), so that the tests after it do not share the two
-cores with four idle machines."""
+"""Fixtures of the cluster suite: ``cluster`` (the chart installed on the cluster that
+``DDP_CLUSTER`` names: see cluster_env.py; on kind, the session's ``kind_cluster`` of
+tests/conftest.py) and ``ns`` (a restricted namespace per test)."""
 
 from __future__ import annotations
 
@@ -13,14 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 from cluster_env import LOGS, PROVIDER, PROVIDERS, Cluster
-from kind_env import KindCluster, requirements
 
-from ddp_devcluster.kind import cluster as kind
-from ddp_devcluster.pytest_plugin import until_last_use
-
-
-def _log(msg: str) -> None:
-    print(f"\n[kind] {msg}", flush=True)
+from kind_env import KindCluster
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -28,16 +18,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     if outcome.get_result().failed:
         item.cluster_failed = True  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="session")
-def kind_cluster() -> Iterator[KindCluster]:
-    requirements()
-    ours = not kind.exists()
-    kubeconfig = kind.up(log=_log)
-    finish = until_last_use("kind_cluster", lambda: kind.down(log=_log) if ours else None)
-    yield KindCluster(kubeconfig)
-    finish()
 
 
 def _check_provider() -> None:

@@ -1,4 +1,5 @@
-"""The end-to-end stack, and a scenario's view of it: the harness in one namespace, and holds."""
+"""A scenario's view of the end-to-end stack: the harness in one namespace, its claims' folders,
+and holds."""
 
 from __future__ import annotations
 
@@ -6,30 +7,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from ddp_devcluster import node
 from ddp_devcluster.harness import Harness
-from ddp_devcluster.pytest_plugin import unavailable
-from ddp_devcluster.stack import LocalStack
+from ddp_devcluster.kind.stack import KindStack
 from ddp_trainer import hold
 
 # Restarts at once and resyncs often: the scenarios wait on what the operator does next.
 OPERATOR_ENV = {"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "5"}
-
-
-def local_stack(factory: pytest.TempPathFactory, name: str, kueue: bool = False) -> LocalStack:
-    """A started LocalStack with the operator as a process (killed and restarted by the
-    scenarios); the caller stops it."""
-    why = node.requirements()
-    if why:
-        unavailable(f"the end-to-end stack needs a real node: {why}")
-    return LocalStack(
-        workdir=factory.mktemp(name),
-        operator_env=OPERATOR_ENV,
-        log=lambda m: print(f"\n[{name}] {m}", flush=True),
-        kueue=kueue,
-    ).start()
+# The examples' claims that every machine mounts (ReadWriteMany): a job's pods run on several.
+CLAIMS = "checkpoint-pvc-shared.yaml"
 
 
 class Scenario(Harness):
@@ -37,7 +22,7 @@ class Scenario(Harness):
 
     timeout_s = 180
 
-    def __init__(self, stack: LocalStack):
+    def __init__(self, stack: KindStack):
         super().__init__(stack.kubeconfig, f"e2e-{uuid.uuid4().hex[:6]}")
         self.s = stack
         self.k("create", "namespace", self.ns, ns="")

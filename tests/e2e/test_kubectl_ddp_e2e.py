@@ -2,7 +2,7 @@
 and watched to Succeeded with both ranks in its merged logs, and the digits example watched,
 its logs read and its loss and learning rate plotted from the checkpoint volume.
 
-Logs come through the real kubelet's pods/log (``kubectl logs``), as does the output of
+Logs come through the kubelets' pods/log (``kubectl logs``), as does the output of
 ``plot``'s reader pod.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario
+from e2e_scenario import CLAIMS, Scenario
 
 from ddp_client import DDPClient
 from ddp_client.loglines import parse_timestamp
@@ -42,8 +42,7 @@ WATCH_TIMEOUT_S = "400"  # `watch` gives up (exit code 3) on a stuck job instead
 
 
 def plugin(sc: Scenario, kubectl_ddp: KubectlDdp) -> KubectlDdp:
-    assert sc.s.plane is not None
-    return KubectlDdp(kubectl_ddp.bin_dir, sc.s.plane.kubeconfig)
+    return KubectlDdp(kubectl_ddp.bin_dir, sc.kubeconfig)
 
 
 def watched(sc: Scenario, ddp: KubectlDdp, job: str) -> list[str]:
@@ -104,7 +103,7 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     sc: Scenario, kubectl_ddp: KubectlDdp, tmp_path: Path
 ) -> None:
     ddp = plugin(sc, kubectl_ddp)
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=faster_progress)
+    sc.apply_example(CLAIMS, "digits.yaml", edit=faster_progress)
     lines = watched(sc, ddp, "digits")
     bars = [line for line in lines if line.startswith("[")]
     assert bars and "(world size 2)" in bars[-1]
@@ -126,8 +125,7 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    assert sc.s.plane is not None
-    client = DDPClient(sc.ns, kubeconfig=str(sc.s.plane.kubeconfig))
+    client = DDPClient(sc.ns, kubeconfig=str(sc.kubeconfig))
     drawn = client.plot("digits", tmp_path / "again.png")
     assert drawn.lines == 2  # the loss and the learning rate
     steps = [s for s, _ in drawn.curves.loss]  # the trainer logs every logEverySteps

@@ -1,5 +1,5 @@
 """Kueue preemption end to end: real Kueue, the operator with ``DDP_KUEUE=true``, and the
-pods of both jobs running torchrun for real in containers on the real node.
+pods of both jobs running torchrun for real in containers on the kind cluster's machines.
 
 A low-priority job holds after a known step (``holdAtSteps``) when a high-priority job arrives:
 Kueue evicts the low one, its pods get SIGTERM (rank 0 saves the held step), the high one
@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, resumed_at, resumes
+from e2e_scenario import CLAIMS, Scenario, resumed_at, resumes
 
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kueue import queue_objects
@@ -57,7 +57,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
 ) -> None:
     queues(sc)
     sc.apply_example(
-        "checkpoint-pvc.yaml",
+        CLAIMS,
         "digits.yaml",
         edit=queued("ddp-low", holding_at(HELD), every_step_logged),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e_scenario import Scenario
+from e2e_scenario import CLAIMS, Scenario
 
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.prometheus import PrometheusServer, scrape
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Scenario) -> None:
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(20))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(20))
     sc.held("digits", 20)
 
     assert sc.s.operator is not None

@@ -1,9 +1,10 @@
-"""End to end on this machine: the operator's own pods run in real containers on a real node.
+"""End to end on the kind cluster: the operator's own pods run in real containers on four
+machines.
 
 Each scenario starts from ``kubectl apply`` of the YAML in ``manifests/examples/`` on the
-tier's one ``LocalStack`` (conftest.py; helpers in e2e_scenario.py): torchrun in the trainer
-image, c10d rendezvous through the job's store pod, gloo, checkpoints on a
-PersistentVolumeClaim bound by the node's provisioner. A scenario that acts mid-run holds the
+tier's one ``KindStack`` (conftest.py; helpers in e2e_scenario.py): torchrun in the trainer
+image, c10d rendezvous through the job's store pod, gloo, checkpoints on a ReadWriteMany
+PersistentVolumeClaim that every machine mounts. A scenario that acts mid-run holds the
 job at a known step (``holdAtSteps``).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_scenario import Scenario, resumed_at, resumes
+from e2e_scenario import CLAIMS, Scenario, resumed_at, resumes
 
 from ddp_devcluster.harness import EXAMPLES, holding_at
 from ddp_trainer.progress import read_run_log
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_digits_succeeds_with_checkpoints_and_progress_in_kubectl_get(sc: Scenario) -> None:
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml")
+    sc.apply_example(CLAIMS, "digits.yaml")
     status = sc.phase("digits", "Succeeded", 300)
     progress = status["progress"]
     assert progress["step"] == progress["totalSteps"] and progress["worldSize"] == 2
@@ -52,7 +53,7 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
     every = 10  # the example's checkpoint.everySteps
     # Paused after step 11 at world size 2, and after step 31 at world size 3: each resize
     # happens there. A resize restarts the workers (SIGTERM: rank 0 saves the held step).
-    sc.apply_example("checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(11, 31))
+    sc.apply_example(CLAIMS, "charlm-elastic.yaml", edit=holding_at(11, 31))
     assert sc.held("charlm", 11)["progress"]["worldSize"] == 2
     sc.k("scale", "ddpjob/charlm", "--replicas", "3")
     assert sc.held("charlm", 31)["progress"]["worldSize"] == 3
@@ -75,7 +76,7 @@ def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval
 
 
 def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenario) -> None:
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(25))
     sc.held("digits", 25)
     rank0 = sc.until(
         "the pod of rank 0",
@@ -114,9 +115,7 @@ for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
 
 def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc: Scenario) -> None:
     """As seen on a real kubelet: one node finishes, its peer is lost at the last step."""
-    sc.apply_example(
-        "checkpoint-pvc.yaml", "charlm-elastic.yaml", edit=holding_at(60)
-    )  # its last step
+    sc.apply_example(CLAIMS, "charlm-elastic.yaml", edit=holding_at(60))  # its last step
     sc.held("charlm", 60)  # training complete: every rank waits on its own
     ckpt = sc.claim("charlm-checkpoints")
     assert json.loads((ckpt / "complete.json").read_text())["step"] == 60
@@ -145,7 +144,7 @@ def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc:
 
 
 def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario) -> None:
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(25))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(25))
     sc.held("digits", 25)
     sc.k("patch", "ddpjob", "digits", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     sc.until("Suspended", lambda: sc.status("digits").get("phase") == "Suspended")
@@ -165,7 +164,7 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario)
 def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) -> None:
     op = sc.s.operator
     assert op is not None
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(10))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(10))
     sc.held("digits", 10)
     before = sc.worker_uids("digits")
     op.kill()
@@ -200,7 +199,7 @@ def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -
         if name == "noclaim":
             job["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = "nope"
         jobs.append(job)
-    sc.apply_example("checkpoint-pvc.yaml")
+    sc.apply_example(CLAIMS)
     sc.k("apply", "-f", "-", input=yaml.safe_dump_all(jobs))
 
     def failed(job: str) -> dict[str, Any] | None:

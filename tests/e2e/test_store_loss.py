@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from e2e_scenario import Scenario, resumed_at
+from e2e_scenario import CLAIMS, Scenario, resumed_at
 
 from ddp_devcluster.harness import holding_at
 from ddp_trainer.progress import read_run_log
@@ -57,7 +57,7 @@ def reasons(sc: Scenario) -> list[str]:
 def test_the_store_and_then_three_workers_lost_in_turn_fit_the_default_budget(
     sc: Scenario,
 ) -> None:
-    sc.apply_example("checkpoint-pvc.yaml", "digits.yaml", edit=holding_at(10, 25, 40, 55))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(10, 25, 40, 55))
     sc.held("digits", 10)
     assert 10 - EVERY < resumes_after_losing_the_store(sc) <= 10
     for step, node in ((25, 0), (40, 1), (55, 0)):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddp_devcluster.archive import docker_archive, tar_dir
-from ddp_devcluster.kind import registry
+from ddp_devcluster.kind import cluster, registry
 from ddp_devcluster.kind.cluster import (
     go_duration_s,
     node_count,
@@ -229,3 +229,30 @@ def test_pull_time_from_kubelets_event() -> None:
     assert pulled_s('Container image "localhost:5001/t:1" already present on machine') is None
     with pytest.raises(ValueError, match="Go duration"):
         go_duration_s("soon")
+
+
+def test_this_machine_is_reached_at_the_ipv4_gateway_of_kind_s_dual_stack_network() -> None:
+    network = {
+        "name": "kind",
+        "subnets": [
+            {"subnet": "fc00:f853:ccd:e793::/64", "gateway": "fc00:f853:ccd:e793::1"},
+            {"subnet": "10.89.0.0/24", "gateway": "10.89.0.1"},
+        ],
+    }
+    assert cluster.ipv4_gateway(network) == "10.89.0.1"
+    with pytest.raises(RuntimeError, match="no IPv4 gateway"):
+        cluster.ipv4_gateway({"name": "v6", "subnets": network["subnets"][:1]})
+
+
+def test_the_routes_to_the_pods_go_through_each_node_that_has_a_pod_cidr() -> None:
+    nodes = {
+        "items": [
+            {
+                "spec": {"podCIDR": "10.244.1.0/24"},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.89.0.3"},
+                                         {"type": "Hostname", "address": "ddp-worker"}]},
+            },
+            {"spec": {}, "status": {"addresses": [{"type": "InternalIP", "address": "10.89.0.4"}]}},
+        ]
+    }  # fmt: skip
+    assert cluster.pod_routes(nodes) == [("10.244.1.0/24", "10.89.0.3")]

@@ -316,12 +316,10 @@ def pull_everywhere(kubeconfig: Path, ref: str, log: Log = print) -> dict[str, f
     return out
 
 
-def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
-    """Both images (built by `make images` when missing) pushed to the host registry, the
-    trainer's pulled onto every machine, and the chart installed (or upgraded) with them;
-    returns the refs the cluster runs, by image name."""
+def publish(kubeconfig: Path, log: Log = print) -> dict[str, str]:
+    """Both images (built by `make images` when missing) pushed to the host registry and the
+    trainer's pulled onto every machine; returns the refs the cluster runs, by image name."""
     from .. import images
-    from ..stack import install_chart
 
     refs = images.ensure_images(log=log)
     remote = {name: registry.push(ref, log) for name, ref in refs.items()}
@@ -329,6 +327,15 @@ def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
     pulled = pull_everywhere(kubeconfig, remote["trainer"], log)
     took = ", ".join(f"{n} {'present' if s is None else f'{s:.1f}s'}" for n, s in pulled.items())
     log(f"trainer image on every machine in {time.monotonic() - t0:.0f}s ({took})")
+    return remote
+
+
+def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
+    """The images published (:func:`publish`) and the chart installed (or upgraded) with them;
+    returns the refs the cluster runs, by image name."""
+    from ..chart import install_chart
+
+    remote = publish(kubeconfig, log)
     # Helm installs a chart's crds/ only once and never upgrades them: this checkout's CRD is
     # applied first, so that a cluster kept across changes validates the current API.
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f",
@@ -336,6 +343,47 @@ def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
     install_chart(kubeconfig, remote["operator"], remote["trainer"], "IfNotPresent")
     log(f"chart installed: operator {remote['operator']}, trainer {remote['trainer']}")
     return remote
+
+
+def host_address() -> str:
+    """This machine's address on kind's podman network: where a node, and the API server on
+    the control plane, reach a server of this machine (a webhook)."""
+    out = subprocess.run(["podman", "network", "inspect", NETWORK], env=kind_env(),
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return ipv4_gateway(json.loads(out.stdout)[0])
+
+
+def ipv4_gateway(network: Mapping[str, Any]) -> str:
+    """The IPv4 gateway of a ``podman network inspect`` entry (kind's network is dual-stack, its
+    IPv6 subnet first; the nodes' InternalIPs are IPv4)."""
+    for subnet in network.get("subnets") or []:
+        if ":" not in subnet.get("gateway", ":"):
+            return str(subnet["gateway"])
+    raise RuntimeError(f"podman network {network.get('name')!r} has no IPv4 gateway")
+
+
+def pod_routes(nodes: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(pod CIDR, node IP) of each node of a ``kubectl get nodes -o json`` list that has both:
+    the routes by which this machine reaches the pods (kind's nodes route among themselves)."""
+    routes = []
+    for n in nodes.get("items", []):
+        cidr = n.get("spec", {}).get("podCIDR")
+        ips = [a["address"] for a in n.get("status", {}).get("addresses", [])
+               if a["type"] == "InternalIP"]  # fmt: skip
+        if cidr and ips:
+            routes.append((cidr, ips[0]))
+    return routes
+
+
+def route_to_pods(kubeconfig: Path) -> list[tuple[str, str]]:
+    """Routes this machine to every node's pods (``ip route replace``; root), as a machine of
+    a cluster's network is, so that a process here scrapes a pod by its IP. They go with
+    kind's network when the last cluster is deleted."""
+    routes = pod_routes(json.loads(kubectl(kubeconfig, "get", "nodes", "-o", "json")))
+    for cidr, via in routes:
+        subprocess.run(["ip", "route", "replace", cidr, "via", via], check=True,
+                       capture_output=True)  # fmt: skip
+    return routes
 
 
 def user_tools() -> Path:

@@ -17,8 +17,8 @@ from .. import versions
 from ..archive import docker_archive, tar_dir, tar_members
 from ..build import binary, tools
 from ..images import podman_env
-from ..node.pause import pause_binary
 from ..paths import cache_dir
+from .pause import pause_binary
 
 FILES = Path(__file__).parent / "files"
 REPO = "localhost/ddp-kind-node"

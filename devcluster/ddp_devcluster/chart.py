@@ -1,0 +1,51 @@
+"""``helm upgrade --install`` of the project's chart with the images this machine built (the
+kind cluster of `make up`, `make demo` and the cluster suite; bench/node_loss.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from .build import binary
+from .operator_process import NAMESPACE, REPO
+
+CHART = REPO / "helm" / "ddp-operator"
+
+
+def helm_install_args(
+    operator_ref: str, trainer_ref: str, pull_policy: str, kueue: bool = False
+) -> list[str]:
+    """``helm upgrade --install`` of the chart with these images: installs it, or moves an
+    installed release to these images and values (pure)."""
+    repo, tag = operator_ref.rsplit(":", 1)
+    return [
+        "upgrade", "--install", "ddp-operator", str(CHART), "--namespace", NAMESPACE,
+        "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+        "--set", f"image.pullPolicy={pull_policy}", "--set", f"trainerImage={trainer_ref}",
+        "--set", "settings.backoffBaseSeconds=2", "--set", f"kueue.enabled={str(kueue).lower()}",
+        "--wait", "--timeout", "5m",
+    ]  # fmt: skip
+
+
+def helm() -> str:
+    return shutil.which("helm") or str(binary("helm", "helm"))
+
+
+def install_chart(
+    kubeconfig: Path,
+    operator_ref: str,
+    trainer_ref: str,
+    pull_policy: str,
+    kueue: bool = False,
+    values: Sequence[str] = (),
+) -> str:
+    """Installs or upgrades the release; ``values`` are more ``--set`` pairs (``key=value``)."""
+    argv = [helm(), "--kubeconfig", str(kubeconfig)]
+    argv += helm_install_args(operator_ref, trainer_ref, pull_policy, kueue)
+    argv += [a for v in values for a in ("--set", v)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"helm install failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return proc.stdout
