@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
@@ -141,10 +141,11 @@ class StartupError(RuntimeError):
     pass
 
 
-class ClusterAPI(Protocol):
+class ClusterAPI:
     """A cluster's API as processes of this machine use it (the operator and Kueue of
     :mod:`~ddp_devcluster.operator_process` and :mod:`~ddp_devcluster.kueue`): the embedded
-    :class:`ControlPlane`, or the kind cluster's (:class:`~ddp_devcluster.kind.stack.KindAPI`)."""
+    :class:`ControlPlane`, or the kind cluster's (:class:`~ddp_devcluster.kind.stack.KindAPI`).
+    A subclass sets the four attributes and says where its admin kubeconfig is."""
 
     server: str
     ca_pem: bytes
@@ -152,7 +153,9 @@ class ClusterAPI(Protocol):
     webhook_host: str  # this machine's address as the API server reaches a webhook here
 
     @property
-    def kubeconfig(self) -> Path: ...  # an admin's
+    def kubeconfig(self) -> Path:
+        """An admin's kubeconfig."""
+        raise NotImplementedError
 
     def kubectl(
         self,
@@ -161,23 +164,24 @@ class ClusterAPI(Protocol):
         input: str | None = None,
         kubeconfig: Path | None = None,
         timeout: float = 120,
-    ) -> subprocess.CompletedProcess[str]: ...
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the pinned kubectl against this cluster (admin unless ``kubeconfig`` is given)."""
+        return kubectl(
+            kubeconfig or self.kubeconfig, *args, check=check, input=input, timeout=timeout
+        )
 
-    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path: ...
-
-
-def token_kubeconfig(api: ClusterAPI, namespace: str, service_account: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
-    token = api.kubectl(
-        "create", "token", service_account, "-n", namespace, "--duration=24h"
-    ).stdout.strip()
-    user = f"system:serviceaccount:{namespace}:{service_account}"
-    path.write_text(certs.kubeconfig(api.server, api.ca_pem, user, token=token))
-    return path
+    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
+        """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+        token = self.kubectl(
+            "create", "token", service_account, "-n", namespace, "--duration=24h"
+        ).stdout.strip()
+        user = f"system:serviceaccount:{namespace}:{service_account}"
+        path.write_text(certs.kubeconfig(self.server, self.ca_pem, user, token=token))
+        return path
 
 
 @dataclass
-class ControlPlane:
+class ControlPlane(ClusterAPI):
     """Start with ``with ControlPlane(nodes=2) as cp:``; ``cp.kubeconfig`` is an admin config."""
 
     nodes: int = 2
@@ -484,19 +488,6 @@ class ControlPlane:
         with urllib.request.urlopen(req, context=self._admin_ssl(), timeout=30) as r:
             return json.loads(r.read() or b"null")
 
-    def kubectl(
-        self,
-        *args: str,
-        check: bool = True,
-        input: str | None = None,
-        kubeconfig: Path | None = None,
-        timeout: float = 120,
-    ) -> subprocess.CompletedProcess[str]:
-        """Run the pinned kubectl against this plane (admin unless ``kubeconfig`` is given)."""
-        return kubectl(
-            kubeconfig or self.kubeconfig, *args, check=check, input=input, timeout=timeout
-        )
-
     def add_kwok_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         node = {
             "apiVersion": "v1",
@@ -539,9 +530,6 @@ class ControlPlane:
                 refused.append(f"{verb} {resource}")
             used.add((ref.get("apiGroup", ""), resource, verb))
         return used, refused
-
-    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
-        return token_kubeconfig(self, namespace, service_account, path)
 
 
 def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:

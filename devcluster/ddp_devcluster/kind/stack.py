@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -30,16 +29,15 @@ import yaml
 from ..harness import Harness
 from ..kueue import KueueProcess, operator_rbac
 from ..operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
-from ..plane import kubectl, token_kubeconfig
+from ..plane import ClusterAPI
 from . import cluster as kind
 
 CHART_OPERATOR = "deploy/ddp-operator"  # the chart's Deployment, in NAMESPACE
 
 
 @dataclass
-class KindAPI:
-    """The kind cluster's API as processes of this machine use it (a
-    :class:`~ddp_devcluster.plane.ClusterAPI`)."""
+class KindAPI(ClusterAPI):
+    """The kind cluster's API as processes of this machine use it."""
 
     admin: Path  # kind's kubeconfig (cluster-admin)
     webhook_host: str  # this machine on kind's network (kind.host_address)
@@ -56,19 +54,6 @@ class KindAPI:
     @property
     def kubeconfig(self) -> Path:
         return self.admin
-
-    def kubectl(
-        self,
-        *args: str,
-        check: bool = True,
-        input: str | None = None,
-        kubeconfig: Path | None = None,
-        timeout: float = 120,
-    ) -> subprocess.CompletedProcess[str]:
-        return kubectl(kubeconfig or self.admin, *args, check=check, input=input, timeout=timeout)
-
-    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
-        return token_kubeconfig(self, namespace, service_account, path)
 
 
 @dataclass
