@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from kind_env import KindCluster
 
 from ddp_devcluster.paths import source_path
+from kind_env import KindCluster
 
 # What manifests/examples/digits.yaml (3 epochs, 66 steps, 2 ranks) reaches: 0.928 measured.
 ACCURACY_TARGET = 0.9

@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kind_env import KindCluster
 
 from ddp_devcluster.kind import registry
 from ddp_devcluster.kind.cluster import is_ready
 from ddp_devcluster.kind.nodeimage import SHARED_CLASS, helper_image, helper_rootfs
 from ddp_devcluster.versions import CONTAINERD, KUBERNETES
+from kind_env import KindCluster
 
 NODES = ["ddp-control-plane", "ddp-worker", "ddp-worker2", "ddp-worker3"]
 TOLERATE_ALL = [{"operator": "Exists"}]
