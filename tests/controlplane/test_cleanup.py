@@ -49,6 +49,9 @@ def run_nested(tmp_path: Path, mode: str) -> tuple[str, int]:
         "READY_FILE": str(ready),
         "DDP_DEVCLUSTER_NODES": "1",
         "PYTHONPATH": source_path(),
+        # The plane's folder (etcd's data, ~120 MB) in this test's: a SIGKILLed session
+        # cannot remove it, and in /tmp it outlived every run.
+        "TMPDIR": str(tmp_path),
     }
     proc = subprocess.Popen(
         [

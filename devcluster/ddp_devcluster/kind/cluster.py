@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..build import binary
 from ..images import CONTAINERS_CONF, REPO
-from ..paths import state_dir
+from ..paths import cache_dir, state_dir
 from ..polling import until
 from . import registry
 from .nodeimage import SHARED_PATH, ensure_node_image
@@ -155,6 +155,10 @@ def up(log: Log = print, name: str = NAME, config: Path = CONFIG) -> Path:
     """Starts the registry and the cluster (reusing a healthy one on the same node image);
     returns the kubeconfig once every node and CoreDNS are Ready."""
     Path("/lib/modules").mkdir(parents=True, exist_ok=True)  # kind mounts it; may be absent
+    retired = cache_dir() / "node"  # the image store of the real node kind replaced (~10 GB)
+    if retired.is_dir():
+        shutil.rmtree(retired)
+        log(f"removed {retired} (the retired real node's image store)")
     image = ensure_node_image(log)
     registry.start()
     log(f"registry on {registry.HOST} (data in {registry.cache_dir() / 'registry'})")
