@@ -10,8 +10,8 @@ mounts) and ``digits.yaml`` in the namespace ``ddp-demo``. 3/4 follows the DDPJo
 per change of its ``status.progress`` (as rank 0 reports it) and of its phase. 4/4 prints
 ``kubectl get ddpj digits`` and the machine of each pod, copies the checkpoint volume and the
 pods' logs to ``--out`` (so they outlive the cluster), prints the test accuracy and draws the
-loss curve. A cluster the demo made is deleted at the end (``--keep`` keeps it, as
-`make up` does); one that was up already keeps running without the demo's namespace.
+loss curve. A cluster the demo made is deleted at the end (``--keep`` keeps it and the demo's
+namespace, as `make up` would); one that was up already keeps running without that namespace.
 
 Needs root (kind's node containers are privileged podman containers) and the container tools
 from Debian's packages that `make host-packages` installs.
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--keep",
         action="store_true",
-        help="keep the cluster the demo made (`make down` removes it)",
+        help="keep the cluster and the demo's namespace (`make down` removes them)",
     )
     args = ap.parse_args(argv)
 
@@ -156,15 +156,17 @@ def main(argv: list[str] | None = None) -> int:
         h = Harness(kubeconfig, NAMESPACE)
         print(f"  up in {time.monotonic() - t_start:.0f}s")
         print(indent(h.k("get", "nodes", ns="")), flush=True)
-        status = run(h, args.stall_timeout, out)
-        if status is not None:
-            print(f"\nFAILED: {status}\n{h.diagnostics()}", file=sys.stderr)
+        problem = run(h, args.stall_timeout, out)
+        if problem is not None:
+            print(f"\nFAILED: {problem}\n{h.diagnostics()}", file=sys.stderr)
             return 1
     finally:
-        if ours and not args.keep:
+        if args.keep:
+            print(f"  the cluster stays with the namespace {NAMESPACE} (`make down` removes it)")
+        elif ours:
             print("  tearing down the cluster ...", flush=True)
             kind.down(log=log)
-        elif h is not None:
+        elif h is not None:  # a cluster that was up before: only the demo's part goes
             print(f"  the cluster stays (`make down` removes it); namespace {NAMESPACE} deleted")
             h.k("delete", "namespace", NAMESPACE, "--wait=false", ns="", check=False)
     print(f"  done in {time.monotonic() - t_start:.0f}s")
