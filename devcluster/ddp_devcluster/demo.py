@@ -184,7 +184,9 @@ def run(h: Harness, stall_timeout_s: float, out: Path) -> str | None:
     )
     print(indent(h.apply(*example_documents())), flush=True)
     status = train(h, stall_timeout_s)
-    if status is None or status["phase"] != "Succeeded":
+    if status is None:  # train() printed why: a Failed job, or a status that stopped moving
+        return f"ddpjob/{JOB} did not succeed (above)"
+    if status["phase"] != "Succeeded":
         return f"ddpjob/{JOB} {status}"
     return results(h, out) or None
 
