@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from ddp_devcluster.harness import Harness
 from ddp_devcluster.kind import cluster as kind
+from ddp_devcluster.kind.lock import hold
 from ddp_devcluster.pytest_plugin import unavailable, until_last_use
 
 
@@ -32,8 +33,23 @@ def _log(msg: str) -> None:
 def session_cluster() -> Iterator[KindCluster]:
     """The body of the ``kind_cluster`` fixture (tests/conftest.py)."""
     requirements()
-    ours = not kind.exists()
-    kubeconfig = kind.up(log=_log)
-    finish = until_last_use("kind_cluster", lambda: kind.down(log=_log) if ours else None)
+    # Held from before `up` to after the last test (and `down`): a second session, the demo or
+    # `make down` elsewhere on this machine waits instead of changing the cluster under it.
+    release = hold(kind.NAME, "the tests", log=_log)
+    before = kind.instance()
+
+    def done() -> None:
+        try:
+            if kind.instance() != before:  # made, or made anew in place of a broken one
+                kind.down(log=_log)
+        finally:
+            release()
+
+    try:
+        kubeconfig = kind.up(log=_log)
+    except BaseException:
+        done()
+        raise
+    finish = until_last_use("kind_cluster", done)
     yield KindCluster(kubeconfig)
     finish()

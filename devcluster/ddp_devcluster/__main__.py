@@ -175,23 +175,38 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args.nodes)
     if args.cmd == "serve":
         return _serve(args.nodes, args.ready_file)
-    if args.cmd == "kind-up":
-        from .kind.cluster import install, up, user_tools
+    if args.cmd in ("kind-up", "kind-down"):
+        from .kind.lock import InUse
 
-        def log(m: str) -> None:
-            print(f">> {m}", flush=True)
-
-        kubeconfig = up(log=log)
-        install(kubeconfig, log=log)
-        print("# kubectl and `kubectl ddp` for this cluster, in your shell:")
-        print(f"export KUBECONFIG={kubeconfig} PATH={user_tools()}:$PATH")
-        return 0
-    if args.cmd == "kind-down":
-        from .kind.cluster import down
-
-        down(log=lambda m: print(f">> {m}", flush=True))
-        return 0
+        try:
+            return _kind_up() if args.cmd == "kind-up" else _kind_down()
+        except InUse as e:
+            print(f"{args.cmd}: {e}", file=sys.stderr)
+            return 2
     return _down()
+
+
+def _log(m: str) -> None:
+    print(f">> {m}", flush=True)
+
+
+def _kind_up() -> int:
+    from .kind.cluster import NAME, install, up, user_tools
+    from .kind.lock import held
+
+    with held(NAME, "make up", _log):
+        kubeconfig = up(log=_log)
+        install(kubeconfig, log=_log)
+    print("# kubectl and `kubectl ddp` for this cluster, in your shell:")
+    print(f"export KUBECONFIG={kubeconfig} PATH={user_tools()}:$PATH")
+    return 0
+
+
+def _kind_down() -> int:
+    from .kind.cluster import down
+
+    down(log=_log)
+    return 0
 
 
 if __name__ == "__main__":

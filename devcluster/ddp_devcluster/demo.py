@@ -37,6 +37,7 @@ from ddp_trainer.progress import read_run_log
 
 from .harness import Harness
 from .kind import cluster as kind
+from .kind.lock import InUse, hold
 from .operator_process import REPO
 
 JOB, CLAIM, NAMESPACE = "digits", "digits-checkpoints", "ddp-demo"
@@ -148,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
 
     header("1/4 cluster up: kind (4 machines), a registry here, both images, helm install")
-    ours = not kind.exists()
+    try:
+        release = hold(kind.NAME, "make demo", log=log)  # until the demo is done with it
+    except InUse as e:
+        print(f"make demo: {e}", file=sys.stderr)
+        return 2
+    before = kind.instance()
     h: Harness | None = None
     try:
         kubeconfig = kind.up(log=log)
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nFAILED: {problem}\n{h.diagnostics()}", file=sys.stderr)
             return 1
     finally:
+        ours = kind.instance() != before  # made, or made anew in place of a broken one
         if args.keep:
             print(f"  the cluster stays with the namespace {NAMESPACE} (`make down` removes it)")
         elif ours:
@@ -169,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         elif h is not None:  # a cluster that was up before: only the demo's part goes
             print(f"  the cluster stays (`make down` removes it); namespace {NAMESPACE} deleted")
             h.k("delete", "namespace", NAMESPACE, "--wait=false", ns="", check=False)
+        release()
     print(f"  done in {time.monotonic() - t_start:.0f}s")
     return 0
 

@@ -18,6 +18,7 @@ from ..images import CONTAINERS_CONF, REPO
 from ..paths import cache_dir, state_dir
 from ..polling import until
 from . import registry
+from .lock import held
 from .nodeimage import SHARED_PATH, ensure_node_image
 
 if TYPE_CHECKING:
@@ -128,15 +129,25 @@ def exists(name: str = NAME) -> bool:
     return name in _kind("get", "clusters").split()
 
 
-def _node_image(name: str) -> str:
+def _inspect(name: str, field: str) -> str:
     out = subprocess.run(
-        ["podman", "inspect", "--format", "{{.ImageName}}", f"{name}-control-plane"],
+        ["podman", "inspect", "--format", f"{{{{.{field}}}}}", f"{name}-control-plane"],
         env=kind_env(),
         capture_output=True,
         text=True,
         check=False,
     )
     return out.stdout.strip()
+
+
+def _node_image(name: str) -> str:
+    return _inspect(name, "ImageName")
+
+
+def instance(name: str = NAME) -> str:
+    """Which cluster of that name this is (its control plane's container id; "" when none):
+    whoever finds it changed across :func:`up` made the cluster and deletes it after."""
+    return _inspect(name, "Id")
 
 
 def _ready(kubeconfig: Path, nodes: int) -> bool:
@@ -153,7 +164,13 @@ def _ready(kubeconfig: Path, nodes: int) -> bool:
 
 def up(log: Log = print, name: str = NAME, config: Path = CONFIG) -> Path:
     """Starts the registry and the cluster (reusing a healthy one on the same node image);
-    returns the kubeconfig once every node and CoreDNS are Ready."""
+    returns the kubeconfig once every node and CoreDNS are Ready. Waits while another process
+    holds the cluster (:mod:`.lock`)."""
+    with held(name, "making the cluster", log):
+        return _up(log, name, config)
+
+
+def _up(log: Log, name: str, config: Path) -> Path:
     Path("/lib/modules").mkdir(parents=True, exist_ok=True)  # kind mounts it; may be absent
     retired = cache_dir() / "node"  # the image store of the real node kind replaced (~10 GB)
     if retired.is_dir():
@@ -168,12 +185,18 @@ def up(log: Log = print, name: str = NAME, config: Path = CONFIG) -> Path:
     wanted = rendered_config(config.read_text(), shared)
     given = state_dir() / f"kind-{name}.yaml"  # the config the running cluster was made with
     if exists(name):
-        kubeconfig.write_text(_kind("get", "kubeconfig", "--name", name))
+        # A cluster left by a run that was killed may have containers podman still calls
+        # running while nothing runs in them: then there is no kubeconfig to read.
+        found = _kind("get", "kubeconfig", "--name", name, check=False)
+        kubeconfig.write_text(found)
         same = given.exists() and given.read_text() == wanted and _node_image(name) == image
-        if same and _ready(kubeconfig, nodes):
+        if found and same and _ready(kubeconfig, nodes):
             log(f"kind cluster {name!r} is up already")
             return kubeconfig
-        log(f"kind cluster {name!r} is unhealthy or of another config or image: recreating it")
+        why = "not every node is Ready" if same else "another config or node image"
+        if not found:
+            why = "its control plane does not answer"
+        log(f"kind cluster {name!r} is there but cannot be used ({why}): recreating it")
         _kind("delete", "cluster", "--name", name)
     shared.mkdir(parents=True, exist_ok=True)
     given.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +226,13 @@ def up(log: Log = print, name: str = NAME, config: Path = CONFIG) -> Path:
 
 
 def down(log: Log = print, name: str = NAME) -> None:
-    """Deletes the cluster, stops the registry and removes kind's podman network."""
+    """Deletes the cluster, stops the registry and removes kind's podman network (once no
+    other process holds the cluster)."""
+    with held(name, "deleting the cluster", log):
+        _down(log, name)
+
+
+def _down(log: Log, name: str) -> None:
     if exists(name):
         t0 = time.monotonic()
         _kind("delete", "cluster", "--name", name)

@@ -31,6 +31,7 @@ from ..kueue import KueueProcess, operator_rbac
 from ..operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
 from ..plane import ClusterAPI
 from . import cluster as kind
+from .lock import hold
 
 CHART_OPERATOR = "deploy/ddp-operator"  # the chart's Deployment, in NAMESPACE
 
@@ -71,17 +72,19 @@ class KindStack(Harness):
     refs: dict[str, str] = field(default_factory=dict, init=False)
     chart_replicas: int = field(default=0, init=False)  # the chart operator's, to give back
     _own_workdir: bool = field(default=False, init=False)
+    _release: Callable[[], None] | None = field(default=None, init=False)
 
     def start(self) -> KindStack:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="ddp-kind-stack-"))
             self._own_workdir = True
-        admin = kind.up(log=self.log)
-        self.refs = kind.publish(admin, log=self.log)
-        self.api = KindAPI(admin, kind.host_address())
-        routes = kind.route_to_pods(admin)
-        self.log(f"routes to the pods: {', '.join(f'{c} via {ip}' for c, ip in routes)}")
+        self._release = hold(kind.NAME, "a stack of the operator on kind", self.log)
         try:
+            admin = kind.up(log=self.log)
+            self.refs = kind.publish(admin, log=self.log)
+            self.api = KindAPI(admin, kind.host_address())
+            routes = kind.route_to_pods(admin)
+            self.log(f"routes to the pods: {', '.join(f'{c} via {ip}' for c, ip in routes)}")
             self._stop_chart_operator()
             if self.kueue:
                 self.queues = KueueProcess(self.api, self.workdir / "kueue").start()
@@ -120,6 +123,8 @@ class KindStack(Harness):
                              f"--replicas={self.chart_replicas}", check=False)  # fmt: skip
         if self._own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._release is not None:
+            self._release()
 
     def __enter__(self) -> KindStack:
         return self.start()
