@@ -6,7 +6,7 @@ two cores with four idle machines."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ddp_devcluster.harness import Harness
 from ddp_devcluster.kind import cluster as kind
@@ -26,27 +26,37 @@ def requirements() -> None:
         unavailable(f"the kind cluster cannot start here: {why}")
 
 
-def _log(msg: str) -> None:
-    print(f"\n[kind] {msg}", flush=True)
+_turn: list[Callable[[], None]] = []  # the session's hold, taken once its tests are collected
 
 
-def session_cluster() -> Iterator[KindCluster]:
+def take_turn(log: Callable[[str], None] = print) -> None:
+    """Waits until no other process on this machine uses the kind cluster, and holds it for
+    this session (until :func:`session_cluster` is done with it, or the process ends). Where
+    the cluster cannot start, the fixture says why, test by test."""
+    if kind.requirements():
+        return
+    _turn.append(hold(kind.NAME, "the tests", log=log))
+
+
+def session_cluster(log: Callable[[str], None] = print) -> Iterator[KindCluster]:
     """The body of the ``kind_cluster`` fixture (tests/conftest.py)."""
     requirements()
     # Held from before `up` to after the last test (and `down`): a second session, the demo or
     # `make down` elsewhere on this machine waits instead of changing the cluster under it.
-    release = hold(kind.NAME, "the tests", log=_log)
+    release = hold(kind.NAME, "the tests", log=log)
     before = kind.instance()
 
     def done() -> None:
         try:
             if kind.instance() != before:  # made, or made anew in place of a broken one
-                kind.down(log=_log)
+                kind.down(log=log)
         finally:
             release()
+            while _turn:
+                _turn.pop()()
 
     try:
-        kubeconfig = kind.up(log=_log)
+        kubeconfig = kind.up(log=log)
     except BaseException:
         done()
         raise

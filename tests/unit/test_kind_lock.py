@@ -70,22 +70,50 @@ def test_holds_in_one_process_nest_and_the_last_release_unlocks(run_dir: Path) -
     inner()
     inner()  # a second call of the same release counts once
     assert '"purpose": "the tests"' in lock.lock_path("ddp").read_text()  # still held
-    with pytest.raises(lock.InUse):  # ... as another process sees it
-        _probe_from_another_process(run_dir)
+    assert _probe(run_dir, share=False) == "refused"  # ... as another process sees it
     outer()
-    _probe_from_another_process(run_dir)
+    assert _probe(run_dir, share=False) == "held"
 
 
-def _probe_from_another_process(run_dir: Path) -> None:
+def test_a_process_started_by_the_holder_uses_the_cluster_on_its_behalf(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster suite runs `make demo` as a child while the session holds the cluster."""
+    release = lock.hold("ddp", "the tests")
+    assert os.environ[lock.HOLDER_ENV] == str(os.getpid())
+    assert _probe(run_dir, share=True) == "held"  # no wait, and the parent still holds it
+    assert '"purpose": "the tests"' in lock.lock_path("ddp").read_text()
+    release()
+    assert lock.HOLDER_ENV not in os.environ
+
+    # Naming a holder that did not start this process gives nothing.
+    other = _other_holder(run_dir)
+    try:
+        monkeypatch.setenv(lock.HOLDER_ENV, str(other.pid))
+        with pytest.raises(lock.InUse):
+            lock.hold("ddp", "the tests", log=lambda m: None, wait_s=0)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _probe(run_dir: Path, *, share: bool) -> str:
+    """Whether a child process gets the cluster at once ("held") or is refused."""
     env = {**os.environ, "DDP_CACHE_RUN": str(run_dir),
            "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in SOURCE_DIRS)}  # fmt: skip
+    if not share:
+        env.pop(lock.HOLDER_ENV, None)
     code = ("from ddp_devcluster.kind.lock import hold, InUse\n"
             "try:\n    hold('ddp', 'probe', log=lambda m: None, wait_s=0)\n"
             "except InUse:\n    raise SystemExit(3)\n")  # fmt: skip
     rc = subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode
-    if rc == 3:
-        raise lock.InUse("held")
-    assert rc == 0
+    assert rc in (0, 3)
+    return "held" if rc == 0 else "refused"
+
+
+def test_ancestors_are_read_from_proc() -> None:
+    chain = lock.ancestors(os.getpid())
+    assert chain[0] == os.getppid() and os.getpid() not in chain
 
 
 def test_a_holder_is_described_by_pid_purpose_folder_and_time() -> None:

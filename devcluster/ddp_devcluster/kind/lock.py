@@ -24,6 +24,7 @@ from ..paths import state_dir
 Log = Callable[[str], None]
 WAIT_S = 45 * 60  # a whole `make test` of another checkout fits in it
 REPORT_EVERY_S = 30.0
+HOLDER_ENV = "DDP_KIND_HOLDER"
 
 _held: dict[Path, list[Any]] = {}  # lock path -> [open file, depth]: reentrant in a process
 
@@ -69,6 +70,9 @@ def hold(name: str, purpose: str, log: Log = print, wait_s: float = WAIT_S) -> C
         return _releaser(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a+")  # noqa: SIM115 - kept open for as long as the lock is held
+    if _held_by_an_ancestor(_read(f)):  # e.g. the demo that a test session runs
+        f.close()
+        return lambda: None
     t0 = time.monotonic()
     last = t0 - REPORT_EVERY_S  # the first refusal is said at once
     while True:
@@ -95,7 +99,29 @@ def hold(name: str, purpose: str, log: Log = print, wait_s: float = WAIT_S) -> C
     f.write(json.dumps(holder_record(purpose)))
     f.flush()
     _held[path] = [f, 1]
+    os.environ[HOLDER_ENV] = str(os.getpid())  # what this process starts may use the cluster
     return _releaser(path)
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent, grandparent, ... of a process of this machine (from /proc)."""
+    out: list[int] = []
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the command's name
+        out.append(pid)
+    return out
+
+
+def _held_by_an_ancestor(record: Mapping[str, Any] | None) -> bool:
+    """Whether the holder is a process that started this one (through ``$DDP_KIND_HOLDER``,
+    set while it holds the lock): a child of the holder uses the cluster on its behalf."""
+    named = os.environ.get(HOLDER_ENV, "")
+    pid = record.get("pid") if record else None
+    return bool(named) and str(pid) == named and int(named) in ancestors(os.getpid())
 
 
 def _releaser(path: Path) -> Callable[[], None]:
@@ -111,6 +137,7 @@ def _releaser(path: Path) -> Callable[[], None]:
         entry[1] -= 1
         if entry[1] == 0:
             del _held[path]
+            os.environ.pop(HOLDER_ENV, None)
             entry[0].seek(0)
             entry[0].truncate()
             fcntl.flock(entry[0], fcntl.LOCK_UN)
