@@ -90,7 +90,7 @@ lint: venv ## ruff, mypy and hadolint
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy api/ddp_api client/ddp_client operator/ddp_operator trainer_image/ddp_trainer \
-	  devcluster/ddp_devcluster
+	  devcluster/ddp_devcluster bench
 
 .PHONY: test
 .PHONY: crd

@@ -25,13 +25,16 @@ import statistics
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import yaml
+from kubernetes.client import CoreV1Api, CustomObjectsApi
+from kubernetes.config import new_client_from_config
 
+from ddp_api.pods import LABEL_JOB
 from ddp_devcluster.harness import EXAMPLES
 from ddp_devcluster.kind.stack import KindStack
-from ddp_devcluster.kueue import API
+from ddp_devcluster.kueue import API, queue_objects
 
 HOLD = 25
 
@@ -42,47 +45,16 @@ def _true(wl: dict[str, Any], ctype: str) -> bool:
 
 
 def one_round(s: KindStack) -> dict[str, float]:
-    assert s.plane is not None
-    cp, ns = s.plane, f"bench-{uuid.uuid4().hex[:6]}"
-    cp.kubectl("create", "namespace", ns)
-    queues: list[dict[str, Any]] = [
-        {"kind": "ResourceFlavor", "metadata": {"name": ns}},
-        {
-            "kind": "ClusterQueue",
-            "metadata": {"name": ns},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [
-                            {
-                                "name": ns,
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "1"},
-                                    {"name": "memory", "nominalQuota": "8Gi"},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "kind": "LocalQueue",
-            "metadata": {"name": "team", "namespace": ns},
-            "spec": {"clusterQueue": ns},
-        },
-    ]
-    for q in queues:
-        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": API, **q}))
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    s.kubectl("create", "namespace", ns, ns="")
+    quota = {"cpu": "1", "memory": "8Gi"}  # one digits job (2 nodes x 500m)
+    s.apply(*queue_objects(ns, "team", ns, ns, quota), ns="")
     for name, value in (("ddp-low", 100), ("ddp-high", 1000)):
-        cp.kubectl("create", "priorityclass", name, f"--value={value}", check=False)
+        s.kubectl("create", "priorityclass", name, f"--value={value}", ns="", check=False)
     docs = [
         d for d in yaml.safe_load_all((EXAMPLES / "checkpoint-pvc-shared.yaml").read_text()) if d
     ]
-    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+    s.kubectl("apply", "-f", "-", ns=ns, input=yaml.safe_dump_all(docs))
     digits = yaml.safe_load((EXAMPLES / "digits.yaml").read_text())
 
     def job(name: str, priority: str, claim: str, hold: list[int]) -> str:
@@ -93,9 +65,7 @@ def one_round(s: KindStack) -> dict[str, float]:
         d["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = claim
         return yaml.safe_dump(d)
 
-    cp.kubectl(
-        "apply", "-n", ns, "-f", "-", input=job("low", "ddp-low", "digits-checkpoints", [HOLD])
-    )
+    s.kubectl("apply", "-f", "-", ns=ns, input=job("low", "ddp-low", "digits-checkpoints", [HOLD]))
     deadline = time.monotonic() + 300
     while (s.job("low", ns=ns).get("status") or {}).get("progress", {}).get("heldAtStep") != HOLD:
         if time.monotonic() > deadline:
@@ -104,29 +74,35 @@ def one_round(s: KindStack) -> dict[str, float]:
 
     ckpt = s.claim_dir("digits-checkpoints", ns=ns) / f"step-{HOLD:08d}.pt"
     assert not ckpt.exists()
-    cp.kubectl(
-        "apply", "-n", ns, "-f", "-", input=job("high", "ddp-high", "charlm-checkpoints", [])
-    )
-    path = f"/apis/{API}/namespaces/{ns}/workloads"
-    pods = f"/api/v1/namespaces/{ns}/pods?labelSelector=ddp.dev/job-name%3Dlow"
+    s.kubectl("apply", "-f", "-", ns=ns, input=job("high", "ddp-high", "charlm-checkpoints", []))
+    # Polled every 50 ms through one API client (a kubectl per poll would take longer than that).
+    api = new_client_from_config(str(s.kubeconfig))
+    group, version = API.split("/")
+
+    def workloads() -> list[dict[str, Any]]:
+        out = CustomObjectsApi(api).list_namespaced_custom_object(group, version, ns, "workloads")
+        return list(cast(dict[str, Any], out)["items"])
+
+    def low_pods() -> list[Any]:
+        return list(CoreV1Api(api).list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}=low").items)
+
     evicted = gone = high = 0.0
     deadline = time.monotonic() + 300
     while not (gone and high):
         now = time.monotonic()
         if now > deadline:
             raise TimeoutError(s.diagnostics(ns))
-        wls = {
-            w["metadata"]["labels"]["ddp.dev/job-name"]: w for w in cp.request("GET", path)["items"]
-        }
+        wls = {w["metadata"]["labels"][LABEL_JOB]: w for w in workloads()}
         if not evicted and "low" in wls and _true(wls["low"], "Evicted"):
             evicted = now
-        if evicted and not gone and not cp.request("GET", pods)["items"] and ckpt.exists():
+        if evicted and not gone and not low_pods() and ckpt.exists():
             gone = now
         if evicted and not high and "high" in wls and _true(wls["high"], "Admitted"):
             high = now
         time.sleep(0.05)
-    cp.kubectl("delete", "namespace", ns, "--wait=false")
-    cp.kubectl("delete", "clusterqueue", ns, "--wait=false", check=False)
+    api.close()
+    s.kubectl("delete", "namespace", ns, "--wait=false", ns="")
+    s.kubectl("delete", "clusterqueue", ns, "--wait=false", ns="", check=False)
     return {"evicted_to_pods_gone_s": gone - evicted, "evicted_to_high_admitted_s": high - evicted}
 
 

@@ -201,14 +201,15 @@ def create_direct(api: kubernetes.client.ApiClient, ns: str, obj: dict[str, Any]
     core = kubernetes.client.CoreV1Api(api)
     rbac = kubernetes.client.RbacAuthorizationV1Api(api)
     body: Any = obj
-    create = {
+    creates: dict[str, Callable[..., Any]] = {
         "Service": core.create_namespaced_service,
         "ServiceAccount": core.create_namespaced_service_account,
         "ConfigMap": core.create_namespaced_config_map,
         "Role": rbac.create_namespaced_role,
         "RoleBinding": rbac.create_namespaced_role_binding,
         "Pod": core.create_namespaced_pod,
-    }[obj["kind"]]
+    }
+    create = creates[obj["kind"]]
     for attempt in range(1, 7):
         try:
             create(ns, body)

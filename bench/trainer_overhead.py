@@ -66,7 +66,9 @@ def bare_loop_rate(config: Any, steps: int, warmup: int) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     precision = resolve_amp(config.amp, "cpu", True)
     dtype = getattr(torch, precision.dtype) if precision.dtype else None
-    sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=0, drop_last=True)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        train, num_replicas=world, rank=rank, seed=0, drop_last=True
+    )
     per_rank = config.global_batch_size // world
     done, epoch, started = 0, 0, 0.0
     while done < warmup + steps:
