@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,11 @@ class Seen:
         ]
         for t in self.threads:
             t.start()
+
+    def last_of(self, pods: list[str]) -> float | None:
+        """When the last of ``pods`` was seen; None while one is missing."""
+        times = [self.pods.get(p) for p in pods]
+        return None if None in times else max(t for t in times if t is not None)
 
     def _watch(self, lister: Any) -> None:
         while not self.stop.is_set():
@@ -169,17 +175,11 @@ def main() -> None:
                             "kwok.ddp.dev/exit-code=0",
                         )  # fmt: skip
                 pods = [f"{name}-node-{k}" for k in range(n)] + [f"{name}-rdzv"]
-                admitted = until(f"{name} admitted", lambda j=name: seen.admitted.get(j), 120)
-                last = until(
-                    f"{name}'s pods",
-                    lambda ps=pods: (
-                        all(p in seen.pods for p in ps) and max(seen.pods[p] for p in ps)
-                    ),
-                    120,
-                )
-                to_pods.append((float(last) - admitted) * 1000)
+                admitted = until(f"{name} admitted", partial(seen.admitted.get, name), 120)
+                last = until(f"{name}'s pods", partial(seen.last_of, pods), 120)
+                to_pods.append((last - admitted) * 1000)
                 if previous:
-                    done = until(f"{previous} Succeeded", lambda p=previous: seen.succeeded.get(p))
+                    done = until(f"{previous} Succeeded", partial(seen.succeeded.get, previous))
                     to_next.append((admitted - done) * 1000)
                 log(f"{name}: admitted -> pods {to_pods[-1]:.0f} ms")
                 previous = name

@@ -72,15 +72,22 @@ def pods(cl: Cluster) -> dict[str, dict[str, Any]]:
 def node_ready(cl: Cluster, node: str) -> tuple[str, float]:
     obj = json.loads(cl.k("get", "node", node, "-o", "json"))
     cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
-    return cond["status"], parse_rfc3339(cond["lastTransitionTime"]).timestamp()
+    return cond["status"], _seconds(cond["lastTransitionTime"])
 
 
 def started_at(pod: dict[str, Any]) -> float | None:
     for c in (pod.get("status") or {}).get("containerStatuses") or []:
         running = (c.get("state") or {}).get("running")
         if running and running.get("startedAt"):
-            return parse_rfc3339(running["startedAt"]).timestamp()
+            return _seconds(running["startedAt"])
     return None
+
+
+def _seconds(stamp: str) -> float:
+    """The POSIX time of a timestamp the API server wrote (never empty there)."""
+    at = parse_rfc3339(stamp)
+    assert at is not None, stamp
+    return at.timestamp()
 
 
 def operator_mode(cl: Cluster, grace_s: float | None) -> None:

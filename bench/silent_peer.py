@@ -150,7 +150,7 @@ def main() -> None:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep the logs there")
     args = parser.parse_args()
-    defaults = TrainerConfig()
+    defaults = TrainerConfig.model_validate({})
     result = {
         "label": args.label,
         "rdzv_conf": args.rdzv_conf,

@@ -114,15 +114,17 @@ def throughput_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     warmup = 5
-    config = TrainerConfig(
-        workload="synthetic",
-        amp=args.amp,
-        global_batch_size=args.global_batch,
-        max_steps=warmup + args.steps,
-        warmup_steps=warmup,
-        checkpoint_every_steps=0,
-        log_every_steps=args.steps,
-        evaluate=False,
+    config = TrainerConfig.model_validate(
+        dict(
+            workload="synthetic",
+            amp=args.amp,
+            global_batch_size=args.global_batch,
+            max_steps=warmup + args.steps,
+            warmup_steps=warmup,
+            checkpoint_every_steps=0,
+            log_every_steps=args.steps,
+            evaluate=False,
+        )
     )
     bare, ours = [], []
     for round_index in range(args.rounds):
@@ -174,13 +176,15 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
     logging.getLogger("ddp_trainer").setLevel(logging.WARNING)
     torch.set_num_threads(1)
     directory = workdir / "stall"
-    config = TrainerConfig(
-        workload="charlm",
-        amp="off",
-        max_steps=steps,
-        checkpoint_every_steps=every,
-        log_every_steps=1,
-        evaluate=False,
+    config = TrainerConfig.model_validate(
+        dict(
+            workload="charlm",
+            amp="off",
+            max_steps=steps,
+            checkpoint_every_steps=every,
+            log_every_steps=1,
+            evaluate=False,
+        )
     )
     trainer = Trainer(config, directory)
     parameters = sum(p.numel() for p in trainer.parts.model.parameters())
