@@ -27,6 +27,15 @@ class KwokNamespace(Harness):
     def operator_log(self, lines: int = 20) -> str:
         return self.op.tail(lines)
 
+    def kwok_log(self, pod: str) -> str:
+        """kwok's lines about ``pod``: what it patched and deleted, and what it retried. kwok
+        acts by name, with no uid precondition (a kubelet deletes with one), so a retried or
+        late action for a pod can reach the pod made next under its name."""
+        proc = self.cp.procs.get("kwok")
+        key = f"{self.ns}/{pod}"
+        lines = proc.tail(100_000).splitlines() if proc is not None else []
+        return "\n".join(line for line in lines if key in line)
+
     def submit(self, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None) -> None:
         """A DDPJob with an emptyDir checkpoint volume unless ``spec`` names one."""
         self.apply(

@@ -251,7 +251,9 @@ def test_a_failed_pod_is_recreated_and_counted(c: Cluster) -> None:
     )
     status = c.running("flaky", 2)
     # What was counted, and why, if the count is off (it was 2 once, under heavy load).
-    assert status["restarts"] == 1, (status, c.events("flaky"), c.operator_log(60))
+    assert status["restarts"] == 1, (
+        status, c.events("flaky"), c.operator_log(60), c.kwok_log("flaky-node-1")
+    )  # fmt: skip
     pod = c.workers("flaky")["flaky-node-1"]
     assert pod["metadata"]["annotations"]["ddp.dev/attempt"] == "1"
     assert any(
@@ -270,7 +272,9 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
         lambda: (p := c.workers("lost").get("lost-node-0")) and p["metadata"]["uid"] != old,
     )
     status = c.running("lost", 2)
-    assert status["restarts"] == 1, (status, c.events("lost"), c.operator_log(60))
+    assert status["restarts"] == 1, (
+        status, c.events("lost"), c.operator_log(60), c.kwok_log("lost-node-0")
+    )  # fmt: skip
     assert any(r == "PodDisrupted" for _, r, _ in c.events("lost"))
 
 

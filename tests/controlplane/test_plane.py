@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -53,6 +55,61 @@ def test_applied_pod_is_scheduled_on_a_kwok_node_and_runs(control_plane: Control
     state = get(cp, "pod", "hello")["status"]["containerStatuses"][0]["state"]
     assert state["terminated"]["exitCode"] == 3
     cp.kubectl("delete", "pod", "hello", "--wait=true", timeout=60)
+
+
+@pytest.mark.parametrize("action", ["exit", "delete"])
+def test_a_late_kwok_action_never_reaches_the_pod_made_next_under_the_same_name(
+    control_plane: ControlPlane, action: str
+) -> None:
+    """kwok acts by name and plays what it saw while it was held up; a kubelet acts on a uid.
+    The old pod is ended (or deleted) while kwok is stopped, then forced away and a new one
+    made under its name: kwok, resumed, plays the old pod's stage, which the uid test in our
+    stages refuses. Without it the new pod was deleted in 10 of 10 tries."""
+    cp = control_plane
+    ns = f"late-{action}"
+    cp.kubectl("create", "namespace", ns)
+    pod = json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": ns},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+        }
+    )
+    cp.kubectl("create", "-f", "-", input=pod)
+    wait_for(lambda: get(cp, "pod", "p", "-n", ns)["status"].get("phase") == "Running", "Running")
+    kwok = cp.procs["kwok"].popen
+    assert kwok is not None
+    seen = len(cp.procs["kwok"].tail(1_000_000).splitlines())
+    os.killpg(kwok.pid, signal.SIGSTOP)
+    try:
+        if action == "exit":
+            cp.kubectl("annotate", "pod", "p", "-n", ns, "kwok.ddp.dev/exit-code=137")
+        else:
+            cp.kubectl("delete", "pod", "p", "-n", ns, "--wait=false")
+        cp.kubectl("delete", "pod", "p", "-n", ns, "--grace-period=0", "--force")
+        cp.kubectl("create", "-f", "-", input=pod)
+        new = get(cp, "pod", "p", "-n", ns)["metadata"]["uid"]
+    finally:
+        os.killpg(kwok.pid, signal.SIGCONT)
+
+    def refused() -> bool:
+        lines = cp.procs["kwok"].tail(1_000_000).splitlines()[seen:]
+        return any(f'"pod":"{ns}/p"' in x and "rejected our request" in x for x in lines)
+
+    def state() -> str:
+        r = cp.kubectl("get", "pod", "p", "-n", ns, "-o", "json", check=False)
+        if r.returncode != 0:
+            return "the new pod is gone"
+        now = json.loads(r.stdout)
+        if now["metadata"]["uid"] != new or "deletionTimestamp" in now["metadata"]:
+            return "the new pod is being deleted"
+        return f"the new pod is {now['status'].get('phase')}"
+
+    wait_for(lambda: refused() or state() != "the new pod is Running", "kwok's late action")
+    assert state() == "the new pod is Running"
+    assert refused()
+    cp.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def test_deleting_an_owner_deletes_its_dependents(control_plane: ControlPlane) -> None:
