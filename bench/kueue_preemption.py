@@ -66,11 +66,7 @@ def one_round(s: KindStack) -> dict[str, float]:
         return yaml.safe_dump(d)
 
     s.kubectl("apply", "-f", "-", ns=ns, input=job("low", "ddp-low", "digits-checkpoints", [HOLD]))
-    deadline = time.monotonic() + 300
-    while (s.job("low", ns=ns).get("status") or {}).get("progress", {}).get("heldAtStep") != HOLD:
-        if time.monotonic() > deadline:
-            raise TimeoutError(s.diagnostics(ns))
-        time.sleep(0.5)
+    s.held("low", HOLD, 300, ns=ns)
 
     ckpt = s.claim_dir("digits-checkpoints", ns=ns) / f"step-{HOLD:08d}.pt"
     assert not ckpt.exists()
