@@ -10,8 +10,11 @@ while one tier waits on machines and the other on processes.
   does not name, found anew each run, so that a new test folder cannot be left out.
 
 Each lane's lines are printed as they come, prefixed with its name, a line per test (``-v``);
-each lane has its own ``--basetemp``; the exit status fails when either lane fails. With
-arguments this is plain ``pytest ARGS`` in one process (``make test PYTEST_ARGS=...``).
+each lane has its own ``--basetemp`` and writes its whole output to ``<lane>.log`` beside it;
+the exit status fails when either lane fails. The lanes' lines interleave, so a lane that
+failed has its verdict lines (pytest's ``FAILED``/``ERROR`` summary) printed again last,
+where the tail of a CI log shows them. With arguments this is plain ``pytest ARGS`` in one
+process (``make test PYTEST_ARGS=...``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -51,6 +54,11 @@ def split(paths: Sequence[str], nodes: Sequence[str] = NODES) -> dict[str, list[
     return {"nodes": list(nodes), "procs": [p for p in paths if p not in nodes]}
 
 
+def is_verdict(line: str) -> bool:
+    """A line of pytest's short summary naming a test that failed or errored."""
+    return line.startswith(("FAILED ", "ERROR "))
+
+
 @dataclass
 class Lane:
     name: str
@@ -58,6 +66,7 @@ class Lane:
     proc: subprocess.Popen[str] | None = None
     started: float = 0.0
     took_s: float = 0.0
+    verdicts: list[str] = field(default_factory=list)
 
     def start(self, basetemp: Path, lock: threading.Lock) -> threading.Thread:
         # -v: a line per test as it ends (the relay prints whole lines; pytest's dots would
@@ -75,18 +84,23 @@ class Lane:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         assert self.proc.stdout is not None
-        t = threading.Thread(target=self._relay, args=(self.proc.stdout, lock), daemon=True)
+        log = basetemp.parent / f"{self.name}.log"
+        t = threading.Thread(target=self._relay, args=(self.proc.stdout, lock, log), daemon=True)
         t.start()
         return t
 
-    def _relay(self, out: IO[str], lock: threading.Lock) -> None:
-        """Prints the lane's lines until its pytest ends, then times it: the lane's own time,
-        however long the other one runs."""
+    def _relay(self, out: IO[str], lock: threading.Lock, log: Path) -> None:
+        """Prints the lane's lines until its pytest ends (and writes them to ``log``), then
+        times it: the lane's own time, however long the other one runs."""
         assert self.proc is not None
-        for line in out:
-            with lock:
-                sys.stdout.write(f"[{self.name}] {line}")
-                sys.stdout.flush()
+        with log.open("w") as f:
+            for line in out:
+                f.write(line)
+                if is_verdict(line):
+                    self.verdicts.append(line.rstrip("\n"))
+                with lock:
+                    sys.stdout.write(f"[{self.name}] {line}")
+                    sys.stdout.flush()
         self.proc.wait()
         self.took_s = time.monotonic() - self.started
 
@@ -113,7 +127,12 @@ def run_lanes(lanes: dict[str, list[str]]) -> int:
     if all(c == 0 for c in codes.values()):
         shutil.rmtree(root, ignore_errors=True)
         return 0
-    print(f"the failed lanes' temporary files are kept under {root}")
+    for lane in running:
+        if codes[lane.name] != 0:
+            print(f"lane {lane.name} failed on:")
+            for line in lane.verdicts or ["(no test named: see the lane's lines above)"]:
+                print(f"  {line}")
+    print(f"the failed lanes' temporary files and logs are kept under {root}")
     return 1
 
 

@@ -58,6 +58,12 @@ def test_a_failing_lane_fails_the_run_and_both_lanes_report(
     assert "[good] " in out and "1 passed" in out and "[bad] " in out and "1 failed" in out
     assert "lane good: passed in" in out
     assert "lane bad: FAILED (pytest exit 1) in" in out
-    kept = Path(out.split("temporary files are kept under ")[1].split()[0])
+    # the failing test is named again after both verdicts, where a log's tail shows it
+    tail = out[out.index("lane bad: FAILED") :]
+    assert "lane bad failed on:\n  FAILED " in tail and "test_bad.py::test_no" in tail
+    assert "lane good failed on" not in tail
+    kept = Path(out.split("temporary files and logs are kept under ")[1].split()[0])
     assert kept.is_dir()
+    assert "test_bad.py::test_no FAILED" in (kept / "bad.log").read_text()
+    assert "1 passed" in (kept / "good.log").read_text()
     shutil.rmtree(kept)
