@@ -4,6 +4,7 @@ cProfile, and the operator's API requests per job from the API server's audit lo
 
     python bench/operator_profile.py [--jobs 20] [--nodes-per-job 8] [--out out/profile]
                                      [--top 40] [--functions a,b] [--no-profile]
+                                     [--pause-s 0]
 
 Writes ``OUT/operator.prof`` (``python -m pstats``), ``OUT/audit.log`` and ``OUT/sent.json``
 (when each job's create was sent), prints to stderr the functions with the most cumulative time
@@ -86,6 +87,14 @@ def main() -> None:
         action="store_true",
         help="the operator without cProfile: only the requests and their timeline",
     )
+    ap.add_argument(
+        "--pause-s",
+        type=float,
+        default=0.0,
+        help="seconds between one job's pods seen and the next job's create (0: at once, as "
+        "operator_latency.py does); a pause longer than what a job's start sets off (status "
+        "writes, kwok starting its pods, the trainer's objects) measures each job alone",
+    )
     args = ap.parse_args()
     n = args.nodes_per_job
     args.out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +129,7 @@ def main() -> None:
             create_job(api, "single", name, n)
             ms = (watch.wait_for(pod_names(name, n)) - t0) * 1000
             log(f"single job {i + 1}/{args.jobs}: seen by a watch after {ms:.0f} ms")
+            time.sleep(args.pause_s)  # what the last job's pods set off settles first
         time.sleep(2)  # the jobs' last status writes and Events
         end, cpu = time.time(), cpu_s(op.pid()) - cpu0
         watch.stop()
