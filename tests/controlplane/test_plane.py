@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ddp_devcluster.plane import ControlPlane
+from ddp_devcluster.polling import TimedOut, until
 
 pytestmark = pytest.mark.controlplane
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def get(cp: ControlPlane, *args: str) -> dict:
@@ -45,13 +36,13 @@ spec:
 def test_applied_pod_is_scheduled_on_a_kwok_node_and_runs(control_plane: ControlPlane) -> None:
     cp = control_plane
     assert "pod/hello created" in cp.kubectl("apply", "-f", "-", input=POD).stdout
-    wait_for(lambda: get(cp, "pod", "hello")["status"].get("phase") == "Running", "Running")
+    until("Running", lambda: get(cp, "pod", "hello")["status"].get("phase") == "Running", 30)
     pod = get(cp, "pod", "hello")
     assert pod["spec"]["nodeName"].startswith("kwok-node-")
     assert pod["status"]["podIP"]
     # A test finishes a pod as a kubelet would; kwok records the exit code.
     cp.kubectl("annotate", "pod", "hello", "kwok.ddp.dev/exit-code=3")
-    wait_for(lambda: get(cp, "pod", "hello")["status"]["phase"] == "Failed", "Failed")
+    until("Failed", lambda: get(cp, "pod", "hello")["status"]["phase"] == "Failed", 30)
     state = get(cp, "pod", "hello")["status"]["containerStatuses"][0]["state"]
     assert state["terminated"]["exitCode"] == 3
     cp.kubectl("delete", "pod", "hello", "--wait=true", timeout=60)
@@ -81,7 +72,7 @@ def test_a_late_kwok_action_never_reaches_the_pod_made_next_under_the_same_name(
         cp.kubectl("create", "namespace", ns)
         made = json.dumps({**pod, "metadata": {"name": "p", "namespace": ns}})
         cp.kubectl("create", "-f", "-", input=made)
-        wait_for(lambda n=ns: state(cp, n, None) == "Running", "the old pod Running")
+        until("the old pod Running", lambda n=ns: state(cp, n, None) == "Running", 30)
         seen = len(kwok.tail(1_000_000).splitlines())
         os.killpg(kwok.popen.pid, signal.SIGSTOP)
         try:
@@ -99,10 +90,9 @@ def test_a_late_kwok_action_never_reaches_the_pod_made_next_under_the_same_name(
             lines = kwok.tail(1_000_000).splitlines()[seen:]
             return any(f'"pod":"{ns}/p"' in x and "rejected our request" in x for x in lines)
 
-        wait_for(lambda n=ns, u=new: state(cp, n, u) != "Pending", "kwok to mark the new pod")
-        deadline = time.monotonic() + 1.0
-        while not refused() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        until("kwok to mark the new pod", lambda n=ns, u=new: state(cp, n, u) != "Pending", 30)
+        with contextlib.suppress(TimedOut):  # kwok may have cancelled the late action instead
+            until("kwok's late action", refused, 1.0, interval_s=0.1)
         assert state(cp, ns, new) == "Running", f"try {attempt}"
         refusals += refused()
         cp.kubectl("delete", "namespace", ns, "--wait=false")
@@ -144,7 +134,7 @@ def test_deleting_an_owner_deletes_its_dependents(control_plane: ControlPlane) -
         r = cp.kubectl("get", "configmap", "dependent", check=False)
         return r.returncode != 0 and "NotFound" in r.stderr
 
-    wait_for(gone, "the garbage collector to delete the dependent", 60)
+    until("the garbage collector to delete the dependent", gone, 60)
 
 
 def test_service_account_without_a_role_is_forbidden(
@@ -172,12 +162,13 @@ def test_service_account_without_a_role_is_forbidden(
         "-n",
         "rbac-check",
     )
-    wait_for(
+    until(
+        "the RoleBinding to take effect",
         lambda: (
             cp.kubectl("get", "pods", "-n", "rbac-check", kubeconfig=kc, check=False).returncode
             == 0
         ),
-        "the RoleBinding to take effect",
+        30,
     )
     still_denied = cp.kubectl("get", "secrets", "-n", "rbac-check", kubeconfig=kc, check=False)
     assert "forbidden" in still_denied.stderr.lower()
