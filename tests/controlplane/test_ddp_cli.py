@@ -169,7 +169,7 @@ def test_watch_shows_progress_and_phases_and_exits_0_on_succeeded(
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     name = ns.ddp("submit", str(script), "--nodes", "2").stdout.strip()
-    ns.workers(name, 2)
+    first, second = (p["metadata"]["name"] for p in ns.workers(name, 2))
     watch = Lines(ns.plugin.start("watch", name, "-n", ns.name))
     assert watch.next() == "phase Running: 2 nodes running"
     for step, loss in ((5, 1.25), (10, 0.5)):  # as the operator writes rank 0's reports
@@ -181,7 +181,6 @@ def test_watch_shows_progress_and_phases_and_exits_0_on_succeeded(
     # One node ends first: the job stays Running with a reason line of its own, naming the one
     # that finished and the one waited for (ended one at a time: both at once, the operator may
     # see them together or not).
-    first, second = (p["metadata"]["name"] for p in ns.workers(name, 2))
     ns.k("annotate", "pod", first, f"{EXIT}=0")
     line = watch.next()
     assert re.fullmatch(
