@@ -452,13 +452,25 @@ def _podman(*args: str) -> None:
         raise RuntimeError(f"podman {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
 
 
+FREEZE_TRIES = 5
+
+
 def freeze(node: str) -> None:
     """The machine stops answering, as after a kernel hang or a network partition: every
     process of its container (kubelet, containerd, the pods) is frozen (cgroup freezer), so
     nothing is said to anyone: no TCP reset, no status, no heartbeat."""
     if node.endswith("-control-plane"):
         raise ValueError("freezing the control plane would freeze the API server")
-    _podman("pause", node)
+    # The cgroup v1 freezer can fail to settle while a task of the container is busy in the
+    # kernel; runc then gives up ("unable to freeze") and thaws it again: try again, briefly.
+    for attempt in range(FREEZE_TRIES):
+        try:
+            _podman("pause", node)
+            return
+        except RuntimeError as e:
+            if "unable to freeze" not in str(e) or attempt == FREEZE_TRIES - 1:
+                raise
+            time.sleep(1.0)
 
 
 def thaw(node: str) -> None:
