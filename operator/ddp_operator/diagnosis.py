@@ -10,6 +10,7 @@ that names the pods, what is wrong (image, claim, command, capacity, memory) and
 | terminated StartError/ContainerCannotRun (or waiting as above) that could not exec the command; exit 126/127 | CommandNotFound | fails at once |
 | PodScheduled False, any other message (cpu, memory, taint, selector, unbound claim) | Unschedulable | waits (an autoscaler may add a machine) |
 | terminated OOMKilled | OOMKilled | a pod failure: spends backoffLimit |
+| terminated Error, exit 137, a memory limit | (PodFailed) | a pod failure; :func:`killed_hint` names the limit |
 """  # noqa: E501
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ UNSCHEDULABLE = "Unschedulable"
 COUNTED_REASONS = frozenset({OOM, *START_REASONS})
 WAITS_SAID_AFTER_S = 10.0  # pod age before Unschedulable is said (it is often a moment's)
 COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
+SIGKILL_EXIT_CODE = 137  # 128 + SIGKILL: what a process the kernel's OOM killer ended exits with
 # How runc and crun say that the program to run is missing or cannot be run (not found, no
 # such file, permission denied, exec format error), naming it; a mount's or a cgroup's trouble
 # is no missing command.
@@ -108,6 +110,20 @@ class Finding:
 def memory_limit(spec: DDPJobSpec) -> str:
     limits = (spec.resources.limits if spec.resources else None) or {}
     return str(limits["memory"]) if "memory" in limits else "unset"
+
+
+def killed_hint(pod: PodView, spec: DDPJobSpec) -> str:
+    """What a node pod's exit code 137 (SIGKILL) may mean when its runtime did not say
+    OOMKilled: containerd can publish a container's exit before the kernel's OOM event
+    (containerd#12260, #12372), and the kubelet then reports reason Error. The memory limit is
+    named as the likely cause, not as a diagnosis; "" for other pods and codes, or no limit."""
+    limit = memory_limit(spec)
+    if pod.exit_code != SIGKILL_EXIT_CODE or limit == "unset" or pod.role != render.ROLE_WORKER:
+        return ""
+    return (
+        f" (SIGKILL, as the kernel's OOM killer sends it when a container passes"
+        f" spec.resources.limits.memory, now {limit}; if its memory grew to that, raise it)"
+    )
 
 
 def _command_of(message: str, spec: DDPJobSpec, exit_code: int | None) -> str:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339, rfc3339
-from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, RestartPolicy
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, DDPJobSpec, RestartPolicy
 from ddp_api.metav1 import transition_time
 from ddp_api.pods import selector
 
@@ -610,7 +610,9 @@ def _new_failures(st: _State) -> list[tuple[PodView, bool]]:
     return new
 
 
-def _what(x: PodView, failed: bool, found: diagnosis.Finding | None = None) -> str:
+def _what(
+    x: PodView, failed: bool, spec: DDPJobSpec, found: diagnosis.Finding | None = None
+) -> str:
     if x.disrupted:
         return f"was disrupted ({DISRUPTION_TARGET}: {x.disrupted})"
     if not failed:
@@ -621,7 +623,7 @@ def _what(x: PodView, failed: bool, found: diagnosis.Finding | None = None) -> s
     if found is not None and x.problem is not None:
         return f"could not start{code}: {x.problem.reason}: {x.problem.message}"
     if x.exit_code is not None:
-        return f"failed with exit code {x.exit_code}"
+        return f"failed with exit code {x.exit_code}{diagnosis.killed_hint(x, spec)}"
     return f"failed ({x.reason or 'no exit code'})"
 
 
@@ -730,7 +732,7 @@ def _failures(st: _State) -> Plan | None:
         found = diagnosis.finding(x, s) if failed and not x.disrupted else None
         if found is not None and found.outcome == diagnosis.Effect.FAILS:
             return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
-        what = _what(x, failed, found)
+        what = _what(x, failed, s, found)
         if found is not None and found.outcome == diagnosis.Effect.COUNTED:
             st.cause = (found.reason, f"{x.name} {what}")
         if x.disrupted and x.role == render.ROLE_WORKER:

@@ -253,6 +253,38 @@ def test_a_pods_problem_becomes_the_jobs_reason_and_outcome(
         assert set(old.delete) == {"j-rdzv", "j-node-0", "j-node-1"}  # the finish path
 
 
+KILLED_HINT = (
+    "failed with exit code 137 (SIGKILL, as the kernel's OOM killer sends it when a container"
+    " passes spec.resources.limits.memory, now 64Mi; if its memory grew to that, raise it)"
+)
+
+
+@pytest.mark.parametrize("backoff", [0, 3])
+def test_a_kill_the_runtime_did_not_call_oomkilled_names_the_memory_limit(backoff: int) -> None:
+    """containerd can publish a container's exit before the kernel's OOM event (containerd
+    #12260), and the kubelet then says Error with exit code 137: the memory limit is named as
+    the likely cause (with a limit only), not as a diagnosis."""
+    spec = {"backoffLimit": backoff, "resources": {"limits": {"memory": "64Mi"}}}
+    p = observe(body(0, YOUNG, "Failed", ended("Error", 137)), spec, YOUNG)
+    [(kind, reason, text)] = [e for e in p.events if "j-node-0" in e[2]]
+    assert kind == "Warning" and text.startswith(f"j-node-0 {KILLED_HINT}")
+    if backoff:
+        assert reason == "PodFailed" and said(p)[:2] == ("Restarting", "PodFailed")
+    else:
+        assert said(p) == (
+            "Failed",
+            "BackoffLimitExceeded",
+            f"j-node-0 {KILLED_HINT}; the job already used its backoffLimit of 0 restarts",
+        )
+    for code, limits in ((137, {}), (1, {"limits": {"memory": "64Mi"}})):
+        spec = {"backoffLimit": 0, "resources": limits}
+        p = observe(body(1, YOUNG, "Failed", ended("Error", code)), spec, YOUNG)
+        assert said(p)[2] == (
+            f"j-node-1 failed with exit code {code}; the job already used its backoffLimit of 0"
+            " restarts"
+        )
+
+
 def test_pods_with_one_problem_are_named_together_and_it_is_said_once() -> None:
     pods = [
         planner.view(body(1, YOUNG, "Pending", waiting("ErrImagePull", "not found"))),
