@@ -10,7 +10,8 @@ Writes ``OUT/operator.prof`` (``python -m pstats``), ``OUT/audit.log`` and ``OUT
 (when each job's create was sent), prints to stderr the functions with the most cumulative time
 and to stdout one JSON object: the operator's requests per job by verb and resource, its CPU
 per job, the medians over the jobs of when the API server received and answered the first
-request of each kind for a job (ms after the job's create was sent), its garbage collections,
+request of each kind for a job (ms after the job's create was sent), the control plane's CPU
+per job by process (kube-apiserver, etcd, the controllers, kwok), its garbage collections,
 and per job the cumulative ms of the functions named in ``--functions``. ``--no-profile`` runs
 the operator as the latency benchmark does and prints only the requests, CPU and timeline.
 
@@ -24,6 +25,7 @@ down, so compare its figures only with each other, at two commits, not with the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -121,6 +123,7 @@ def main() -> None:
         finally:
             sys.executable = real
         watch = PodWatch(api, "single")
+        plane0 = plane_cpu_s(cp)
         cpu0, start = cpu_s(op.pid()), time.time()
         sent: dict[str, float] = {}
         for i in range(args.jobs):
@@ -132,6 +135,7 @@ def main() -> None:
             time.sleep(args.pause_s)  # what the last job's pods set off settles first
         time.sleep(2)  # the jobs' last status writes and Events
         end, cpu = time.time(), cpu_s(op.pid()) - cpu0
+        plane = {k: v - plane0.get(k, 0.0) for k, v in plane_cpu_s(cp).items()}
         watch.stop()
         # SIGTERM and time for kopf's orderly exit, after which cProfile writes its file.
         assert op.process is not None and op.process.popen is not None
@@ -150,6 +154,7 @@ def main() -> None:
                     "jobs": args.jobs,
                     "requests_total": sum(requests.values()),
                     "operator_cpu_ms_per_job": round(cpu / args.jobs * 1000, 1),
+                    "plane_cpu_ms_per_job": per_job_ms(plane, args.jobs),
                     "timeline_median_ms": timeline,
                 }
             )
@@ -173,6 +178,7 @@ def main() -> None:
                 "requests_per_job": {k: round(v / args.jobs, 2) for k, v in requests.items()},
                 "requests_total": sum(requests.values()),
                 "operator_cpu_ms_per_job": round(cpu / args.jobs * 1000, 1),
+                "plane_cpu_ms_per_job": per_job_ms(plane, args.jobs),
                 "timeline_median_ms": timeline,
                 "process_cpu_s": round(process["process_cpu_s"], 2),
                 "gc_collections": process["collections"],
@@ -182,6 +188,23 @@ def main() -> None:
             }
         )
     )
+
+
+def plane_cpu_s(cp: ControlPlane) -> dict[str, float]:
+    """CPU seconds each control-plane process (etcd, kube-apiserver, the controllers, kwok)
+    has used so far: what a job's start costs the machine besides the operator."""
+    out = {}
+    for name, proc in cp.procs.items():
+        if proc.popen is not None and proc.alive():
+            with contextlib.suppress(OSError):
+                out[name] = cpu_s(proc.popen.pid)
+    return out
+
+
+def per_job_ms(cpu: dict[str, float], jobs: int) -> dict[str, float]:
+    """CPU ms per job of each process, the largest first, and their sum as ``total``."""
+    ms = {k: round(v / jobs * 1000, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+    return {**ms, "total": round(sum(cpu.values()) / jobs * 1000, 1)}
 
 
 def job_timeline(audit_log: Path, user: str, sent: dict[str, float]) -> dict[str, float]:
