@@ -38,7 +38,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import kubernetes
@@ -46,7 +45,10 @@ import kubernetes
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_devcluster.operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
+from ddp_devcluster.prometheus import scrape
 from operator_latency import PodWatch, cpu_s, create_job, pod_names, requests_by
+
+RECONCILES = "ddp_operator_reconcile_duration_seconds_count"  # in the operator's metrics
 
 # The operator under cProfile with a CPU-time clock (its main thread's: time the process spent
 # waiting for a core on this shared machine is not counted), and what its garbage collections
@@ -150,20 +152,17 @@ def main() -> None:
         (args.out / "sent.json").write_text(json.dumps(sent))
         timeline = job_timeline(cp.audit_log, user, sent)
 
+    measured = {
+        "jobs": args.jobs,
+        "requests_per_job": {k: round(v / args.jobs, 2) for k, v in requests.items()},
+        "requests_total": sum(requests.values()),
+        "operator_cpu_ms_per_job": round(cpu / args.jobs * 1000, 1),
+        "reconciles_per_job": round(reconciles / args.jobs, 2),
+        "plane_cpu_ms_per_job": per_job_ms(plane, args.jobs),
+        "timeline_median_ms": timeline,
+    }
     if args.no_profile:
-        print(
-            json.dumps(
-                {
-                    "jobs": args.jobs,
-                    "requests_per_job": {k: round(v / args.jobs, 2) for k, v in requests.items()},
-                    "requests_total": sum(requests.values()),
-                    "operator_cpu_ms_per_job": round(cpu / args.jobs * 1000, 1),
-                    "reconciles_per_job": round(reconciles / args.jobs, 2),
-                    "plane_cpu_ms_per_job": per_job_ms(plane, args.jobs),
-                    "timeline_median_ms": timeline,
-                }
-            )
-        )
+        print(json.dumps(measured))
         return
     process = json.loads(Path(f"{prof}.json").read_text())
     stats = pstats.Stats(str(prof), stream=sys.stderr)
@@ -179,13 +178,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "jobs": args.jobs,
-                "requests_per_job": {k: round(v / args.jobs, 2) for k, v in requests.items()},
-                "requests_total": sum(requests.values()),
-                "operator_cpu_ms_per_job": round(cpu / args.jobs * 1000, 1),
-                "reconciles_per_job": round(reconciles / args.jobs, 2),
-                "plane_cpu_ms_per_job": per_job_ms(plane, args.jobs),
-                "timeline_median_ms": timeline,
+                **measured,
                 "process_cpu_s": round(process["process_cpu_s"], 2),
                 "gc_collections": process["collections"],
                 "gc_cpu_ms_per_job": round(process["cpu_s"] / args.jobs * 1000, 2),
@@ -199,13 +192,8 @@ def main() -> None:
 def reconciles_of(op: OperatorProcess) -> float:
     """How many reconciles the operator has run, by its own metrics (the reconcile histogram's
     count); the scrape reads the number as it is when the jobs are done."""
-    with urllib.request.urlopen(op.metrics_url, timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith("ddp_operator_reconcile_duration_seconds_count")
-    )
+    samples = scrape(op.metrics_url)
+    return sum(v for (name, _), v in samples.items() if name == RECONCILES)
 
 
 def plane_cpu_s(cp: ControlPlane) -> dict[str, float]:
