@@ -4,6 +4,7 @@ Prints one JSON object and writes a latency histogram PNG::
 
     python bench/operator_latency.py [--jobs 20] [--burst-jobs 100] [--nodes-per-job 8]
                                      [--rounds 3] [--plot out/operator_latency.png]
+                                     [--own-command]
 
 - ``single_job_p50_ms``: apply of one job until all its pods (workers and store) exist, one
   job at a time; ``single_job_watch_p50_ms``: until a watch on the namespace has seen them.
@@ -18,6 +19,12 @@ Prints one JSON object and writes a latency histogram PNG::
   ``burst_ratios`` each round's ratio. One burst on two shared cores varies by a third from
   run to run, which one round per run cannot tell from a change in the operator.
 - ``operator_peak_rss_mb``: the operator process's peak resident memory over the whole run.
+
+The jobs run the bundled trainer, whose pods each job gives an account of its own (a
+ServiceAccount, a Role and RoleBinding, and the progress ConfigMap its rank 0 patches);
+``--own-command`` makes them run a command of the user's instead (``spec.command``), whose pods
+hold no credential and need none of those objects: the operator's work per job without the
+trainer's account, comparable with releases that gave trainers one account per namespace.
 
 "Exists" is when the API server answered the pod's create, read from its audit log, so that a
 watcher falling behind under load cannot skew a figure; the clock starts just before the job's
@@ -153,16 +160,15 @@ def requests_by(audit_log: Path, user: str, start: float, end: float) -> dict[st
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def job_body(name: str, nodes: int) -> dict[str, Any]:
+def job_body(name: str, nodes: int, own_command: bool = False) -> dict[str, Any]:
+    runs = (
+        {"command": ["python", "train.py"]} if own_command else {"trainer": {"workload": "digits"}}
+    )
     return {
         "apiVersion": "ddp.dev/v1alpha1",
         "kind": "DDPJob",
         "metadata": {"name": name},
-        "spec": {
-            "nodes": nodes,
-            "trainer": {"workload": "digits"},
-            "checkpoint": {"volume": {"emptyDir": {}}},
-        },
+        "spec": {"nodes": nodes, **runs, "checkpoint": {"volume": {"emptyDir": {}}}},
     }
 
 
@@ -170,23 +176,25 @@ def pod_names(job: str, nodes: int) -> set[str]:
     return {render.store_name(job)} | {render.worker_name(job, i) for i in range(nodes)}
 
 
-def create_job(api: kubernetes.client.ApiClient, ns: str, name: str, nodes: int) -> None:
+def create_job(
+    api: kubernetes.client.ApiClient, ns: str, name: str, nodes: int, own_command: bool = False
+) -> None:
     kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-        "ddp.dev", "v1alpha1", ns, "ddpjobs", job_body(name, nodes)
+        "ddp.dev", "v1alpha1", ns, "ddpjobs", job_body(name, nodes, own_command)
     )
 
 
-def direct_objects(ns: str, jobs: list[str], nodes: int) -> list[dict[str, Any]]:
+def direct_objects(ns: str, jobs: list[str], nodes: int, own_command: bool) -> list[dict[str, Any]]:
     """What the operator would create for these jobs, without owners (none exist)."""
     cfg = render.OperatorConfig(default_image="trainer:bench")
     out = []
     for i, name in enumerate(jobs):
-        body = job_body(name, nodes)
+        body = job_body(name, nodes, own_command)
         body["metadata"].update({"namespace": ns, "uid": f"bench-{i}", "generation": 1})
         job = DDPJob.model_validate(body)
         objs = [
-            *render.render_trainer_identity(job),
-            render.render_progress_configmap(job),
+            *(render.render_trainer_identity(job) if render.uses_trainer_account(job) else []),
+            *([render.render_progress_configmap(job)] if render.reports_progress(job) else []),
             *render.render_services(job),
             render.render_store(job, cfg),
             *(render.render_worker(job, n, 0, cfg) for n in range(nodes)),
@@ -284,8 +292,13 @@ def main() -> None:
     ap.add_argument("--nodes-per-job", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="burst rounds (operator and direct)")
     ap.add_argument("--plot", type=Path, default=Path("out/operator_latency.png"))
+    ap.add_argument(
+        "--own-command",
+        action="store_true",
+        help="jobs run a command of the user's (spec.command), not the bundled trainer",
+    )
     args = ap.parse_args()
-    n = args.nodes_per_job
+    n, own = args.nodes_per_job, args.own_command
     kwok_nodes = max(2, (args.burst_jobs * (n + 1)) // 100 + 1)
 
     def log(msg: str) -> None:
@@ -307,7 +320,7 @@ def main() -> None:
         for i in range(args.jobs):
             name = f"single-{i}"
             started[name], t0 = time.time(), time.perf_counter()
-            create_job(api, "single", name, n)
+            create_job(api, "single", name, n, own)
             watched.append((watch.wait_for(pod_names(name, n)) - t0) * 1000)
             log(f"single job {i + 1}/{args.jobs}: seen by a watch after {watched[-1]:.0f} ms")
         watch.stop()
@@ -335,10 +348,10 @@ def main() -> None:
                 if side == "operator":
                     if not op.process or not op.process.alive():
                         op.start()
-                    result.update(operator_burst(cp, api, op, ns_op, jobs, n, want, log))
+                    result.update(operator_burst(cp, api, op, ns_op, jobs, n, own, want, log))
                     op.stop()  # the direct client runs alone
                 else:
-                    result.update(direct_burst(cp, api, as_operator, ns_direct, jobs, n, want))
+                    result.update(direct_burst(cp, api, as_operator, ns_direct, jobs, n, own, want))
             result["ratio"] = result["operator_s"] / result["direct_s"]
             rounds.append(result)
             log(
@@ -360,6 +373,7 @@ def main() -> None:
         "single_job_max_ms": round(max(latencies), 1),
         "single_job_watch_p50_ms": round(statistics.median(watched), 1),
         "single_jobs": args.jobs,
+        "own_command": own,
         "burst_jobs": args.burst_jobs,
         "burst_nodes_per_job": n,
         "burst_pods": len(want),
@@ -391,6 +405,7 @@ def operator_burst(
     ns: str,
     jobs: list[str],
     n: int,
+    own_command: bool,
     want: set[str],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -399,7 +414,7 @@ def operator_burst(
     cpu0 = cpu_s(op.pid())
     t0 = time.time()
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(lambda j: create_job(api, ns, j, n), jobs))
+        list(pool.map(lambda j: create_job(api, ns, j, n, own_command), jobs))
     applied_s = time.time() - t0
     try:
         watch.wait_for(want)
@@ -426,12 +441,13 @@ def direct_burst(
     ns: str,
     jobs: list[str],
     n: int,
+    own_command: bool,
     want: set[str],
 ) -> dict[str, Any]:
     """The same objects straight from a concurrent client, as the operator's ServiceAccount
     (the same API priority and fairness class), in the order the operator needs: each job's
     trainer ServiceAccount (admission requires it) and Role before the pods and RoleBinding."""
-    objs = direct_objects(ns, jobs, n)
+    objs = direct_objects(ns, jobs, n, own_command)
     first = [o for o in objs if o["kind"] in ("ServiceAccount", "Role")]
     then = [o for o in objs if o["kind"] not in ("ServiceAccount", "Role")]
     watch = PodWatch(api, ns)

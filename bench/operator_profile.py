@@ -4,7 +4,7 @@ cProfile, and the operator's API requests per job from the API server's audit lo
 
     python bench/operator_profile.py [--jobs 20] [--nodes-per-job 8] [--out out/profile]
                                      [--top 40] [--functions a,b] [--no-profile]
-                                     [--pause-s 0]
+                                     [--pause-s 0] [--own-command]
 
 Writes ``OUT/operator.prof`` (``python -m pstats``), ``OUT/audit.log`` and ``OUT/sent.json``
 (when each job's create was sent), prints to stderr the functions with the most cumulative time
@@ -101,6 +101,11 @@ def main() -> None:
         "operator_latency.py does); a pause longer than what a job's start sets off (status "
         "writes, kwok starting its pods, the trainer's objects) measures each job alone",
     )
+    ap.add_argument(
+        "--own-command",
+        action="store_true",
+        help="jobs run a command of the user's (spec.command): no trainer account, no progress",
+    )
     args = ap.parse_args()
     n = args.nodes_per_job
     args.out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +138,7 @@ def main() -> None:
         for i in range(args.jobs):
             name = f"single-{i}"
             sent[name], t0 = time.time(), time.perf_counter()
-            create_job(api, "single", name, n)
+            create_job(api, "single", name, n, args.own_command)
             ms = (watch.wait_for(pod_names(name, n)) - t0) * 1000
             log(f"single job {i + 1}/{args.jobs}: seen by a watch after {ms:.0f} ms")
             time.sleep(args.pause_s)  # what the last job's pods set off settles first
@@ -154,6 +159,7 @@ def main() -> None:
 
     measured = {
         "jobs": args.jobs,
+        "own_command": args.own_command,
         "requests_per_job": {k: round(v / args.jobs, 2) for k, v in requests.items()},
         "requests_total": sum(requests.values()),
         "operator_cpu_ms_per_job": round(cpu / args.jobs * 1000, 1),
