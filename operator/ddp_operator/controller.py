@@ -173,9 +173,11 @@ class Controller:
     async def _account_first(self, job: DDPJob, status: dict[str, Any]) -> None:
         """A new job's pods will wait for its trainer account: its create goes out before the
         plan is made, so that the round trip runs while the plan is computed (the short sleep
-        is a turn of the event loop long enough for the request to be sent)."""
-        if not status.get("phase") and not job.spec.suspend:
-            self.trainer.account(job)
+        is a turn of the event loop long enough for the request to be sent; a job whose pods
+        need no account of ours does not wait for it)."""
+        if status.get("phase") or job.spec.suspend:
+            return
+        if self.trainer.account(job) is not None:
             await asyncio.sleep(0.001)
 
     async def _plan(
