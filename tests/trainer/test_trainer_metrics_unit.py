@@ -33,6 +33,7 @@ RANK_ZERO = {
     "ddp_trainer_checkpoint_blocked_seconds",
     "ddp_trainer_checkpoint_bytes",
     "ddp_trainer_last_checkpoint_step",
+    "ddp_trainer_checkpoint_failures",
 }
 
 
@@ -70,6 +71,7 @@ def test_a_run_fills_them_in() -> None:
     metrics.progress(loss=0.75, samples_per_second=256.0)
     metrics.checkpoint_blocked(0.01)
     metrics.checkpoint_written(step=23, seconds=0.2, size=12345)
+    metrics.checkpoint_failed()
     values = scrape(metrics)
     assert values["ddp_trainer_step"]["ddp_trainer_step"] == 23
     assert values["ddp_trainer_total_steps"]["ddp_trainer_total_steps"] == 90
@@ -83,6 +85,8 @@ def test_a_run_fills_them_in() -> None:
     assert values["ddp_trainer_checkpoint_seconds"]["ddp_trainer_checkpoint_seconds_count"] == 1
     blocked = values["ddp_trainer_checkpoint_blocked_seconds"]
     assert blocked["ddp_trainer_checkpoint_blocked_seconds_count"] == 1
+    failures = values["ddp_trainer_checkpoint_failures"]
+    assert failures["ddp_trainer_checkpoint_failures_total"] == 1
 
 
 def test_a_resumed_run_reports_the_checkpoint_it_resumed_from() -> None:
@@ -97,6 +101,7 @@ def test_other_ranks_ignore_checkpoints() -> None:
     metrics.started(step=0, epoch=0, total_steps=10, resumed_step=5)
     metrics.checkpoint_blocked(0.1)
     metrics.checkpoint_written(step=5, seconds=0.1, size=10)
+    metrics.checkpoint_failed()
     assert not RANK_ZERO & set(scrape(metrics))
 
 

@@ -9,16 +9,30 @@ Layout of the checkpoint folder::
     complete.json           {"runId": "<job uid>", "step": 140, "checkpoint": "step-00000140.pt"}:
                             training of that run is complete (rank 0, after the final checkpoint)
 
-A checkpoint is written to a temporary file in the same folder, fsynced, renamed into
-place, and only then recorded (with its size and SHA-256) in the manifest, which is
-replaced the same way. Readers take the newest entry that exists, matches its checksum
-and loads; a torn or corrupt newest checkpoint is skipped in favour of the previous one.
+A checkpoint is streamed to a temporary file in the same folder (hashed as it is written),
+fsynced, renamed into place, and only then recorded (with its size and SHA-256) in the
+manifest, which is replaced the same way.
+
+Reading takes the newest checkpoint and tells three cases apart:
+
+- *corrupt*: its size or SHA-256 differs from the manifest's, or (a file the manifest does not
+  list: a crash between the rename and the manifest) it is not a ddp_trainer checkpoint or does
+  not unpickle. It is skipped for the previous one, and the store remembers it: the next write
+  drops it from the manifest and deletes it.
+- *missing*: listed but absent. Skipped with a warning; nothing is deleted (if it comes back, a
+  later resume finds it again).
+- *unreadable*: reading raised any other OSError (EIO, a transient NFS error). It is retried
+  (``read_retry_s``: 0.5, 1 and 2 s), then :class:`UnreadableCheckpoint` is raised: the resume
+  fails loudly instead of going back to an older checkpoint. A file that matches its manifest
+  entry but does not load fails the same way.
+
+Retention (:func:`record`) deletes only checkpoints older than the one written, beyond the
+newest ``keep``, and those verified corrupt: never a newer one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -26,10 +40,10 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,6 +54,18 @@ COMPLETE = "complete.json"
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _TEMP_SUFFIX = ".tmp"
+READ_RETRY_S = (0.5, 1.0, 2.0)  # waits between tries of an unreadable checkpoint
+T = TypeVar("T")
+_BLOCK = 1 << 20  # bytes read at a time while a checkpoint's SHA-256 is checked
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint verified not to be what was written: skipped for the previous one."""
+
+
+class UnreadableCheckpoint(RuntimeError):
+    """A checkpoint that could not be read (after retries), or that matches its manifest entry
+    and still does not load: the resume fails rather than fall back to an older one."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -89,16 +115,19 @@ def render_manifest(entries: Iterable[Entry]) -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
-def record(entries: list[Entry], new: Entry, keep: int) -> tuple[list[Entry], list[Entry]]:
-    """(kept, removed) after recording `new`.
+def record(
+    entries: list[Entry], new: Entry, keep: int, corrupt: Collection[Entry] = ()
+) -> tuple[list[Entry], list[Entry]]:
+    """(kept, removed) after recording `new`: the newest `keep` up to `new`, and any newer one.
 
-    Entries at or after the new step belong to a future that a resume discarded (for
-    example a corrupt checkpoint that was skipped), so they go too.
+    Only entries older than `new` are pruned, and those in `corrupt` (verified corrupt when a
+    resume skipped them, listed or not); a newer entry stays whatever happened to it.
     """
-    history = [e for e in entries if e.step < new.step] + [new]
-    kept = history[-keep:]
-    stale = [e for e in entries if e.step >= new.step and e.name != new.name]
-    return kept, history[:-keep] + stale
+    bad = {e.name for e in corrupt} - {new.name}
+    sound = [e for e in entries if e.name not in bad and e.name != new.name]
+    history = [e for e in sound if e.step < new.step] + [new]
+    newer = [e for e in sound if e.step > new.step]
+    return history[-keep:] + newer, history[:-keep] + [e for e in corrupt if e.name in bad]
 
 
 def candidates(entries: list[Entry], names_on_disk: Iterable[str]) -> list[Entry]:
@@ -125,13 +154,49 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes | memoryview) -> None:
-    temp = path.with_name(f".{path.name}.{os.getpid()}{_TEMP_SUFFIX}")
-    with open(temp, "wb") as f:
+    with _atomic(path) as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    _fsync_dir(path.parent)
+
+
+class _HashingFile:
+    """A file being written that counts and hashes what goes through it."""
+
+    def __init__(self, file: Any):
+        self.file, self.size, self.sha256 = file, 0, hashlib.sha256()
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return int(self.file.write(data))
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+class _atomic:
+    """``with _atomic(path) as f``: write a temporary file, fsync it, rename it to ``path`` (and
+    fsync the folder) only when the block ends without an error; else the temporary goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.temp = path.with_name(f".{path.name}.{os.getpid()}{_TEMP_SUFFIX}")
+
+    def __enter__(self) -> _HashingFile:
+        self.file = open(self.temp, "wb")  # closed in __exit__
+        return _HashingFile(self.file)
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        try:
+            if error is None:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+        finally:
+            self.file.close()
+        if error is not None:
+            self.temp.unlink(missing_ok=True)
+            return
+        os.replace(self.temp, self.path)
+        _fsync_dir(self.path.parent)
 
 
 @dataclass(frozen=True)
@@ -158,34 +223,40 @@ def read_completion(directory: Path | str) -> Completion | None:
 class CheckpointStore:
     """The checkpoint folder: writing (global rank 0 only), choosing and loading."""
 
-    def __init__(self, directory: Path | str, keep: int = 3):
+    def __init__(
+        self, directory: Path | str, keep: int = 3, read_retry_s: Iterable[float] = READ_RETRY_S
+    ):
         self.directory = Path(directory)
         self.keep = keep
+        self.read_retry_s = tuple(read_retry_s)
+        self.corrupt: dict[str, Entry] = {}  # found corrupt by latest(); gone at the next write
 
     def entries(self) -> list[Entry]:
-        """The manifest's entries; [] when it is missing or unreadable."""
+        """The manifest's entries; [] when it is missing or torn. A manifest that cannot be read
+        raises (after retries): pruning or choosing without it could lose a checkpoint."""
         path = self.directory / MANIFEST
         try:
-            return parse_manifest(path.read_text())
+            text = self._retrying(path, path.read_text)
         except FileNotFoundError:
             return []
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        try:
+            return parse_manifest(text)
+        except (ValueError, KeyError, TypeError) as error:
             log.warning("ignoring unreadable manifest %s: %s", path, error)
             return []
 
     def write(self, step: int, state: dict[str, Any]) -> Entry:
         """Write a checkpoint atomically, record it in the manifest and prune old ones."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getbuffer()
         name = checkpoint_name(step)
-        _write_atomic(self.directory / name, data)
-        entry = Entry(name, step, hashlib.sha256(data).hexdigest(), len(data))
-        kept, removed = record(self.entries(), entry, self.keep)
+        with _atomic(self.directory / name) as f:
+            torch.save(state, f)  # type: ignore[arg-type]
+        entry = Entry(name, step, f.sha256.hexdigest(), f.size)
+        kept, removed = record(self.entries(), entry, self.keep, self.corrupt.values())
         _write_atomic(self.directory / MANIFEST, render_manifest(kept).encode())
         for old in removed:
             (self.directory / old.name).unlink(missing_ok=True)
+        self.corrupt.clear()
         return entry
 
     def mark_complete(self, run_id: str, step: int, checkpoint: str | None) -> None:
@@ -201,28 +272,84 @@ class CheckpointStore:
             path.unlink(missing_ok=True)
 
     def load(self, entry: Entry) -> dict[str, Any]:
-        """Verify and load one checkpoint; raises on a missing, torn or corrupt file."""
-        data = (self.directory / entry.name).read_bytes()
-        if entry.size is not None and len(data) != entry.size:
-            raise ValueError(f"size {len(data)} != {entry.size} recorded in the manifest")
-        if entry.sha256 is not None and hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise ValueError("SHA-256 differs from the manifest")
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise ValueError("not a ddp_trainer checkpoint")
+        """Verify and load one checkpoint, once: CorruptCheckpoint when it is verified corrupt,
+        UnreadableCheckpoint when it matches the manifest and does not load, OSError when reading
+        fails (FileNotFoundError: it is not there).
+
+        The SHA-256 is checked a block at a time and the tensors are memory-mapped, so loading
+        takes about the checkpoint's size in memory, not two or three times it."""
+        path = self.directory / entry.name
+        size, sha256 = _digest(path)
+        if entry.size is not None and size != entry.size:
+            raise CorruptCheckpoint(f"size {size} != {entry.size} recorded in the manifest")
+        if entry.sha256 is not None and sha256 != entry.sha256:
+            raise CorruptCheckpoint("SHA-256 differs from the manifest")
+        verified = entry.sha256 is not None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if not isinstance(state, dict) or state.get("format") != FORMAT:
+                raise ValueError("not a ddp_trainer checkpoint")
+        except OSError:
+            raise
+        except Exception as error:
+            if verified:  # exactly what was written: a newer format, or another torch's
+                raise UnreadableCheckpoint(
+                    f"{path} matches its manifest entry but does not load: {error}"
+                ) from error
+            raise CorruptCheckpoint(str(error)) from error
         return state
 
+    def read(self, entry: Entry) -> dict[str, Any]:
+        """:meth:`load`, with an OSError retried after each of ``read_retry_s``; then
+        UnreadableCheckpoint. FileNotFoundError and CorruptCheckpoint are raised at once."""
+        path = self.directory / entry.name
+        return self._retrying(path, lambda: self.load(entry))
+
+    def _retrying(self, path: Path, read: Callable[[], T]) -> T:
+        for wait in (*self.read_retry_s, None):
+            try:
+                return read()
+            except FileNotFoundError:
+                raise
+            except OSError as error:
+                if wait is None:
+                    log.error(
+                        "cannot read %s (%d tries): %s; failing rather than resuming from an "
+                        "older checkpoint",
+                        path,
+                        len(self.read_retry_s) + 1,
+                        error,
+                    )
+                    raise UnreadableCheckpoint(f"cannot read {path}: {error}") from error
+                log.warning("reading %s failed (%s); trying again in %.1f s", path, error, wait)
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
     def latest(self) -> tuple[Entry, dict[str, Any]] | None:
-        """The newest checkpoint that loads, skipping corrupt ones; None when there is none."""
+        """The newest checkpoint that loads, skipping corrupt and missing ones; None when there
+        is none. Raises UnreadableCheckpoint when the newest cannot be read."""
         if not self.directory.is_dir():
             return None
         names = [p.name for p in self.directory.iterdir()]
         for entry in candidates(self.entries(), names):
             try:
-                return entry, self.load(entry)
-            except Exception as error:
-                log.warning("skipping checkpoint %s: %s", entry.name, error)
+                return entry, self.read(entry)
+            except FileNotFoundError as error:
+                log.warning("skipping checkpoint %s: missing (%s)", entry.name, error)
+            except CorruptCheckpoint as error:
+                log.warning("skipping checkpoint %s: corrupt (%s)", entry.name, error)
+                self.corrupt[entry.name] = entry
         return None
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    """Size and SHA-256 of a file, read a block at a time."""
+    sha256, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            sha256.update(block)
+            size += len(block)
+    return size, sha256.hexdigest()
 
 
 def snapshot(value: Any) -> Any:
@@ -239,51 +366,63 @@ def snapshot(value: Any) -> Any:
 class AsyncCheckpointWriter:
     """Writes snapshots in a background thread so training waits only for the copy.
 
-    At most one write is in flight: submitting while one runs first waits for it.
-    ``on_written(entry, seconds)`` is called in the writer thread after each complete write;
-    an error it raises is logged, never taken for a failed write.
+    At most one write is in flight: submitting while one runs first waits for it. After each
+    write, in the writer thread, ``on_written(entry, seconds)`` is called when it is on disk and
+    ``on_failed(step, error)`` when it failed (logged here without one); a failed write is not
+    raised later, so that it never stops training by itself. An error a callback raises is
+    logged.
     """
 
     def __init__(
         self,
         store: CheckpointStore,
         on_written: Callable[[Entry, float], None] | None = None,
+        on_failed: Callable[[int, BaseException], None] | None = None,
     ):
         self.store = store
         self.on_written = on_written
-        self.last: Entry | None = None
+        self.on_failed = on_failed
+        self.last: Entry | None = None  # the newest checkpoint on disk that this writer wrote
         self.last_write_s = 0.0
         self._jobs: queue.Queue[tuple[int, dict[str, Any]] | None] = queue.Queue(maxsize=1)
         self._idle = threading.Event()
         self._idle.set()
-        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             step, state = job
+            del job
             started = time.perf_counter()
-            written = None
             try:
-                written = self.last = self.store.write(step, state)
-                log.info("checkpoint %s written", written.name)
+                written = self.store.write(step, state)
             except BaseException as error:
-                self._error = error
-            self.last_write_s = time.perf_counter() - started
-            if written is not None and self.on_written is not None:
-                try:
-                    self.on_written(written, self.last_write_s)
-                except Exception:
-                    log.exception("on_written failed after checkpoint %s", written.name)
+                self._report_failure(step, error)
+            else:
+                self.last = written
+                self.last_write_s = time.perf_counter() - started
+                log.info("checkpoint %s written", written.name)
+                if self.on_written is not None:
+                    try:
+                        self.on_written(written, self.last_write_s)
+                    except Exception:
+                        log.exception("on_written failed after checkpoint %s", written.name)
+            del state  # the snapshot's memory goes before the next one is copied
             self._idle.set()
 
+    def _report_failure(self, step: int, error: BaseException) -> None:
+        if self.on_failed is None:
+            log.error("writing the checkpoint of step %d failed: %r", step, error)
+            return
+        try:
+            self.on_failed(step, error)
+        except Exception:
+            log.exception("on_failed failed after checkpoint of step %d", step)
+
     def wait(self) -> None:
-        """Block until no write is in flight; re-raise a failed write's error."""
+        """Block until no write is in flight."""
         self._idle.wait()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError("writing a checkpoint failed") from error
 
     def submit(self, step: int, state: dict[str, Any]) -> None:
         self.wait()
@@ -314,7 +453,7 @@ def load_for_inference(path: str | os.PathLike[str]) -> torch.nn.Module:
             raise FileNotFoundError(f"no complete checkpoint in {target}")
         state = found[1]
     else:
-        state = CheckpointStore(target.parent).load(Entry(target.name, step_of(target.name) or 0))
+        state = CheckpointStore(target.parent).read(Entry(target.name, step_of(target.name) or 0))
     config = TrainerConfig.model_validate(state["config"])
     model = build_model(config)
     model.load_state_dict(state["model"])

@@ -10,7 +10,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
@@ -36,8 +36,19 @@ def about_run(config: TrainerConfig, env: DistEnv) -> dict[str, Any]:
     }
 
 
+class Saved(NamedTuple):
+    """A checkpoint that rank 0 wrote, or handed to the background writer."""
+
+    blocked_s: float  # how long training waited for it
+    synchronous: bool  # written before training went on
+
+
 class Checkpoints:
-    """The run's checkpoints: rank 0 writes them; every rank resumes from the same one."""
+    """The run's checkpoints: rank 0 writes them; every rank resumes from the same one.
+
+    A step counts as saved only once its checkpoint is on disk. A background write that fails is
+    logged and counted (``ddp_trainer_checkpoint_failures_total``) and does not stop training;
+    the next save is then written synchronously, and so are the SIGTERM and final ones."""
 
     def __init__(
         self,
@@ -50,21 +61,24 @@ class Checkpoints:
         self.env, self.metrics, self.distributed = env, metrics, distributed
         self.store = ckpt.CheckpointStore(directory, keep=keep)
         self.writer = (
-            ckpt.AsyncCheckpointWriter(self.store, on_written=self._written)
+            ckpt.AsyncCheckpointWriter(self.store, on_written=self._written, on_failed=self._failed)
             if env.rank == 0
             else None
         )
         self.resumed_from: str | None = None
-        self.saved_step = -1  # the newest step checkpointed (or resumed from)
+        self.saved_step = -1  # the newest step whose checkpoint is on disk (or resumed from)
+        self.failed_step: int | None = None  # a background write failed; none succeeded since
 
     @property
     def last(self) -> str | None:
-        """The newest checkpoint's name: the last one written, else the one resumed from."""
+        """The newest checkpoint on disk: the last one written, else the one resumed from."""
         return self.writer.last.name if self.writer and self.writer.last else self.resumed_from
 
     def resume(self, parts: Mapping[str, Stateful]) -> dict[str, Any] | None:
         """Loads the newest complete checkpoint into ``parts``, the same one on every rank (rank 0
-        picks); returns what it held (None: there is none, the run starts afresh)."""
+        picks); returns what it held (None: there is none, the run starts afresh). A checkpoint
+        that cannot be read raises (:class:`~ddp_trainer.checkpoint.UnreadableCheckpoint`): the
+        worker fails rather than resume from an older one."""
         found = None
         if self.env.rank == 0:
             self.store.remove_temporaries()
@@ -75,33 +89,69 @@ class Checkpoints:
         entry = chosen[0]
         if entry is None:
             return None
-        state = found[1] if found else self.store.load(entry)
+        state = found[1] if found else self.store.read(entry)
+        del found  # rank 0 holds the state once, under one name
         scatter(state, parts)
         self.resumed_from = entry.name
         self.saved_step = entry.step
         return state
 
-    def save(self, step: int, contents: Callable[[], dict[str, Any]], wait: bool) -> float | None:
-        """Rank 0 writes ``contents()`` as the checkpoint of ``step`` and returns how long training
-        was blocked: only for the copy to CPU unless ``wait`` is set (None on other ranks)."""
+    def save(self, step: int, contents: Callable[[], dict[str, Any]], wait: bool) -> Saved | None:
+        """Rank 0 writes ``contents()`` as the checkpoint of ``step``; returns how long training
+        was blocked: only for the copy to CPU unless the write is synchronous (``wait``, or the
+        previous background write failed). None: nothing written (not rank 0, ``step`` is on disk
+        already, or a write standing in for a failed background one failed too: that is counted
+        like one, and the next save tries again). A ``wait`` write that fails raises."""
         if self.writer is None:
             return None
         started = time.perf_counter()
+        self.writer.wait()  # the write in flight is on disk, or has failed
+        if self.saved_step >= step:
+            return None
+        synchronous = wait or self.failed_step is not None
         if wait:
-            self.writer.wait()
-            writing = time.perf_counter()
-            entry = self.store.write(step, contents())
-            self.writer.last = entry
-            self._written(entry, time.perf_counter() - writing)
+            self._write_now(step, contents)
+        elif synchronous:
+            log.warning(
+                "writing step %d synchronously: the background write of step %d failed",
+                step,
+                self.failed_step,
+            )
+            try:
+                self._write_now(step, contents)
+            except Exception as error:
+                self._failed(step, error)
+                return None
         else:
             self.writer.submit(step, ckpt.snapshot(contents()))
-        self.saved_step = step
         blocked = time.perf_counter() - started
         self.metrics.checkpoint_blocked(blocked)
-        return blocked
+        return Saved(blocked, synchronous)
+
+    def _write_now(self, step: int, contents: Callable[[], dict[str, Any]]) -> None:
+        assert self.writer is not None
+        writing = time.perf_counter()
+        entry = self.store.write(step, contents())
+        self.writer.last = entry
+        self._written(entry, time.perf_counter() - writing)
 
     def _written(self, entry: ckpt.Entry, seconds: float) -> None:
+        """A checkpoint is on disk (in the writer thread for background ones)."""
+        self.saved_step = max(self.saved_step, entry.step)
+        self.failed_step = None
         self.metrics.checkpoint_written(step=entry.step, seconds=seconds, size=entry.size)
+
+    def _failed(self, step: int, error: BaseException) -> None:
+        """A checkpoint write failed (in the writer thread for background ones)."""
+        self.failed_step = step
+        self.metrics.checkpoint_failed()
+        log.error(
+            "writing the checkpoint of step %d failed: %r; training goes on, the newest on disk "
+            "is %s, and the next checkpoint is written synchronously",
+            step,
+            error,
+            self.last or "none",
+        )
 
     def mark_complete(self, step: int) -> None:
         """Rank 0 records that the run is complete once its final checkpoint is on disk."""
@@ -110,9 +160,6 @@ class Checkpoints:
             self.store.mark_complete(self.env.run_id, step, self.last)
 
     def close(self) -> None:
-        """Waits for the write in flight; a failed one is logged (training is over)."""
+        """Waits for the write in flight (one that fails is logged and counted)."""
         if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:
-                log.exception("a background checkpoint write failed")
+            self.writer.close()

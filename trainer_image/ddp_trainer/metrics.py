@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ddp_api.contract import ENV_POD_IP
 
@@ -129,6 +129,12 @@ class TrainerMetrics:
             "Global rank 0 only.",
             registry=r,
         )
+        self.checkpoint_failures = Counter(
+            PREFIX + "checkpoint_failures",
+            "Checkpoint writes that failed (the step was not saved; the next checkpoint is "
+            "written synchronously). Global rank 0 only.",
+            registry=r,
+        )
 
     @_never_raises
     def started(self, *, step: int, epoch: int, total_steps: int, resumed_step: int | None) -> None:
@@ -165,6 +171,12 @@ class TrainerMetrics:
         if size is not None:
             self.checkpoint_bytes.set(size)
         self.last_checkpoint_step.set(step)
+
+    @_never_raises
+    def checkpoint_failed(self) -> None:
+        """A checkpoint write failed (called from the writer thread for periodic ones)."""
+        if self.is_main:
+            self.checkpoint_failures.inc()
 
 
 def process_metrics(env: DistEnv) -> TrainerMetrics:

@@ -90,9 +90,9 @@ class Trainer:
         """Global rank 0 writes a checkpoint of the current step (others do nothing); the loop
         blocks only for the copy to CPU unless `wait` is set."""
         step = self.position.step
-        blocked = self.checkpoints.save(step, self.state_dict, wait)
-        if blocked is not None:
-            self.tally.checkpoint(step, blocked, synchronous=wait)
+        saved = self.checkpoints.save(step, self.state_dict, wait)
+        if saved is not None:
+            self.tally.checkpoint(step, saved.blocked_s, synchronous=saved.synchronous)
 
     # the run ---------------------------------------------------------------------------
 
