@@ -26,6 +26,9 @@ Reading takes the newest checkpoint and tells three cases apart:
   fails loudly instead of going back to an older checkpoint. A file that matches its manifest
   entry but does not load fails the same way.
 
+Loaded tensors are mapped from the file (``mmap``, private: copy-on-write), after its SHA-256
+was checked a block at a time, so a load takes about the checkpoint's size in memory.
+
 Retention (:func:`record`) deletes only checkpoints older than the one written, beyond the
 newest ``keep``, and those verified corrupt: never a newer one.
 """
