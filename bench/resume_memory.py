@@ -94,10 +94,10 @@ def child(mode: str, directory: Path, layers: int) -> dict[str, Any]:
         if mode == "write_before":
             buffer = io.BytesIO()
             torch.save(state, buffer)
-            data = buffer.getbuffer()
-            hashlib.sha256(data).hexdigest()
-            (directory / "before.pt").write_bytes(data)
-            del data, buffer
+            serialized = buffer.getbuffer()
+            hashlib.sha256(serialized).hexdigest()
+            (directory / "before.pt").write_bytes(serialized)
+            del serialized, buffer
             (directory / "before.pt").unlink()
         else:
             store.write(2, state)
