@@ -62,9 +62,14 @@ class Checkpoints:
         """The newest checkpoint's name: the last one written, else the one resumed from."""
         return self.writer.last.name if self.writer and self.writer.last else self.resumed_from
 
-    def resume(self, parts: Mapping[str, Stateful]) -> dict[str, Any] | None:
+    def resume(
+        self,
+        parts: Mapping[str, Stateful],
+        accept: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any] | None:
         """Loads the newest complete checkpoint into ``parts``, the same one on every rank (rank 0
-        picks); returns what it held (None: there is none, the run starts afresh)."""
+        picks); returns what it held (None: there is none, the run starts afresh). ``accept``
+        sees the checkpoint first and raises to refuse it (nothing is loaded then)."""
         found = None
         if self.env.rank == 0:
             self.store.remove_temporaries()
@@ -76,6 +81,8 @@ class Checkpoints:
         if entry is None:
             return None
         state = found[1] if found else self.store.load(entry)
+        if accept is not None:
+            accept(state)
         scatter(state, parts)
         self.resumed_from = entry.name
         self.saved_step = entry.step
@@ -85,6 +92,7 @@ class Checkpoints:
         """Rank 0 writes ``contents()`` as the checkpoint of ``step`` and returns how long training
         was blocked: only for the copy to CPU unless ``wait`` is set (None on other ranks)."""
         if self.writer is None:
+            self.saved_step = step  # every rank knows which steps are saved
             return None
         started = time.perf_counter()
         if wait:
