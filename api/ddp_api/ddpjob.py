@@ -384,6 +384,20 @@ def _trainer_lacks(name: str) -> Callable[[dict[str, Any]], bool]:
     return lambda v: (v.get("trainer") or {}).get(name) is None
 
 
+DEFAULT_GLOBAL_BATCH = TrainerConfig.model_fields["global_batch_size"].default
+
+
+def _ranks_fit_the_batch(v: dict[str, Any]) -> bool:
+    """The bundled trainer's processes at the job's largest size each get a sample per step
+    (a job running its own command, or with nprocPerNode auto, is not checked)."""
+    nproc = v.get("nprocPerNode")
+    if v.get("command") is not None or not isinstance(nproc, int):
+        return True
+    nodes = v.get("maxNodes") or v.get("nodes") or 1
+    batch = (v.get("trainer") or {}).get("globalBatchSize") or DEFAULT_GLOBAL_BATCH
+    return bool(nodes * nproc <= batch)
+
+
 def _both_or_neither(v: dict[str, Any]) -> bool:
     return (v.get("minNodes") is None) == (v.get("maxNodes") is None)
 
@@ -436,6 +450,18 @@ SPEC_RULES = (
         f"spec.trainer.workload must be one of {', '.join(BUILTIN_WORKLOADS)}, or a plugin"
         " package.module:function",
         "trainer.workload",
+    ),
+    SpecRule(
+        "has(self.command) || type(self.nprocPerNode) != int"
+        " || (has(self.maxNodes) ? self.maxNodes : self.nodes) * self.nprocPerNode"
+        " <= (has(self.trainer) && has(self.trainer.globalBatchSize)"
+        f" ? self.trainer.globalBatchSize : {DEFAULT_GLOBAL_BATCH})",
+        _ranks_fit_the_batch,
+        "spec.maxNodes (spec.nodes when not elastic) x spec.nprocPerNode, the most processes"
+        " the job trains with, must not exceed spec.trainer.globalBatchSize (default"
+        f" {DEFAULT_GLOBAL_BATCH}): every process needs a sample per step. Lower spec.maxNodes"
+        " or spec.nprocPerNode, or raise spec.trainer.globalBatchSize",
+        "nprocPerNode",
     ),
     *(
         SpecRule(

@@ -63,7 +63,9 @@ class TrainerConfig(BaseModel):
         ge=1,
         description="Largest batch one process runs forward at once; when its share of the "
         "global batch is larger, gradients are accumulated over several micro-batches. "
-        "Unset: no limit.",
+        "Unset: the largest per-process batch of the run's first start (kept in its "
+        "checkpoints), so a run that shrinks accumulates over more micro-batches instead of "
+        "growing the per-process batch past what it has run with.",
     )
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW (before scaleLr).")
     min_lr: float = Field(
@@ -78,8 +80,9 @@ class TrainerConfig(BaseModel):
     )
     amp: Literal["auto", "bf16", "fp16", "off"] = Field(
         "auto",
-        description="Mixed precision: `auto` (bf16 autocast on CPU and on CUDA devices that "
-        "support it, else fp16 with a GradScaler), `bf16`, `fp16` (with a GradScaler), `off`.",
+        description="Mixed precision: `auto` (bf16 autocast on CPU and on CUDA devices with "
+        "native bf16, compute capability 8.0 and up; fp16 with a GradScaler on older ones, "
+        "where bf16 would be emulated), `bf16`, `fp16` (with a GradScaler), `off`.",
     )
     seed: int = Field(0, ge=0, description="Seed of data order, initial weights and dropout.")
     scale_lr: bool = Field(
@@ -99,7 +102,9 @@ class TrainerConfig(BaseModel):
     static_graph: bool = Field(
         False,
         description="Tell DDP the set of used parameters never changes between steps "
-        "(enables DDP optimizations).",
+        "(enables DDP optimizations). Turned off, with a warning in the log, for a start "
+        "whose steps run more than one micro-batch per process (gradient accumulation, e.g. "
+        "after the job shrank): DDP's static graph fails there (pytorch/pytorch#143580).",
     )
     activation_checkpointing: bool = Field(
         False,

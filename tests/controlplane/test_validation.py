@@ -129,6 +129,19 @@ def test_nproc_per_node_is_a_positive_integer_or_auto(
     accepted(apply(ddpjob_crd, ns, job(ELASTIC, nprocPerNode="auto")))
 
 
+def test_more_processes_than_the_global_batch_is_refused(ddpjob_crd: ControlPlane, ns: str) -> None:
+    cp = ddpjob_crd
+    many = job(ELASTIC, nprocPerNode=65)  # 4 x 65 processes for a global batch of 256
+    refused(
+        apply(cp, ns, many), "spec.nprocPerNode", "must not exceed spec.trainer.globalBatchSize"
+    )
+    # Without spec.trainer the API server's default batch (64) counts: 2 x 33 > 64.
+    bare = job(ELASTIC, name="bare", trainer=None, minNodes=None, maxNodes=None, nprocPerNode=33)
+    refused(apply(cp, ns, bare), "spec.nodes when not elastic")
+    accepted(apply(cp, ns, job(ELASTIC, name="fits", nprocPerNode=64)))  # 4 x 64 = 256
+    accepted(apply(cp, ns, job(FIXED, name="own", nprocPerNode=64)))  # its own command
+
+
 def test_unknown_amp_mode_is_refused(ddpjob_crd: ControlPlane, ns: str) -> None:
     trainer = {"workload": "digits", "amp": "fp8"}
     result = apply(ddpjob_crd, ns, job(ELASTIC, trainer=trainer))

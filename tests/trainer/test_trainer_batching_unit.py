@@ -8,17 +8,19 @@ import math
 import pytest
 import torch
 
-from ddp_trainer.amp import resolve_amp
+from ddp_trainer.amp import Precision, resolve_amp
 from ddp_trainer.batching import (
     Position,
     advance,
     batch_share,
+    micro_batch_cap,
     micro_sizes,
     rank_share,
     settle,
     steps_per_epoch,
     total_steps,
 )
+from ddp_trainer.parts import bf16_native, use_static_graph
 from ddp_trainer.sampler import GlobalBatchSampler
 from ddp_trainer.schedule import lr_at, peak_lr
 
@@ -112,3 +114,41 @@ def test_sampler_behaves_like_a_distributed_sampler() -> None:
     sampler.set_epoch(2)
     assert len(first) == len(sampler) == 50 and list(sampler) != first
     assert isinstance(sampler, torch.utils.data.DistributedSampler)
+
+
+def test_amp_auto_picks_bf16_only_where_the_device_has_it_natively() -> None:
+    assert resolve_amp("auto", "cuda", bf16_supported=True).label == "bfloat16"  # A100, H100
+    assert resolve_amp("auto", "cuda", bf16_supported=False).label == "float16+GradScaler"
+
+
+def test_bf16_native_does_not_count_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[bool] = []
+
+    def v100(including_emulation: bool = True) -> bool:  # emulates bf16, lacks it natively
+        asked.append(including_emulation)
+        return including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", v100)
+    assert not bf16_native(torch.device("cuda", 0)) and asked == [False]
+    precision = resolve_amp("auto", "cuda", bf16_native(torch.device("cuda", 0)))
+    assert precision == Precision("float16", grad_scaler=True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert bf16_native(torch.device("cuda", 0))
+    assert bf16_native(torch.device("cpu"))
+
+
+def test_without_micro_batch_size_the_first_starts_share_caps_the_micro_batch() -> None:
+    first = micro_batch_cap(None, None, 64, 4)
+    assert first == 16  # a run's first start: its own share
+    assert micro_batch_cap(None, first, 64, 2) == 16  # shrunk to 2: the cap stays
+    shrunk = batch_share(64, 2, 0, micro_batch_cap(None, first, 64, 2))
+    assert (shrunk.count, shrunk.micro_sizes) == (32, (16, 16))
+    grown = batch_share(64, 8, 0, micro_batch_cap(None, first, 64, 8))
+    assert (grown.count, grown.accumulation_steps) == (8, 1)  # growing keeps shares smaller
+    assert micro_batch_cap(4, first, 64, 2) == 4  # microBatchSize, when set, decides
+
+
+def test_static_graph_only_without_accumulation() -> None:
+    one, two = batch_share(64, 2, 0, 32), batch_share(64, 2, 1, 16)
+    assert use_static_graph(True, one) and not use_static_graph(False, one)
+    assert not use_static_graph(True, two)  # pytorch/pytorch#143580

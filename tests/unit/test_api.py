@@ -86,6 +86,11 @@ def test_trainer_is_the_trainers_own_settings_model() -> None:
         ({"replicas": 3}, "replicas"),  # unknown fields are refused
         ({"template": {"nodeSelectors": {}}}, "nodeSelectors"),
         ({"resources": {"limits": {"cpu": 1.5}}}, "limits"),
+        ({"nodes": 2, "nprocPerNode": 40}, "must not exceed spec.trainer.globalBatchSize"),
+        (
+            {"minNodes": 1, "maxNodes": 4, "nprocPerNode": 8, "trainer": {"globalBatchSize": 16}},
+            r"spec.maxNodes .* x spec.nprocPerNode",
+        ),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(fields: dict[str, Any], message: str) -> None:
@@ -182,3 +187,17 @@ def test_each_spec_rule_is_one_declaration_for_the_api_server_and_the_operator()
         DDPJobSpec.model_validate({"nodes": 5, "minNodes": 1, "maxNodes": 4})
     for r in SPEC_RULES:
         assert r.field.split(".")[0] in aliases
+
+
+def test_more_processes_than_the_global_batch_is_refused_only_for_the_bundled_trainer() -> None:
+    from ddp_api.ddpjob import SPEC_RULES
+
+    spec(nodes=2, nprocPerNode=32)  # 64 processes, the default globalBatchSize
+    spec(minNodes=1, maxNodes=4, nprocPerNode=8, trainer={"globalBatchSize": 32})
+    spec(nodes=8, nprocPerNode=64, command=["torchrun", "/train.py"])  # no trainer batch
+    spec(nodes=8, nprocPerNode="auto")  # the GPUs are counted on the node, not here
+    (rule,) = [r for r in SPEC_RULES if "globalBatchSize" in r.cel]
+    # The API server gets the same rule, with the defaults it applies in mind.
+    assert "has(self.command)" in rule.cel and "type(self.nprocPerNode) != int" in rule.cel
+    assert "has(self.maxNodes) ? self.maxNodes : self.nodes" in rule.cel
+    assert rule.cel.endswith(" : 64)") and rule.entry()["fieldPath"] == ".nprocPerNode"

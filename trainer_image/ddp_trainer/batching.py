@@ -54,14 +54,32 @@ def rank_share(global_batch_size: int, world_size: int, rank: int) -> tuple[int,
     return start, base + (1 if rank < extra else 0)
 
 
+def largest_share(global_batch_size: int, world_size: int) -> int:
+    """The per-rank batch of the ranks with the most samples."""
+    return -(-global_batch_size // world_size)
+
+
+def micro_batch_cap(
+    micro_batch_size: int | None, run_cap: int | None, global_batch_size: int, world_size: int
+) -> int:
+    """The largest micro-batch of a step: microBatchSize when set, else the run's cap (the
+    largest per-rank batch of its first start, saved in its checkpoints), else this start's
+    largest share (a run's first start). So shrinking the world adds micro-batches instead of
+    growing the per-rank batch past what the run has shown it can hold."""
+    if micro_batch_size is not None:
+        return micro_batch_size
+    if run_cap is not None:
+        return run_cap
+    return largest_share(global_batch_size, world_size)
+
+
 def accumulation_steps(
     global_batch_size: int, world_size: int, micro_batch_size: int | None
 ) -> int:
     """Micro-batches per optimizer step, the same on every rank."""
-    largest_share = -(-global_batch_size // world_size)
     if micro_batch_size is None:
         return 1
-    return -(-largest_share // micro_batch_size)
+    return -(-largest_share(global_batch_size, world_size) // micro_batch_size)
 
 
 def micro_sizes(count: int, accumulation: int) -> tuple[int, ...]:

@@ -74,11 +74,16 @@ class Checkpoints:
         """The newest checkpoint on disk: the last one written, else the one resumed from."""
         return self.writer.last.name if self.writer and self.writer.last else self.resumed_from
 
-    def resume(self, parts: Mapping[str, Stateful]) -> dict[str, Any] | None:
+    def resume(
+        self,
+        parts: Mapping[str, Stateful],
+        accept: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any] | None:
         """Loads the newest complete checkpoint into ``parts``, the same one on every rank (rank 0
         picks); returns what it held (None: there is none, the run starts afresh). A checkpoint
         that cannot be read raises (:class:`~ddp_trainer.checkpoint.UnreadableCheckpoint`): the
-        worker fails rather than resume from an older one."""
+        worker fails rather than resume from an older one. ``accept`` sees the checkpoint first
+        and raises to refuse it (nothing is loaded then)."""
         found = None
         if self.env.rank == 0:
             self.store.remove_temporaries()
@@ -91,6 +96,8 @@ class Checkpoints:
             return None
         state = found[1] if found else self.store.read(entry)
         del found  # rank 0 holds the state once, under one name
+        if accept is not None:
+            accept(state)
         scatter(state, parts)
         self.resumed_from = entry.name
         self.saved_step = entry.step
@@ -103,6 +110,7 @@ class Checkpoints:
         already, or a write standing in for a failed background one failed too: that is counted
         like one, and the next save tries again). A ``wait`` write that fails raises."""
         if self.writer is None:
+            self.saved_step = step  # every rank knows which steps are saved
             return None
         started = time.perf_counter()
         self.writer.wait()  # the write in flight is on disk, or has failed

@@ -30,7 +30,8 @@ def interrupted(trainer: Trainer, why: Interrupted) -> int:
     """Rank 0 checkpoints the step training stopped at (unless it has); returns 143."""
     log.warning("%s: stopping at step %d", why or "SIGTERM", trainer.position.step)
     if trainer.position.step > trainer.checkpoints.saved_step:
-        trainer.save_checkpoint(wait=True)
+        # Ranks may stop at different steps: no collective (rank 0's generators only).
+        trainer.save_checkpoint(wait=True, every_rank=False)
     trainer.close()
     return EXIT_INTERRUPTED
 
@@ -41,7 +42,7 @@ def save_after_failure(trainer: Trainer) -> None:
     if trainer.is_main and trainer.consistent and step > trainer.checkpoints.saved_step:
         try:
             log.warning("a step failed; saving step %d before exiting", step)
-            trainer.save_checkpoint(wait=True)
+            trainer.save_checkpoint(wait=True, every_rank=False)  # the peers may be gone
         except Exception:
             log.exception("could not save a checkpoint after the failure")
     trainer.close()

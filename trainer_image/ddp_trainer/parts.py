@@ -1,8 +1,10 @@
 """Building a run: from its settings and the process's place in the group to the parts the
-training loop uses (model, optimizer, precision, batches, state). No training happens here."""
+training loop uses (model, optimizer, precision, batches, state), and fitting its batches and DDP
+to the run once its checkpoint is loaded. No training happens here."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +14,13 @@ from torch.nn.parallel import DistributedDataParallel
 from ddp_api.trainer_config import TrainerConfig
 
 from .amp import Precision, resolve_amp
-from .batching import BatchShare, batch_share, steps_per_epoch, total_steps
+from .batching import BatchShare, batch_share, micro_batch_cap, steps_per_epoch, total_steps
 from .sampler import GlobalBatchSampler
 from .schedule import peak_lr
-from .state import AT_TOP, Stateful, TrainState
+from .state import AT_TOP, Stateful, TrainState, seed_rngs
 from .workloads import build_workload
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
 
 @dataclass
@@ -25,14 +29,14 @@ class Parts:
 
     device: torch.device
     model: torch.nn.Module  # the plain module: checkpoints hold its weights without `module.`
-    net: torch.nn.Module  # what the forward pass runs: the model, or DDP around it
+    net: torch.nn.Module  # what the forward pass runs: the model, or DDP around it (fit_to_run)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     precision: Precision
     train_set: Any
     test_set: Any
     loss_fn: Any
-    batches: BatchShare  # this rank's share of each global batch
+    batches: BatchShare  # this rank's share of each global batch (final after fit_to_run)
     sampler: GlobalBatchSampler
     per_epoch: int
     total_steps: int
@@ -58,31 +62,39 @@ def pick_device(setting: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: CPUs do; CUDA devices from compute
+    capability 8.0 (Ampere) on. Emulated bf16 (V100, T4) counts as no: fp16 is faster there."""
+    if device.type == "cpu":
+        return True
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def use_static_graph(requested: bool, share: BatchShare) -> bool:
+    """DDP's static_graph where it is asked for and each step runs one micro-batch: with more
+    (gradients accumulated under no_sync) its first backward fails (pytorch/pytorch#143580).
+    The same on every rank: accumulation_steps is."""
+    return requested and share.accumulation_steps == 1
+
+
 def build_parts(
     config: TrainerConfig, rank: int, local_rank: int, world_size: int, distributed: bool
 ) -> Parts:
-    """The parts of one process of a run of ``world_size`` processes (rank ``rank``)."""
+    """The parts of one process of a run of ``world_size`` processes (rank ``rank``), as a
+    fresh run has them: a resume loads its checkpoint into them, then :func:`fit_to_run`."""
     device = pick_device(config.device, local_rank)
-    workload = build_workload(config)
+    workload = build_workload(config)  # the same on every rank: torch is seeded with `seed`
+    seed_rngs(config.seed, rank)  # each rank's own generators from here on
     model = workload.model.to(device)
-    net: torch.nn.Module = model
-    if distributed:
-        net = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=config.bucket_cap_mb,
-            gradient_as_bucket_view=config.gradient_as_bucket_view,
-            static_graph=config.static_graph,
-        )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
-    bf16_ok = device.type == "cpu" or torch.cuda.is_bf16_supported()
-    precision = resolve_amp(config.amp, device.type, bf16_ok)
+    precision = resolve_amp(config.amp, device.type, bf16_native(device))
     scaler = torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
     global_batch = config.global_batch_size
-    batches = batch_share(global_batch, world_size, rank, config.micro_batch_size)
+    cap = micro_batch_cap(config.micro_batch_size, None, global_batch, world_size)
+    batches = batch_share(global_batch, world_size, rank, cap)
     num_samples = len(workload.train_set)  # type: ignore[arg-type]
     per_epoch = steps_per_epoch(num_samples, global_batch)
     if per_epoch == 0:
@@ -92,7 +104,7 @@ def build_parts(
     return Parts(
         device=device,
         model=model,
-        net=net,
+        net=model,
         optimizer=optimizer,
         scaler=scaler,
         precision=precision,
@@ -104,5 +116,39 @@ def build_parts(
         per_epoch=per_epoch,
         total_steps=total_steps(config.epochs, per_epoch, config.max_steps),
         peak_lr=peak_lr(config.lr, global_batch, config.base_batch_size, config.scale_lr),
-        state=TrainState(global_batch, num_samples),
+        state=TrainState(global_batch, num_samples, rank, config.seed, world_size),
+    )
+
+
+def fit_to_run(parts: Parts, config: TrainerConfig, distributed: bool) -> None:
+    """After the resume (or at a fresh start): this rank's batches under the run's micro-batch
+    cap (which the checkpoint holds), and DDP around the model, with static_graph only where
+    :func:`use_static_graph` allows it. Wrapping after the resume also means DDP's broadcast
+    of rank 0's weights sends the weights every rank has just loaded."""
+    share = parts.batches
+    cap = micro_batch_cap(
+        config.micro_batch_size,
+        parts.state.micro_batch_cap,
+        share.global_batch_size,
+        share.world_size,
+    )
+    parts.batches = batch_share(share.global_batch_size, share.world_size, share.rank, cap)
+    parts.sampler = GlobalBatchSampler(parts.train_set, parts.batches, seed=config.seed)
+    if not distributed or isinstance(parts.net, DistributedDataParallel):
+        return
+    static = use_static_graph(config.static_graph, parts.batches)
+    if config.static_graph and not static:
+        log.warning(
+            "trainer.staticGraph is turned off for this start: each step runs %d micro-batches "
+            "per rank (gradient accumulation), which DDP's static graph does not support "
+            "(pytorch/pytorch#143580)",
+            parts.batches.accumulation_steps,
+        )
+    device = parts.device
+    parts.net = DistributedDataParallel(
+        parts.model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=config.bucket_cap_mb,
+        gradient_as_bucket_view=config.gradient_as_bucket_view,
+        static_graph=static,
     )

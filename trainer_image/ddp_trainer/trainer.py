@@ -8,6 +8,7 @@ rate, step lines, progress reports), :mod:`~ddp_trainer.ending` (how a run ends)
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -25,14 +26,17 @@ from . import checkpoint as ckpt
 from . import ending, hold
 from .batching import Position, advance, step_seed
 from .checkpointing import Checkpoints, about_run
+from .compat import check_resume
 from .distributed import CollectiveTimeout, DistEnv, any_rank, init_distributed
 from .ending import Interrupted
 from .metrics import TrainerMetrics, listen_address, process_metrics, serve
-from .parts import Parts, build_parts
+from .parts import Parts, build_parts, fit_to_run
 from .schedule import lr_at
-from .state import gather
+from .state import gather, rng_fingerprint, rng_state
 from .tally import Tally
 from .workloads import fetch_batch
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
 __all__ = ["DistEnv", "Trainer", "run"]  # DistEnv: where tests and benches have found it
 
@@ -81,15 +85,36 @@ class Trainer:
         return {"format": ckpt.FORMAT, **parts, **about_run(self.config, self.env)}
 
     def resume(self) -> None:
-        """Load the newest complete checkpoint, the same one on every rank (rank 0 picks)."""
-        state = self.checkpoints.resume(self.parts.stateful())
+        """Load the newest complete checkpoint, the same one on every rank (rank 0 picks),
+        unless its settings differ in one that changes the run's meaning (IncompatibleResume:
+        the process fails, nothing is written); then fit the batches and DDP to the run."""
+        config = self.config.to_json_dict()
+        state = self.checkpoints.resume(
+            self.parts.stateful(), accept=lambda saved: check_resume(saved.get("config"), config)
+        )
         if state is not None:
             self.tally.resumed(saved_world_size=state["worldSize"])
+            self._log_restored_rng()
+        fit_to_run(self.parts, self.config, self.distributed)
 
-    def save_checkpoint(self, wait: bool) -> None:
-        """Global rank 0 writes a checkpoint of the current step (others do nothing); the loop
-        blocks only for the copy to CPU unless `wait` is set."""
+    def _log_restored_rng(self) -> None:
+        """Rank 0 logs where each rank's random generators came from and a digest of them (a
+        small collective, once per start): a resume shows each rank continuing its own."""
+        here = [f"{self.parts.state.restored_rng} ({rng_fingerprint(rng_state())})"]
+        ranks: list[Any] = [None] * self.env.world_size if self.distributed else []
+        if self.distributed:
+            dist.all_gather_object(ranks, here[0])
+        for rank, what in enumerate(ranks or here):
+            log.info("random generators of rank %d after the resume: %s", rank, what)
+
+    def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
+        """Global rank 0 writes a checkpoint of the current step (others only send their random
+        generators' states); the loop blocks only for the copy to CPU unless `wait` is set.
+        ``every_rank``: every rank calls this at this step, so rank 0 gathers every rank's
+        generators; otherwise (SIGTERM, a failed step) the checkpoint holds rank 0's only."""
         step = self.position.step
+        if every_rank:
+            self.parts.state.collect_rng(self.distributed)  # a collective
         saved = self.checkpoints.save(step, self.state_dict, wait)
         if saved is not None:
             self.tally.checkpoint(step, saved.blocked_s, synchronous=saved.synchronous)

@@ -1,0 +1,90 @@
+"""Real runs of what a resume keeps: the run's meaning (a changed seed is refused, a longer
+maxSteps goes on), each rank's own random generators, the micro-batch cap of the first start
+when the world shrinks, and a staticGraph that accumulation turns off instead of crashing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_harness import Launcher, events
+
+from ddp_trainer.state import rng_fingerprint
+
+BASE = {
+    "workload": "digits",
+    "globalBatchSize": 64,
+    "amp": "off",
+    "seed": 3,
+    "checkpointEverySteps": 0,
+    "logEverySteps": 1,
+    "evaluate": False,
+    "pgTimeoutS": 30,
+}
+
+
+def checkpoint_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "metrics.jsonl"}
+
+
+@pytest.mark.timeout(900)
+def test_a_resume_keeps_the_runs_meaning_and_each_ranks_own_generators(
+    launcher: Launcher,
+) -> None:
+    ckpt = launcher.workdir / "ckpt"
+    first = launcher.standalone(
+        "first", nproc=2, settings={**BASE, "maxSteps": 4}, checkpoint_dir=ckpt
+    )
+    assert first.wait(300) == 0, first.tail()
+    saved = torch.load(ckpt / "step-00000004.pt", weights_only=True)
+    prints = [rng_fingerprint(state) for state in saved["rngByRank"]]
+    assert len(prints) == 2 and prints[0] != prints[1]  # each rank's own, saved by rank 0
+    before = checkpoint_files(ckpt)
+
+    changed = {**BASE, "seed": 4, "maxSteps": 6}
+    refused = launcher.standalone("seed", nproc=2, settings=changed, checkpoint_dir=ckpt)
+    assert refused.wait(300) != 0
+    assert "seed: the checkpoint's 3, now 4" in refused.output(), refused.tail()
+    assert "new checkpoint folder" in refused.output()
+    assert checkpoint_files(ckpt) == before  # nothing written, nothing deleted
+
+    longer = launcher.standalone(
+        "longer", nproc=2, settings={**BASE, "maxSteps": 6}, checkpoint_dir=ckpt
+    )
+    assert longer.wait(300) == 0, longer.tail()
+    out = longer.output()
+    for rank in range(2):
+        line = f"random generators of rank {rank} after the resume: saved by rank {rank}"
+        assert f"{line} ({prints[rank]})" in out, longer.tail()
+    assert events(ckpt, "start")[-1]["step"] == 4 and events(ckpt, "step")[-1]["step"] == 6
+
+
+@pytest.mark.timeout(600)
+def test_a_shrunk_run_without_micro_batch_size_accumulates_instead_of_growing_its_batch(
+    launcher: Launcher,
+) -> None:
+    ckpt = launcher.workdir / "ckpt"
+    first = launcher.standalone(
+        "two", nproc=2, settings={**BASE, "maxSteps": 2}, checkpoint_dir=ckpt
+    )
+    assert first.wait(300) == 0, first.tail()
+    assert torch.load(ckpt / "step-00000002.pt", weights_only=True)["microBatchCap"] == 32
+    alone = launcher.alone("one", settings={**BASE, "maxSteps": 3}, checkpoint_dir=ckpt)
+    assert alone.wait(300) == 0, alone.tail()
+    two, one = events(ckpt, "start")
+    assert (two["perRankBatch"], two["accumulation"]) == (32, 1)
+    assert (one["worldSize"], one["perRankBatch"], one["accumulation"]) == (1, 64, 2)
+
+
+@pytest.mark.timeout(300)
+def test_static_graph_with_accumulation_is_turned_off_and_the_run_completes(
+    launcher: Launcher,
+) -> None:
+    ckpt = launcher.workdir / "ckpt"
+    settings = {**BASE, "staticGraph": True, "microBatchSize": 8, "maxSteps": 3}
+    run = launcher.standalone("static", nproc=2, settings=settings, checkpoint_dir=ckpt)
+    assert run.wait(300) == 0, run.tail()
+    assert "trainer.staticGraph is turned off" in run.output()
+    (start,) = events(ckpt, "start")
+    assert start["accumulation"] == 4 and events(ckpt, "step")[-1]["step"] == 3
