@@ -78,6 +78,15 @@ class TrainerConfig(BaseModel):
     grad_clip_norm: float | None = Field(
         None, gt=0, description="Clip the global gradient norm to this value. Unset: no clipping."
     )
+    max_non_finite_steps: int = Field(
+        10,
+        ge=0,
+        description="A step whose loss or gradient norm is not finite (NaN, inf) is skipped: "
+        "no optimizer update, the data position and LR schedule go on, a warning and the "
+        "counter ddp_trainer_non_finite_steps say so (with amp fp16, the GradScaler's own "
+        "skips are not counted). After this many such steps in a row the workers fail (exit "
+        "code 3) naming this setting. 0: never fail.",
+    )
     amp: Literal["auto", "bf16", "fp16", "off"] = Field(
         "auto",
         description="Mixed precision: `auto` (bf16 autocast on CPU and on CUDA devices with "

@@ -25,6 +25,8 @@ EVERY_PROCESS = {
     "ddp_trainer_samples_per_second",
     "ddp_trainer_loss",
     "ddp_trainer_learning_rate",
+    "ddp_trainer_grad_norm",
+    "ddp_trainer_non_finite_steps",
     "ddp_trainer_world_size",
     "ddp_trainer_worker_restarts",
 }
@@ -67,7 +69,8 @@ def test_a_run_fills_them_in() -> None:
     metrics = TrainerMetrics(is_main=True, world_size=2, restarts=0)
     metrics.started(step=20, epoch=1, total_steps=90, resumed_step=20)
     for step in (21, 22, 23):
-        metrics.step_done(seconds=0.5, step=step, epoch=1, lr=0.002)
+        metrics.step_done(seconds=0.5, step=step, epoch=1, lr=0.002, grad_norm=step / 10)
+    metrics.non_finite_step()
     metrics.progress(loss=0.75, samples_per_second=256.0)
     metrics.checkpoint_blocked(0.01)
     metrics.checkpoint_written(step=23, seconds=0.2, size=12345)
@@ -78,6 +81,8 @@ def test_a_run_fills_them_in() -> None:
     assert values["ddp_trainer_step_seconds"]["ddp_trainer_step_seconds_count"] == 3
     assert values["ddp_trainer_step_seconds"]["ddp_trainer_step_seconds_sum"] == 1.5
     assert values["ddp_trainer_learning_rate"]["ddp_trainer_learning_rate"] == 0.002
+    assert values["ddp_trainer_grad_norm"]["ddp_trainer_grad_norm"] == 2.3
+    assert values["ddp_trainer_non_finite_steps"]["ddp_trainer_non_finite_steps_total"] == 1
     assert values["ddp_trainer_loss"]["ddp_trainer_loss"] == 0.75
     assert values["ddp_trainer_samples_per_second"]["ddp_trainer_samples_per_second"] == 256
     assert values["ddp_trainer_checkpoint_bytes"]["ddp_trainer_checkpoint_bytes"] == 12345

@@ -167,7 +167,13 @@ class Launcher:
         return self.start(name, args, env)
 
     def standalone(
-        self, name: str, *, nproc: int, settings: dict[str, Any], checkpoint_dir: Path
+        self,
+        name: str,
+        *,
+        nproc: int,
+        settings: dict[str, Any],
+        checkpoint_dir: Path,
+        extra_env: dict[str, str] | None = None,
     ) -> Proc:
         """A single-node torchrun (`--standalone`) with `nproc` workers."""
         args = [
@@ -181,7 +187,7 @@ class Launcher:
             "--checkpoint-dir",
             str(checkpoint_dir),
         ]
-        env = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings))
+        env = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **(extra_env or {}))
         return self.start(name, args, env)
 
     def alone(

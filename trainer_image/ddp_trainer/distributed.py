@@ -78,3 +78,24 @@ def any_rank(flags: list[bool], device: torch.device, distributed: bool) -> list
     if distributed:
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return [bool(value) for value in values]
+
+
+class StepAgreement:
+    """What every rank learns at the start of a step from one small all-reduce (a sum): whether
+    some rank was asked to stop (SIGTERM), and the loss terms of the whole global batch. The
+    result stays on the device until read, so nothing waits for it before the backward pass."""
+
+    def __init__(self, stop: bool, terms: int, device: torch.device, distributed: bool):
+        pinned = device.type == "cuda"  # a copy from pinned memory does not wait for the GPU
+        values = torch.tensor([int(stop), terms], dtype=torch.int64, pin_memory=pinned)
+        self.values = values.to(device, non_blocking=True)
+        if distributed:
+            dist.all_reduce(self.values)  # the collective timeout applies: a dead peer fails it
+
+    @property
+    def global_terms(self) -> torch.Tensor:
+        return self.values[1]
+
+    def stop(self) -> bool:
+        """Whether any rank asked to stop: every rank stops after this same step."""
+        return bool(self.values[0] > 0)

@@ -20,20 +20,52 @@ if TYPE_CHECKING:
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
 EXIT_INTERRUPTED = 128 + signal.SIGTERM
+# Not a crash that a restart may cure: torchrun still restarts the workers (up to
+# maxRestarts, each resuming from the newest checkpoint and failing alike), then the pod fails.
+EXIT_NON_FINITE = 3
 
 
 class Interrupted(Exception):
-    """SIGTERM arrived (here, or on a peer while held): stop after the current step."""
+    """SIGTERM arrived (here, or on a peer): every rank stops after the same step."""
+
+
+class NonFiniteSteps(Exception):
+    """Too many steps in a row had a non-finite loss or gradient (trainer.maxNonFiniteSteps)."""
+
+
+def too_many_non_finite(in_row: int, limit: int, step: int) -> NonFiniteSteps | None:
+    """The failure after ``in_row`` consecutive non-finite steps, the last one ``step`` (None:
+    training goes on); ``limit`` is trainer.maxNonFiniteSteps (0: never)."""
+    if not limit or in_row < limit:
+        return None
+    return NonFiniteSteps(
+        f"{in_row} consecutive steps with a non-finite loss or gradient at step {step}: lower "
+        "lr, enable gradClipNorm, or raise trainer.maxNonFiniteSteps"
+    )
 
 
 def interrupted(trainer: Trainer, why: Interrupted) -> int:
     """Rank 0 checkpoints the step training stopped at (unless it has); returns 143."""
-    log.warning("%s: stopping at step %d", why or "SIGTERM", trainer.position.step)
+    log.warning("%s: stopping at step %d", str(why) or "SIGTERM", trainer.position.step)
+    # Every rank stopped after this same step (the step's agreement, or a hold's), so every
+    # rank sends its generators for the checkpoint; a peer that is gone fails the gather (within
+    # the collective timeout) and the checkpoint then holds rank 0's generators only.
+    try:
+        trainer.parts.state.collect_rng(trainer.distributed)
+    except Exception as error:
+        log.warning("could not gather every rank's random generators: %s", error)
     if trainer.position.step > trainer.checkpoints.saved_step:
-        # Ranks may stop at different steps: no collective (rank 0's generators only).
-        trainer.save_checkpoint(wait=True, every_rank=False)
+        trainer.save_checkpoint(wait=True, every_rank=False)  # gathered above
     trainer.close()
     return EXIT_INTERRUPTED
+
+
+def diverged(trainer: Trainer, why: NonFiniteSteps) -> int:
+    """Every rank fails alike with the reason; nothing is saved, so a restart replays these
+    steps from the newest checkpoint instead of skipping past them. Returns 3."""
+    log.error("training failed: %s", why)
+    trainer.close()
+    return EXIT_NON_FINITE
 
 
 def save_after_failure(trainer: Trainer) -> None:

@@ -84,12 +84,25 @@ class TrainerMetrics:
         )
         self.loss = Gauge(
             PREFIX + "loss",
-            "Training loss, the mean over every sample of every process since the previous log "
-            "point (every logEverySteps steps).",
+            "Training loss, the mean over every sample (or token) of every process since the "
+            "previous log point (every logEverySteps steps).",
             registry=r,
         )
         self.learning_rate = Gauge(
             PREFIX + "learning_rate", "Learning rate of the latest optimizer step.", registry=r
+        )
+        self.grad_norm = Gauge(
+            PREFIX + "grad_norm",
+            "Global L2 norm of the gradient of the latest step (after unscaling, before "
+            "clipping to gradClipNorm).",
+            registry=r,
+        )
+        self.non_finite_steps = Counter(
+            PREFIX + "non_finite_steps",
+            "Steps skipped in this process because their loss or gradient was not finite "
+            "(trainer.maxNonFiniteSteps in a row fail the run); the fp16 GradScaler's own "
+            "skips are not counted.",
+            registry=r,
         )
         world = Gauge(
             PREFIX + "world_size", "Training processes in the job (all nodes).", registry=r
@@ -146,11 +159,19 @@ class TrainerMetrics:
             self.last_checkpoint_step.set(resumed_step)
 
     @_never_raises
-    def step_done(self, *, seconds: float, step: int, epoch: int, lr: float) -> None:
+    def step_done(
+        self, *, seconds: float, step: int, epoch: int, lr: float, grad_norm: float | None = None
+    ) -> None:
         self.step_seconds.observe(seconds)
         self.step.set(step)
         self.epoch.set(epoch)
         self.learning_rate.set(lr)
+        if grad_norm is not None:
+            self.grad_norm.set(grad_norm)
+
+    @_never_raises
+    def non_finite_step(self) -> None:
+        self.non_finite_steps.inc()
 
     @_never_raises
     def progress(self, *, loss: float, samples_per_second: float) -> None:

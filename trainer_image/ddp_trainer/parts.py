@@ -36,6 +36,7 @@ class Parts:
     train_set: Any
     test_set: Any
     loss_fn: Any
+    count_targets: Any  # loss terms of a batch's targets; None: weight the loss by samples
     batches: BatchShare  # this rank's share of each global batch (final after fit_to_run)
     sampler: GlobalBatchSampler
     per_epoch: int
@@ -111,6 +112,7 @@ def build_parts(
         train_set=workload.train_set,
         test_set=workload.test_set,
         loss_fn=workload.loss_fn,
+        count_targets=workload.count_targets,
         batches=batches,
         sampler=GlobalBatchSampler(workload.train_set, batches, seed=config.seed),  # type: ignore[arg-type]
         per_epoch=per_epoch,

@@ -45,6 +45,8 @@ class Tally:
         self._loss_count = 0
         self._last_log = (time.perf_counter(), 0)
         self.lr = 0.0
+        self.grad_norm = float("nan")
+        self.skipped_steps = 0  # steps with a non-finite loss or gradient, in this process
         self.last_loss = float("nan")
         self.last_rate = 0.0
         self.held_at: int | None = None
@@ -118,15 +120,32 @@ class Tally:
         """The rate counts from now (training starts, or a hold ends: the pause is no step time)."""
         self._last_log = (time.perf_counter(), self.parts.state.position.step)
 
-    def add_loss(self, loss: torch.Tensor, samples: int) -> None:
-        """A micro-batch's mean loss over ``samples`` samples."""
-        self._loss_sum += loss.detach().float() * samples
-        self._loss_count += samples
+    def add_loss(self, loss: torch.Tensor, terms: int) -> None:
+        """A micro-batch's mean loss over ``terms`` loss terms (samples, or tokens)."""
+        self._loss_sum += loss.detach().float() * terms
+        self._loss_count += terms
 
-    def step_done(self, seconds: float, lr: float) -> None:
+    def step_done(self, seconds: float, lr: float, grad_norm: float) -> None:
         p = self.parts.state.position
-        self.lr = lr
-        self.metrics.step_done(seconds=seconds, step=p.step, epoch=p.epoch, lr=lr)
+        self.lr, self.grad_norm = lr, grad_norm
+        self.metrics.step_done(
+            seconds=seconds, step=p.step, epoch=p.epoch, lr=lr, grad_norm=grad_norm
+        )
+
+    def non_finite(self, step: int, grad_norm: float, in_row: int) -> None:
+        """Step ``step`` (1-based) had a non-finite loss or gradient and was skipped."""
+        self.skipped_steps += 1
+        self.metrics.non_finite_step()
+        if self.env.rank == 0:  # every rank saw the same norm: one line tells it
+            log.warning(
+                "step %d: the loss or gradient is not finite (gradient norm %s): optimizer step "
+                "skipped (%d in a row, at most trainer.maxNonFiniteSteps=%d; %d in this process)",
+                step,
+                grad_norm,
+                in_row,
+                self.config.max_non_finite_steps,
+                self.skipped_steps,
+            )
 
     def progress(self) -> None:
         """Every rank joins the loss all-reduce; rank 0 then writes, logs and reports."""
@@ -138,7 +157,8 @@ class Tally:
             self.report(final=False)
 
     def _mean_loss(self) -> float:
-        """The loss averaged over every sample of every rank since the last call (a collective)."""
+        """The loss averaged over every loss term of every rank since the last call (a
+        collective)."""
         count = torch.tensor(float(self._loss_count), device=self.parts.device)
         totals = torch.stack([self._loss_sum, count])
         if self.distributed:
@@ -164,6 +184,8 @@ class Tally:
             samplesInEpoch=p.samples_in_epoch,
             loss=self.last_loss,
             lr=self.lr,
+            gradNorm=self.grad_norm,
+            skippedSteps=self.skipped_steps,
             samplesPerSecond=round(self.last_rate, 3),
             **self._shape(),
             rank=self.env.rank,

@@ -9,6 +9,7 @@ rate, step lines, progress reports), :mod:`~ddp_trainer.ending` (how a run ends)
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -27,13 +28,14 @@ from . import ending, hold
 from .batching import Position, advance, step_seed
 from .checkpointing import Checkpoints, about_run
 from .compat import check_resume
-from .distributed import CollectiveTimeout, DistEnv, any_rank, init_distributed
-from .ending import Interrupted
+from .distributed import CollectiveTimeout, DistEnv, StepAgreement, any_rank, init_distributed
+from .ending import Interrupted, NonFiniteSteps, too_many_non_finite
 from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts, fit_to_run
 from .schedule import lr_at
 from .state import gather, rng_fingerprint, rng_state
 from .tally import Tally
+from .weighting import empty_loss, loss_terms, loss_weight
 from .workloads import fetch_batch
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
@@ -66,6 +68,7 @@ class Trainer:
         self.tally = Tally(config, e, self.parts, self.checkpoints, metrics, self.distributed)
         self.stop_requested = threading.Event()
         self.consistent = True  # model and optimizer hold the state of `position`
+        self.non_finite_in_row = 0
 
     @property
     def position(self) -> Position:
@@ -131,13 +134,16 @@ class Trainer:
             self._loop()
         except Interrupted as why:
             return ending.interrupted(self, why)
+        except NonFiniteSteps as why:
+            return ending.diverged(self, why)
         except Exception:
             ending.save_after_failure(self)
             raise
         return ending.finish(self)
 
     def _loop(self) -> None:
-        """Steps to the end; after each: its line, SIGTERM, a checkpoint, a hold, as due."""
+        """Steps to the end; after each: its line, SIGTERM (on any rank: every rank stops after
+        the same step), a checkpoint, a hold, as due."""
         c, total, sampler = self.config, self.parts.total_steps, self.parts.sampler
         self.tally.restart_clock()
         first = True
@@ -146,16 +152,17 @@ class Trainer:
             sampler.set_start(self.position.samples_in_epoch)
             for micro_batches in sampler.batches():
                 started = time.perf_counter()
-                lr = self._train_step(micro_batches)
+                lr, grad_norm, agreement = self._train_step(micro_batches)
                 if first:  # every rank is past its start: a silent peer is noticed sooner
                     self.timeout.set(c.steady_timeout_s)
                 step = self.position.step
-                self.tally.step_done(time.perf_counter() - started, lr)
+                self.tally.step_done(time.perf_counter() - started, lr, grad_norm)
                 if first or step % c.log_every_steps == 0 or step == total:
                     self.tally.progress()  # a collective: the loss of every rank
                     first = False
-                if self.stop_requested.is_set():
-                    raise Interrupted
+                if agreement.stop():  # the same answer on every rank
+                    here = self.stop_requested.is_set()
+                    raise Interrupted("SIGTERM" if here else "SIGTERM on another rank")
                 every = c.checkpoint_every_steps
                 if every and step % every == 0 and step < total:
                     self.save_checkpoint(wait=False)
@@ -164,8 +171,9 @@ class Trainer:
                 if step >= total or self.position.samples_in_epoch == 0:
                     break  # the epoch is over: the sampler starts the next one
 
-    def _train_step(self, micro_batches: list[torch.Tensor]) -> float:
-        """One optimizer step over this rank's share of a global batch; returns its LR."""
+    def _train_step(self, micro_batches: list[torch.Tensor]) -> tuple[float, float, StepAgreement]:
+        """One optimizer step over this rank's share of a global batch; returns its LR, its
+        gradient norm and what the ranks agreed on at its start."""
         p, c, step = self.parts, self.config, self.position.step
         lr = lr_at(
             step,
@@ -178,33 +186,61 @@ class Trainer:
             group["lr"] = lr
         # Dropout depends only on (seed, step, rank), so a resume replays it exactly.
         torch.manual_seed(step_seed(c.seed, step, self.env.rank))
-        # Each micro-batch's mean loss is weighted so that DDP's average over ranks
-        # becomes the mean over the whole global batch, however it is split.
-        scale = self.env.world_size / c.global_batch_size
-        last = len(micro_batches) - 1
-        for index, indices in enumerate(micro_batches):
-            if len(indices) == 0:
-                continue
-            inputs, targets = fetch_batch(p.train_set, indices)
+        batches = [fetch_batch(p.train_set, indices) for indices in micro_batches if len(indices)]
+        terms = [loss_terms(p.count_targets, targets) for _, targets in batches]
+        # One small all-reduce per step: SIGTERM anywhere, and the loss terms of all ranks.
+        agreement = StepAgreement(
+            self.stop_requested.is_set(), sum(terms), p.device, self.distributed
+        )
+        # Each micro-batch's mean loss is weighted so that DDP's average over ranks becomes
+        # the mean over every sample (or token) of the global batch, however it is split.
+        total_terms = c.global_batch_size if p.count_targets is None else agreement.global_terms
+        last = len(batches) - 1
+        for index, ((inputs, targets), count) in enumerate(zip(batches, terms, strict=True)):
             inputs = inputs.to(p.device, non_blocking=True)
             targets = targets.to(p.device, non_blocking=True)
             sync = index == last or not self.distributed
             with nullcontext() if sync else p.net.no_sync():  # type: ignore[operator]
                 with self._autocast():
-                    loss = p.loss_fn(p.net(inputs), targets)
+                    outputs = p.net(inputs)
+                    loss = p.loss_fn(outputs, targets)
+                weight = loss_weight(count, self.env.world_size, total_terms)
+                weighted = loss * weight if count else empty_loss(outputs, loss)
                 # A disabled GradScaler (everything but fp16) passes through unchanged.
-                p.scaler.scale(loss * (len(indices) * scale)).backward()
-            self.tally.add_loss(loss, len(indices))
+                p.scaler.scale(weighted).backward()
+            if count:
+                self.tally.add_loss(loss, count)
         self.consistent = False
-        if c.grad_clip_norm:
-            p.scaler.unscale_(p.optimizer)  # clip the true gradients, not scaled ones
-            torch.nn.utils.clip_grad_norm_(p.model.parameters(), c.grad_clip_norm)
-        p.scaler.step(p.optimizer)
-        p.scaler.update()
-        p.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self._apply_gradients(step + 1)
         self.position = advance(self.position, c.global_batch_size, p.state.num_samples)
         self.consistent = True
-        return lr
+        return lr, grad_norm, agreement
+
+    def _apply_gradients(self, step: int) -> float:
+        """The optimizer update of step ``step`` (1-based) unless its gradient is not finite
+        (then skipped and counted; too many in a row raise); returns the gradient norm."""
+        p, c = self.parts, self.config
+        scaling = p.scaler.is_enabled()
+        if scaling:
+            p.scaler.unscale_(p.optimizer)  # the true gradients' norm, not the scaled one's
+        grads = [q.grad for q in p.model.parameters() if q.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)  # clip_grad_norm_ in two halves:
+        if c.grad_clip_norm:  # no multiplication by 1 when nothing is clipped
+            torch.nn.utils.clip_grads_with_norm_(p.model.parameters(), c.grad_clip_norm, norm)
+        grad_norm = float(norm)  # after DDP's all-reduce: the same on every rank
+        finite = math.isfinite(grad_norm)
+        if finite or scaling:  # fp16's GradScaler skips its own overflows (not counted here)
+            p.scaler.step(p.optimizer)
+            p.scaler.update()
+            self.non_finite_in_row = 0
+        else:
+            self.non_finite_in_row += 1
+            self.tally.non_finite(step, grad_norm, self.non_finite_in_row)
+            failure = too_many_non_finite(self.non_finite_in_row, c.max_non_finite_steps, step)
+            if failure is not None:
+                raise failure
+        p.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     def _autocast(self) -> AbstractContextManager[Any]:
         dtype = self.parts.precision.dtype

@@ -29,16 +29,27 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 from ddp_api.trainer_config import TrainerConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+CountTargets = Callable[[torch.Tensor], int]
+IGNORE_INDEX = -100  # targets the loss leaves out (padding): cross_entropy's ignore_index
 
 
 @dataclass
 class Workload:
-    """What to train. `loss_fn(outputs, targets)` must return the mean over the batch."""
+    """What to train. `loss_fn(outputs, targets)` must return the mean over the batch's loss
+    terms. `count_targets(targets)`, when set, says how many terms that mean has (the tokens
+    that are not padding, for a language model): the loss is then weighted by terms counted
+    across ranks and micro-batches instead of by samples (see :mod:`ddp_trainer.weighting`)."""
 
     model: nn.Module
     train_set: Dataset[Any]
     test_set: Dataset[Any] | None
     loss_fn: LossFn
+    count_targets: CountTargets | None = None
+
+
+def count_not_ignored(targets: torch.Tensor) -> int:
+    """Loss terms of a token-level loss: the targets that are not :data:`IGNORE_INDEX`."""
+    return int((targets != IGNORE_INDEX).sum())
 
 
 def fetch_batch(dataset: Dataset[Any], indices: torch.Tensor) -> Any:
@@ -250,7 +261,10 @@ class CharGPT(nn.Module):
 
 
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """The mean over the targets that are not padding (:data:`IGNORE_INDEX`)."""
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )
 
 
 # synthetic ------------------------------------------------------------------------------
@@ -331,7 +345,7 @@ def build_workload(config: TrainerConfig) -> Workload:
         return Workload(model, train, test, F.cross_entropy)
     if config.workload == "charlm":
         train_blocks, test_blocks = charlm_data(config)
-        return Workload(model, train_blocks, test_blocks, token_cross_entropy)
+        return Workload(model, train_blocks, test_blocks, token_cross_entropy, count_not_ignored)
     train, test = synthetic_data(config)
     return Workload(model, train, test, F.cross_entropy)
 

@@ -1,0 +1,52 @@
+"""Test plugins: `padded_workload:build`, a tiny next-token model on sequences padded with -100
+in varying amounts (token-weighted loss); `padded_workload:nan_at_steps`, the spirals plugin
+whose loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS``."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from plugin_workload import build as spirals
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ddp_trainer.workloads import IGNORE_INDEX, Workload, count_not_ignored
+
+VOCAB, LENGTH = 32, 16
+
+
+def build(config) -> Workload:
+    generator = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, VOCAB, (64, LENGTH + 1), generator=generator)
+    inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+    # From 1 to LENGTH real targets per sample, the rest padding: micro-batches differ a lot.
+    real = torch.randint(1, LENGTH + 1, (64,), generator=generator)
+    targets[torch.arange(LENGTH) >= real.unsqueeze(1)] = IGNORE_INDEX
+    model = nn.Sequential(nn.Embedding(VOCAB, 16), nn.Tanh(), nn.Linear(16, VOCAB))
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(
+            logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=IGNORE_INDEX
+        )
+
+    return Workload(
+        model, TensorDataset(inputs, targets), None, loss_fn, count_targets=count_not_ignored
+    )
+
+
+def nan_at_steps(config) -> Workload:
+    """One micro-batch per step and no evaluation: the n-th loss computed is step n's."""
+    workload = spirals(config)
+    steps = {int(s) for s in os.environ.get("NAN_STEPS", "").split(",") if s}
+    ranks = {int(r) for r in os.environ.get("NAN_RANKS", "0").split(",") if r}
+    poisoned = int(os.environ.get("RANK", "0")) in ranks
+    calls = [0]
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        loss = F.cross_entropy(outputs, targets)
+        return loss * float("nan") if poisoned and calls[0] in steps else loss
+
+    return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)

@@ -1,0 +1,132 @@
+"""SIGTERM at any moment of a 2-node x 2-process run: the ranks agree on the step they stop at.
+
+Two torchrun agents (a dedicated rendezvous store) train; each round sends SIGTERM to each of
+the four workers at its own random moment once they train (as agents that stop their workers at
+different moments do), and the agents restart the workers, which resume from the round's
+checkpoint. The last round signals the two agents instead, at different moments, as the
+kubelet does when the pods are deleted. Every round, every rank must stop after the same
+completed step (the last step line of ``metrics.jsonl``), rank 0 must leave that step's
+checkpoint, and nothing may hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from trainer_harness import Launcher, Proc, events, wait_until
+
+from ddp_trainer.checkpoint import CheckpointStore, checkpoint_name
+from ddp_trainer.node import descendants
+
+ROUNDS = 20
+SETTINGS = {
+    "workload": "digits",
+    "epochs": 100,  # never reached: every round is stopped by SIGTERM
+    "globalBatchSize": 64,
+    "amp": "off",
+    "seed": 7,
+    "checkpointEverySteps": 0,  # the only checkpoints are the SIGTERM ones
+    "checkpointKeep": 2,
+    "logEverySteps": 1,  # a step line per step: the last one is the step a round stopped at
+    "evaluate": False,
+    "pgTimeoutS": 30,
+    "stepTimeoutS": 15,
+}
+STOPPING = re.compile(r"rank(\d+) WARNING ddp_trainer\.trainer: .*stopping at step (\d+)")
+
+
+def stops(text: str) -> dict[int, int]:
+    """rank -> the step it said it stopped at."""
+    return {int(rank): int(step) for rank, step in STOPPING.findall(text)}
+
+
+def newest_checkpoint(folder: Path) -> str | None:
+    entries = CheckpointStore(folder).entries()
+    return entries[-1].name if entries else None
+
+
+def workers(nodes: list[Proc]) -> list[int]:
+    return [pid for node in nodes for pid in descendants(node.popen.pid)]
+
+
+def os_kill(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # gone: its agent stopped it after a peer
+        os.kill(pid, signum)
+
+
+@pytest.mark.timeout(1800)  # 20 worker restarts: minutes when the cores are busy
+def test_sigterm_at_any_moment_leaves_the_last_completed_step(launcher: Launcher) -> None:
+    ckpt = launcher.workdir / "ckpt"
+    _, endpoint = launcher.store()
+    nodes = [
+        launcher.node(
+            f"node{i}",
+            endpoint=endpoint,
+            nnodes="2",
+            nproc=2,
+            settings=SETTINGS,
+            checkpoint_dir=ckpt,
+            is_host=False,
+            max_restarts=ROUNDS + 2,
+        )
+        for i in range(2)
+    ]
+    rng = random.Random(38)
+    previous, seen = 0, [0, 0]  # the step of the last round's checkpoint; log lengths read
+    for round_ in range(ROUNDS):
+
+        def training() -> bool:
+            starts = events(ckpt, "start")
+            return len(starts) > round_ and any(  # noqa: B023
+                s["step"] > previous and s["time"] >= starts[-1]["time"]  # noqa: B023
+                for s in events(ckpt, "step")
+            )
+
+        wait_until(training, 240, f"round {round_} to train past step {previous}")
+        last_round = round_ == ROUNDS - 1
+        if last_round:  # to the agents, which forward it to their workers
+            targets = [(node.name, node.signal) for node in nodes]
+        else:
+            pids = workers(nodes)
+            assert len(pids) == 4, pids
+            targets = [(f"worker {pid}", lambda s, pid=pid: os_kill(pid, s)) for pid in pids]
+        start = rng.uniform(0.0, 1.0)
+        moments = sorted((start + rng.uniform(0.0, 0.3), name, send) for name, send in targets)
+        print(
+            f"round {round_}: SIGTERM "
+            + ", ".join(f"{name} at {at:.3f}s" for at, name, _ in moments)
+            + f" after step {previous + 1}"
+        )
+        began = time.monotonic()
+        for at, _, send in moments:
+            time.sleep(max(0.0, at - (time.monotonic() - began)))
+            send(signal.SIGTERM)
+
+        def stopped() -> dict[int, int]:
+            logs = zip(nodes, seen, strict=True)  # noqa: B023
+            text = "".join(node.output()[offset:] for node, offset in logs)
+            found = stops(text)
+            return found if len(found) == 4 else {}
+
+        if last_round:
+            codes = [node.wait(90) for node in nodes]  # a hang fails here
+            print(f"round {round_}: agents exited {codes}")
+        found = wait_until(stopped, 90, f"round {round_}: every rank to stop")
+        seen = [len(node.output()) for node in nodes]
+        last = max(s["step"] for s in events(ckpt, "step"))
+        print(f"round {round_}: ranks stopped at {found}, last step line {last}")
+        assert found == dict.fromkeys(range(4), last), launcher.logs()
+        wait_until(
+            lambda: newest_checkpoint(ckpt) == checkpoint_name(last),  # noqa: B023
+            60,
+            f"round {round_}: the checkpoint of step {last}",
+        )
+        assert last > previous
+        previous = last

@@ -1,0 +1,57 @@
+"""The pure parts of a step: loss weights by samples or tokens, the non-finite verdict."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ddp_trainer.ending import too_many_non_finite
+from ddp_trainer.weighting import empty_loss, loss_terms, loss_weight
+from ddp_trainer.workloads import IGNORE_INDEX, count_not_ignored, token_cross_entropy
+
+
+def test_sample_weights_are_todays_numbers() -> None:
+    for count, world, batch in [(22, 3, 64), (21, 3, 64), (7, 1, 64), (16, 4, 64)]:
+        assert loss_weight(count, world, batch) == count * (world / batch)
+
+
+def test_token_weights_make_the_mean_over_every_token() -> None:
+    # Two ranks, two micro-batches each, 3 + 9 and 1 + 7 tokens: 20 in all.
+    means, tokens = [0.5, 2.0, 4.0, 1.0], [3, 9, 1, 7]
+    total = torch.tensor(sum(tokens))
+    pairs = list(zip(means, tokens, strict=True))
+    per_rank = [sum(float(m * loss_weight(t, 2, total)) for m, t in pairs[i:][:2]) for i in (0, 2)]
+    ddp_average = sum(per_rank) / 2
+    assert math.isclose(ddp_average, sum(m * t for m, t in pairs) / 20, rel_tol=1e-6)
+
+
+def test_targets_are_counted_without_padding() -> None:
+    targets = torch.tensor([[1, 2, IGNORE_INDEX], [IGNORE_INDEX, IGNORE_INDEX, 3]])
+    assert count_not_ignored(targets) == 3
+    assert loss_terms(None, targets) == 2  # by samples
+    assert loss_terms(count_not_ignored, targets) == 3
+    logits = torch.randn(2, 3, 256)
+    kept = targets != IGNORE_INDEX
+    expected = torch.nn.functional.cross_entropy(logits[kept], targets[kept])
+    assert torch.allclose(token_cross_entropy(logits, targets), expected)
+
+
+def test_a_micro_batch_of_padding_adds_a_zero_gradient_not_nan() -> None:
+    layer = torch.nn.Linear(4, 256)
+    outputs = layer(torch.randn(2, 3, 4))
+    loss = token_cross_entropy(outputs, torch.full((2, 3), IGNORE_INDEX))
+    assert math.isnan(loss.detach().item())
+    empty_loss(outputs, loss).backward()
+    assert layer.weight.grad is not None and not layer.weight.grad.any()
+
+
+def test_the_run_fails_only_after_the_limit_in_a_row() -> None:
+    assert too_many_non_finite(2, 3, 7) is None
+    assert too_many_non_finite(50, 0, 7) is None  # 0: never
+    failure = too_many_non_finite(3, 3, 7)
+    assert failure is not None
+    assert str(failure) == (
+        "3 consecutive steps with a non-finite loss or gradient at step 7: lower lr, enable "
+        "gradClipNorm, or raise trainer.maxNonFiniteSteps"
+    )
