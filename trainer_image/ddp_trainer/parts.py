@@ -13,7 +13,7 @@ from ddp_api.trainer_config import TrainerConfig
 
 from .amp import Precision, resolve_amp
 from .batching import BatchShare, batch_share, steps_per_epoch, total_steps
-from .sampler import GlobalBatchSampler
+from .loader import resolve_workers
 from .schedule import peak_lr
 from .state import AT_TOP, Stateful, TrainState
 from .workloads import build_workload
@@ -25,7 +25,7 @@ class Parts:
 
     device: torch.device
     model: torch.nn.Module  # the plain module: checkpoints hold its weights without `module.`
-    net: torch.nn.Module  # what the forward pass runs: the model, or DDP around it
+    net: torch.nn.Module  # what the forward pass runs: the model, or DDP around it, compiled
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     precision: Precision
@@ -33,7 +33,7 @@ class Parts:
     test_set: Any
     loss_fn: Any
     batches: BatchShare  # this rank's share of each global batch
-    sampler: GlobalBatchSampler
+    data_workers: int  # DataLoader worker processes of this process (trainer.dataWorkers)
     per_epoch: int
     total_steps: int
     peak_lr: float
@@ -58,6 +58,14 @@ def pick_device(setting: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def compiled(net: torch.nn.Module) -> torch.nn.Module:
+    """`torch.compile` of what the forward runs. Around DDP, as PyTorch's DDP notes advise:
+    its DDPOptimizer splits the graph at the gradient buckets, so all-reduce still overlaps
+    the backward; `model` stays the plain module, so checkpoints have the same keys compiled
+    or not."""
+    return torch.compile(net)  # type: ignore[return-value]
+
+
 def build_parts(
     config: TrainerConfig, rank: int, local_rank: int, world_size: int, distributed: bool
 ) -> Parts:
@@ -74,6 +82,8 @@ def build_parts(
             gradient_as_bucket_view=config.gradient_as_bucket_view,
             static_graph=config.static_graph,
         )
+    if config.compile:
+        net = compiled(net)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
@@ -100,7 +110,7 @@ def build_parts(
         test_set=workload.test_set,
         loss_fn=workload.loss_fn,
         batches=batches,
-        sampler=GlobalBatchSampler(workload.train_set, batches, seed=config.seed),  # type: ignore[arg-type]
+        data_workers=resolve_workers(config.data_workers, device.type),
         per_epoch=per_epoch,
         total_steps=total_steps(config.epochs, per_epoch, config.max_steps),
         peak_lr=peak_lr(config.lr, global_batch, config.base_batch_size, config.scale_lr),

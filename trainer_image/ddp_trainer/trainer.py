@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -22,17 +23,17 @@ import torch.distributed as dist
 from ddp_api.trainer_config import TrainerConfig
 
 from . import checkpoint as ckpt
-from . import ending, hold
+from . import ending, hold, loader
 from .batching import Position, advance, step_seed
 from .checkpointing import Checkpoints, about_run
 from .distributed import CollectiveTimeout, DistEnv, any_rank, init_distributed
 from .ending import Interrupted
+from .loader import MicroBatches
 from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts
 from .schedule import lr_at
 from .state import gather
 from .tally import Tally
-from .workloads import fetch_batch
 
 __all__ = ["DistEnv", "Trainer", "run"]  # DistEnv: where tests and benches have found it
 
@@ -113,33 +114,44 @@ class Trainer:
 
     def _loop(self) -> None:
         """Steps to the end; after each: its line, SIGTERM, a checkpoint, a hold, as due."""
-        c, total, sampler = self.config, self.parts.total_steps, self.parts.sampler
+        c, total = self.config, self.parts.total_steps
         self.tally.restart_clock()
         first = True
-        while self.position.step < total:
-            sampler.set_epoch(self.position.epoch)
-            sampler.set_start(self.position.samples_in_epoch)
-            for micro_batches in sampler.batches():
-                started = time.perf_counter()
-                lr = self._train_step(micro_batches)
-                if first:  # every rank is past its start: a silent peer is noticed sooner
-                    self.timeout.set(c.steady_timeout_s)
-                step = self.position.step
-                self.tally.step_done(time.perf_counter() - started, lr)
-                if first or step % c.log_every_steps == 0 or step == total:
-                    self.tally.progress()  # a collective: the loss of every rank
-                    first = False
-                if self.stop_requested.is_set():
-                    raise Interrupted
-                every = c.checkpoint_every_steps
-                if every and step % every == 0 and step < total:
-                    self.save_checkpoint(wait=False)
-                if hold.holds_at(step, c.hold_at_steps, total):
-                    self._hold(step)
-                if step >= total or self.position.samples_in_epoch == 0:
-                    break  # the epoch is over: the sampler starts the next one
+        started = time.perf_counter()  # a step's time includes waiting for its data
+        for micro_batches in self._input_steps():
+            lr = self._train_step(micro_batches)
+            if first:  # every rank is past its start: a silent peer is noticed sooner
+                self.timeout.set(c.steady_timeout_s)
+            step = self.position.step
+            self.tally.step_done(time.perf_counter() - started, lr)
+            if first or step % c.log_every_steps == 0 or step == total:
+                self.tally.progress()  # a collective: the loss of every rank
+                first = False
+            if self.stop_requested.is_set():
+                raise Interrupted
+            every = c.checkpoint_every_steps
+            if every and step % every == 0 and step < total:
+                self.save_checkpoint(wait=False)
+            if hold.holds_at(step, c.hold_at_steps, total):
+                self._hold(step)
+            started = time.perf_counter()
 
-    def _train_step(self, micro_batches: list[torch.Tensor]) -> float:
+    def _input_steps(self) -> Iterator[MicroBatches]:
+        """This rank's batches of every step left, from the data position on (see
+        :mod:`ddp_trainer.loader`)."""
+        p, c = self.parts, self.config
+        return loader.steps_from(
+            p.train_set,
+            p.batches,
+            c.seed,
+            self.position,
+            p.total_steps - self.position.step,
+            p.device,
+            p.data_workers,
+            c.prefetch_steps,
+        )
+
+    def _train_step(self, micro_batches: MicroBatches) -> float:
         """One optimizer step over this rank's share of a global batch; returns its LR."""
         p, c, step = self.parts, self.config, self.position.step
         lr = lr_at(
@@ -157,10 +169,8 @@ class Trainer:
         # becomes the mean over the whole global batch, however it is split.
         scale = self.env.world_size / c.global_batch_size
         last = len(micro_batches) - 1
-        for index, indices in enumerate(micro_batches):
-            if len(indices) == 0:
-                continue
-            inputs, targets = fetch_batch(p.train_set, indices)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            samples = len(targets)
             inputs = inputs.to(p.device, non_blocking=True)
             targets = targets.to(p.device, non_blocking=True)
             sync = index == last or not self.distributed
@@ -168,8 +178,8 @@ class Trainer:
                 with self._autocast():
                     loss = p.loss_fn(p.net(inputs), targets)
                 # A disabled GradScaler (everything but fp16) passes through unchanged.
-                p.scaler.scale(loss * (len(indices) * scale)).backward()
-            self.tally.add_loss(loss, len(indices))
+                p.scaler.scale(loss * (samples * scale)).backward()
+            self.tally.add_loss(loss, samples)
         self.consistent = False
         if c.grad_clip_norm:
             p.scaler.unscale_(p.optimizer)  # clip the true gradients, not scaled ones
