@@ -1,12 +1,14 @@
 """Trainer overhead: throughput against a bare DDP loop, checkpoint stall, recovery time.
 
-    python bench/trainer_overhead.py [--plot out/trainer_overhead.png]
+    python bench/trainer_overhead.py [--plot out/trainer_overhead.png] [--throughput-only]
 
 Prints one JSON object and writes a plot. Three measurements, all real processes:
 
 - throughput_ratio_vs_bare: ddp_trainer's samples/s over a minimal hand-written DDP loop,
   same model (the `synthetic` MLP), data, world size and AMP setting, alternating rounds
-  inside one torchrun run (median of each).
+  inside one torchrun run (median of each). The bare loop indexes its tensors in the loop
+  (no DataLoader); ddp_trainer reads through its DataLoader with its default dataWorkers
+  (0 on CPU: in the training process) unless `--data-workers` says otherwise.
 - checkpoint_stall_ms: how much longer the training step that follows a checkpoint takes
   than a median step (the snapshot copy plus the background write's interference), for
   `charlm` at its default size, one process.
@@ -124,6 +126,7 @@ def throughput_worker(args: argparse.Namespace) -> None:
             checkpoint_every_steps=0,
             log_every_steps=args.steps,
             evaluate=False,
+            data_workers=args.data_workers,
         )
     )
     bare, ours = [], []
@@ -156,6 +159,7 @@ def measure_throughput(args: argparse.Namespace, workdir: Path) -> dict[str, Any
         f"--steps={args.steps}",
         f"--rounds={args.rounds}",
         f"--global-batch={args.global_batch}",
+        *([f"--data-workers={args.data_workers}"] if args.data_workers is not None else []),
     ]
     subprocess.run(command, env=child_env(), check=True, stdout=subprocess.DEVNULL)
     return json.loads((directory / "throughput.json").read_text())
@@ -351,8 +355,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument(
+        "--data-workers", type=int, help="ddp_trainer's dataWorkers (default: its own default)"
+    )
     parser.add_argument("--stall-steps", type=int, default=16)
     parser.add_argument("--stall-every", type=int, default=4)
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="only the throughput comparison, no plot"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -362,23 +372,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:
         workdir = Path(tmp)
         throughput = measure_throughput(args, workdir)
-        stall = measure_checkpoint_stall(workdir, args.stall_steps, args.stall_every)
-        recovery = measure_recovery(workdir)
-    plot(Path(args.plot), throughput, stall, recovery)
+        if not args.throughput_only:
+            stall = measure_checkpoint_stall(workdir, args.stall_steps, args.stall_every)
+            recovery = measure_recovery(workdir)
     bare, ours = statistics.median(throughput["bare"]), statistics.median(throughput["ours"])
     result = {
         "throughput_ratio_vs_bare": round(ours / bare, 4),
         "trainer_samples_per_s": round(ours, 1),
         "bare_samples_per_s": round(bare, 1),
+        "rounds_bare": [round(r, 1) for r in throughput["bare"]],
+        "rounds_trainer": [round(r, 1) for r in throughput["ours"]],
         "throughput_setup": f"synthetic MLP, world {throughput['world']} (gloo, CPU), "
-        f"global batch {args.global_batch}, amp {args.amp}, median of {args.rounds} rounds",
+        f"global batch {args.global_batch}, amp {args.amp}, {args.steps} steps a round, "
+        f"median of {args.rounds} rounds",
+        "throughput_data": "bare loop: tensors indexed in the loop, no DataLoader; ddp_trainer: "
+        "its DataLoader, dataWorkers "
+        + ("default (0 on CPU)" if args.data_workers is None else str(args.data_workers)),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU",
+    }
+    if args.throughput_only:
+        print(json.dumps(result))
+        return
+    plot(Path(args.plot), throughput, stall, recovery)
+    result |= {
         "checkpoint_stall_ms": round(stall["stall_ms"], 2),
         "checkpoint_blocked_ms": round(stall["blocked_ms"], 2),
         "charlm_median_step_ms": round(stall["median_step_ms"], 1),
         "charlm_parameters": stall["parameters"],
         "charlm_checkpoint_mb": round(stall["checkpoint_mb"], 2),
         "recovery_s": round(recovery["recovery_s"], 2),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU",
         "plot": args.plot,
     }
     print(json.dumps(result))

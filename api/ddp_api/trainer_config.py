@@ -115,6 +115,27 @@ class TrainerConfig(BaseModel):
         "whose steps run more than one micro-batch per process (gradient accumulation, e.g. "
         "after the job shrank): DDP's static graph fails there (pytorch/pytorch#143580).",
     )
+    compile: bool = Field(
+        False,
+        description="Run the forward and backward passes through `torch.compile` (DDP's "
+        "graph-splitting at its gradient buckets keeps communication overlapped). The first "
+        "steps take longer while it compiles. Checkpoints hold the plain model's weights, so a "
+        "run may resume with compile switched on or off.",
+    )
+    data_workers: int | None = Field(
+        None,
+        ge=0,
+        description="Processes per training process that read and batch the training data "
+        "ahead of the step (PyTorch DataLoader workers; batches are pinned on CUDA). 0: read in "
+        "the training process. Unset: 2 on CUDA, 0 on CPU (where workers would compete with "
+        "the training threads for the same cores).",
+    )
+    prefetch_steps: int = Field(
+        2,
+        ge=1,
+        description="Optimizer steps of batches each data worker prepares ahead (the "
+        "DataLoader's prefetch_factor); used when dataWorkers > 0.",
+    )
     activation_checkpointing: bool = Field(
         False,
         description="charlm only: recompute each transformer block's activations in the "

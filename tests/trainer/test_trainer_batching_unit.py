@@ -15,6 +15,7 @@ from ddp_trainer.batching import (
     batch_share,
     micro_batch_cap,
     micro_sizes,
+    position_after,
     rank_share,
     settle,
     steps_per_epoch,
@@ -56,6 +57,14 @@ def test_positions_advance_through_epochs() -> None:
     assert position == Position(22, 1, 0)
     # A resume with a larger global batch that no longer fits moves to the next epoch.
     assert settle(Position(21, 0, 1344), 128, 1437) == Position(21, 1, 0)
+
+
+@pytest.mark.parametrize("start", [Position(0, 0, 0), Position(30, 1, 512), Position(7, 3, 1344)])
+def test_position_after_is_advance_repeated(start: Position) -> None:
+    position = start
+    for steps in range(80):
+        assert position_after(start, steps, 64, 1437) == position, steps
+        position = advance(position, 64, 1437)
 
 
 def test_lr_warms_up_then_follows_a_cosine_to_the_floor() -> None:

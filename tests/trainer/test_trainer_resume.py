@@ -90,13 +90,18 @@ def test_corrupt_newest_checkpoint_is_skipped(launcher: Launcher) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_sigterm_leaves_a_checkpoint_of_the_last_step(launcher: Launcher) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sigterm_leaves_a_checkpoint_of_the_last_step(launcher: Launcher, workers: int) -> None:
+    """With data workers too: torchrun signals each worker's whole process group."""
     ckpt = launcher.workdir / "ckpt"
     settings = {**EXACT, "epochs": 20, "checkpointEverySteps": 0, "holdAtSteps": [20]}
+    settings["dataWorkers"] = workers
     run = launcher.standalone("run", nproc=2, settings=settings, checkpoint_dir=ckpt)
     wait_until(lambda: events(ckpt, "hold"), 90, "the hold after step 20")
     run.signal(signal.SIGTERM)  # to torchrun only, as the kubelet does; it tells the workers
     assert run.wait(60) != 0
+    assert "SIGTERM: stopping at step 20" in run.output(), run.tail()
+    assert "exited unexpectedly" not in run.output(), run.tail()
     assert last_step(ckpt) == 20
     found = CheckpointStore(ckpt).latest()
     assert found is not None, run.tail()
@@ -105,3 +110,29 @@ def test_sigterm_leaves_a_checkpoint_of_the_last_step(launcher: Launcher) -> Non
     (saved,) = events(ckpt, "checkpoint")
     assert saved["synchronous"] and saved["step"] == 20
     assert not events(ckpt, "release")
+
+
+@pytest.mark.timeout(240)
+def test_killed_run_with_data_workers_resumes_exactly(launcher: Launcher) -> None:
+    """Batches read ahead by DataLoader workers (and dropped at the kill) change nothing: the
+    losses of every step equal those of an uninterrupted run that reads in the process."""
+    reference, interrupted = launcher.workdir / "reference", launcher.workdir / "interrupted"
+    settings = {**EXACT, "epochs": 3, "dataWorkers": 0}
+    run = launcher.standalone("reference", nproc=2, settings=settings, checkpoint_dir=reference)
+    assert run.wait(120) == 0, run.tail()
+
+    held = {**settings, "dataWorkers": 2, "prefetchSteps": 3, "holdAtSteps": [25]}
+    first = launcher.standalone("first", nproc=2, settings=held, checkpoint_dir=interrupted)
+    wait_until(lambda: events(interrupted, "hold"), 90, "the hold after step 25")
+    first.kill_tree()
+    release(interrupted, 25)
+    second = launcher.standalone("second", nproc=2, settings=held, checkpoint_dir=interrupted)
+    assert second.wait(120) == 0, second.tail()
+
+    _, restart = events(interrupted, "start")
+    assert restart["step"] == 20  # checkpointEverySteps 10: the resume is mid-epoch (22 a epoch)
+    expected, got = losses(reference), losses(interrupted)
+    assert sorted(got) == sorted(expected) == list(range(1, 3 * (1437 // 64) + 1))
+    for step, values in got.items():
+        for value in values:
+            assert math.isclose(value, expected[step][0], rel_tol=1e-6), (step, value)

@@ -1,7 +1,7 @@
 """ddp_trainer: the DDPJob trainer, run by torchrun (or alone) as ``python -m ddp_trainer``.
 
 Owns what runs in a job's pods: the training loop (:mod:`~ddp_trainer.trainer` and the parts,
-state, checkpoints, checkpointing, tally, ending, distributed, batching, sampler,
+state, checkpoints, checkpointing, tally, ending, distributed, batching, sampler, loader,
 schedule, precision, workloads and hold points it is built from), the node wrapper around
 torchrun (:mod:`~ddp_trainer.node`) and the job's rendezvous store
 (:mod:`~ddp_trainer.rdzv_store`), and what it reports

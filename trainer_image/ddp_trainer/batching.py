@@ -134,6 +134,24 @@ def settle(position: Position, global_batch_size: int, num_samples: int) -> Posi
     return position
 
 
+def position_after(
+    position: Position, steps: int, global_batch_size: int, num_samples: int
+) -> Position:
+    """The position `steps` optimizer steps later: `advance` applied `steps` times, in one go
+    (a data-loading worker finds the data of any later step without walking to it)."""
+    here = settle(position, global_batch_size, num_samples)
+    left_in_epoch = (num_samples - here.samples_in_epoch) // global_batch_size
+    if steps < left_in_epoch:
+        cursor = here.samples_in_epoch + steps * global_batch_size
+        return Position(step=here.step + steps, epoch=here.epoch, samples_in_epoch=cursor)
+    epochs, rest = divmod(steps - left_in_epoch, steps_per_epoch(num_samples, global_batch_size))
+    return Position(
+        step=here.step + steps,
+        epoch=here.epoch + 1 + epochs,
+        samples_in_epoch=rest * global_batch_size,
+    )
+
+
 def step_seed(seed: int, step: int, rank: int) -> int:
     """Seed of the RNG for one step on one rank: dropout then depends on nothing else."""
     return ((seed * 1_000_003 + step) * 65_537 + rank) % (2**63 - 1)

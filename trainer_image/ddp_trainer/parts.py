@@ -15,7 +15,7 @@ from ddp_api.trainer_config import TrainerConfig
 
 from .amp import Precision, resolve_amp
 from .batching import BatchShare, batch_share, micro_batch_cap, steps_per_epoch, total_steps
-from .sampler import GlobalBatchSampler
+from .loader import resolve_workers
 from .schedule import peak_lr
 from .state import AT_TOP, Stateful, TrainState, seed_rngs
 from .workloads import build_workload
@@ -29,7 +29,7 @@ class Parts:
 
     device: torch.device
     model: torch.nn.Module  # the plain module: checkpoints hold its weights without `module.`
-    net: torch.nn.Module  # what the forward pass runs: the model, or DDP around it (fit_to_run)
+    net: torch.nn.Module  # what the forward runs: the model, or DDP around it, maybe compiled
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     precision: Precision
@@ -38,7 +38,7 @@ class Parts:
     loss_fn: Any
     count_targets: Any  # loss terms of a batch's targets; None: weight the loss by samples
     batches: BatchShare  # this rank's share of each global batch (final after fit_to_run)
-    sampler: GlobalBatchSampler
+    data_workers: int  # DataLoader worker processes of this process (trainer.dataWorkers)
     per_epoch: int
     total_steps: int
     peak_lr: float
@@ -78,6 +78,14 @@ def use_static_graph(requested: bool, share: BatchShare) -> bool:
     return requested and share.accumulation_steps == 1
 
 
+def compiled(net: torch.nn.Module) -> torch.nn.Module:
+    """`torch.compile` of what the forward runs. Around DDP, as PyTorch's DDP notes advise:
+    its DDPOptimizer splits the graph at the gradient buckets, so all-reduce still overlaps
+    the backward; `model` stays the plain module, so checkpoints have the same keys compiled
+    or not."""
+    return torch.compile(net)  # type: ignore[return-value]
+
+
 def build_parts(
     config: TrainerConfig, rank: int, local_rank: int, world_size: int, distributed: bool
 ) -> Parts:
@@ -114,7 +122,7 @@ def build_parts(
         loss_fn=workload.loss_fn,
         count_targets=workload.count_targets,
         batches=batches,
-        sampler=GlobalBatchSampler(workload.train_set, batches, seed=config.seed),  # type: ignore[arg-type]
+        data_workers=resolve_workers(config.data_workers, device.type),
         per_epoch=per_epoch,
         total_steps=total_steps(config.epochs, per_epoch, config.max_steps),
         peak_lr=peak_lr(config.lr, global_batch, config.base_batch_size, config.scale_lr),
@@ -124,9 +132,9 @@ def build_parts(
 
 def fit_to_run(parts: Parts, config: TrainerConfig, distributed: bool) -> None:
     """After the resume (or at a fresh start): this rank's batches under the run's micro-batch
-    cap (which the checkpoint holds), and DDP around the model, with static_graph only where
-    :func:`use_static_graph` allows it. Wrapping after the resume also means DDP's broadcast
-    of rank 0's weights sends the weights every rank has just loaded."""
+    cap (which the checkpoint holds), DDP around the model (:func:`_ddp`), and
+    ``torch.compile`` around that (trainer.compile). Wrapping after the resume also means DDP's
+    broadcast of rank 0's weights sends the weights every rank has just loaded."""
     share = parts.batches
     cap = micro_batch_cap(
         config.micro_batch_size,
@@ -135,9 +143,16 @@ def fit_to_run(parts: Parts, config: TrainerConfig, distributed: bool) -> None:
         share.world_size,
     )
     parts.batches = batch_share(share.global_batch_size, share.world_size, share.rank, cap)
-    parts.sampler = GlobalBatchSampler(parts.train_set, parts.batches, seed=config.seed)
-    if not distributed or isinstance(parts.net, DistributedDataParallel):
+    if parts.net is not parts.model:  # fitted already
         return
+    if distributed:
+        parts.net = _ddp(parts, config)
+    if config.compile:
+        parts.net = compiled(parts.net)
+
+
+def _ddp(parts: Parts, config: TrainerConfig) -> DistributedDataParallel:
+    """DDP around the model, with static_graph only where :func:`use_static_graph` allows it."""
     static = use_static_graph(config.static_graph, parts.batches)
     if config.static_graph and not static:
         log.warning(
@@ -147,7 +162,7 @@ def fit_to_run(parts: Parts, config: TrainerConfig, distributed: bool) -> None:
             parts.batches.accumulation_steps,
         )
     device = parts.device
-    parts.net = DistributedDataParallel(
+    return DistributedDataParallel(
         parts.model,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=config.bucket_cap_mb,

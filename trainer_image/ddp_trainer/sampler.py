@@ -10,6 +10,23 @@ from torch.utils.data import DistributedSampler
 from .batching import BatchShare
 
 
+def global_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    """The permutation of all sample indices that `epoch` walks: a pure function, so that every
+    rank and every data-loading worker computes the same one."""
+    if not shuffle:
+        return torch.arange(num_samples)
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(num_samples, generator=generator)
+
+
+def step_indices(order: torch.Tensor, share: BatchShare, cursor: int) -> list[torch.Tensor]:
+    """This rank's micro-batches of indices of the step whose global batch starts at `cursor` of
+    the epoch's `order` (empty ones first, the last never empty)."""
+    first = cursor + share.start
+    return list(order[first : first + share.count].split(list(share.micro_sizes)))
+
+
 class GlobalBatchSampler(DistributedSampler):
     """DistributedSampler whose order survives a change of world size.
 
@@ -41,11 +58,7 @@ class GlobalBatchSampler(DistributedSampler):
 
     def global_order(self) -> torch.Tensor:
         """The epoch's permutation of all sample indices, identical on every rank."""
-        if not self.shuffle:
-            return torch.arange(self._size)
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        return torch.randperm(self._size, generator=generator)
+        return global_order(self._size, self.seed, self.epoch, self.shuffle)
 
     def steps_left(self) -> int:
         return max(0, (self._size - self.start) // self.share.global_batch_size)
@@ -56,9 +69,7 @@ class GlobalBatchSampler(DistributedSampler):
         batch = self.share.global_batch_size
         cursor = self.start
         while cursor + batch <= self._size:
-            first = cursor + self.share.start
-            share = order[first : first + self.share.count]
-            yield list(share.split(list(self.share.micro_sizes)))
+            yield step_indices(order, self.share, cursor)
             cursor += batch
 
     def __iter__(self) -> Iterator[int]:

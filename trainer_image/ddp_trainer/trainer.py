@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -24,19 +25,19 @@ import torch.distributed as dist
 from ddp_api.trainer_config import TrainerConfig
 
 from . import checkpoint as ckpt
-from . import ending, hold
+from . import ending, hold, loader
 from .batching import Position, advance, step_seed
 from .checkpointing import Checkpoints, about_run
 from .compat import check_resume
 from .distributed import CollectiveTimeout, DistEnv, StepAgreement, any_rank, init_distributed
 from .ending import Interrupted, NonFiniteSteps, too_many_non_finite
+from .loader import MicroBatches
 from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts, fit_to_run
 from .schedule import lr_at
 from .state import gather, rng_fingerprint, rng_state
 from .tally import Tally
 from .weighting import empty_loss, loss_terms, loss_weight
-from .workloads import fetch_batch
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -144,34 +145,45 @@ class Trainer:
     def _loop(self) -> None:
         """Steps to the end; after each: its line, SIGTERM (on any rank: every rank stops after
         the same step), a checkpoint, a hold, as due."""
-        c, total, sampler = self.config, self.parts.total_steps, self.parts.sampler
+        c, total = self.config, self.parts.total_steps
         self.tally.restart_clock()
         first = True
-        while self.position.step < total:
-            sampler.set_epoch(self.position.epoch)
-            sampler.set_start(self.position.samples_in_epoch)
-            for micro_batches in sampler.batches():
-                started = time.perf_counter()
-                lr, grad_norm, agreement = self._train_step(micro_batches)
-                if first:  # every rank is past its start: a silent peer is noticed sooner
-                    self.timeout.set(c.steady_timeout_s)
-                step = self.position.step
-                self.tally.step_done(time.perf_counter() - started, lr, grad_norm)
-                if first or step % c.log_every_steps == 0 or step == total:
-                    self.tally.progress()  # a collective: the loss of every rank
-                    first = False
-                if agreement.stop():  # the same answer on every rank
-                    here = self.stop_requested.is_set()
-                    raise Interrupted("SIGTERM" if here else "SIGTERM on another rank")
-                every = c.checkpoint_every_steps
-                if every and step % every == 0 and step < total:
-                    self.save_checkpoint(wait=False)
-                if hold.holds_at(step, c.hold_at_steps, total):
-                    self._hold(step)
-                if step >= total or self.position.samples_in_epoch == 0:
-                    break  # the epoch is over: the sampler starts the next one
+        started = time.perf_counter()  # a step's time includes waiting for its data
+        for micro_batches in self._input_steps():
+            lr, grad_norm, agreement = self._train_step(micro_batches)
+            if first:  # every rank is past its start: a silent peer is noticed sooner
+                self.timeout.set(c.steady_timeout_s)
+            step = self.position.step
+            self.tally.step_done(time.perf_counter() - started, lr, grad_norm)
+            if first or step % c.log_every_steps == 0 or step == total:
+                self.tally.progress()  # a collective: the loss of every rank
+                first = False
+            if agreement.stop():  # the same answer on every rank
+                here = self.stop_requested.is_set()
+                raise Interrupted("SIGTERM" if here else "SIGTERM on another rank")
+            every = c.checkpoint_every_steps
+            if every and step % every == 0 and step < total:
+                self.save_checkpoint(wait=False)
+            if hold.holds_at(step, c.hold_at_steps, total):
+                self._hold(step)
+            started = time.perf_counter()
 
-    def _train_step(self, micro_batches: list[torch.Tensor]) -> tuple[float, float, StepAgreement]:
+    def _input_steps(self) -> Iterator[MicroBatches]:
+        """This rank's batches of every step left, from the data position on (see
+        :mod:`ddp_trainer.loader`)."""
+        p, c = self.parts, self.config
+        return loader.steps_from(
+            p.train_set,
+            p.batches,
+            c.seed,
+            self.position,
+            p.total_steps - self.position.step,
+            p.device,
+            p.data_workers,
+            c.prefetch_steps,
+        )
+
+    def _train_step(self, micro_batches: MicroBatches) -> tuple[float, float, StepAgreement]:
         """One optimizer step over this rank's share of a global batch; returns its LR, its
         gradient norm and what the ranks agreed on at its start."""
         p, c, step = self.parts, self.config, self.position.step
@@ -186,8 +198,7 @@ class Trainer:
             group["lr"] = lr
         # Dropout depends only on (seed, step, rank), so a resume replays it exactly.
         torch.manual_seed(step_seed(c.seed, step, self.env.rank))
-        batches = [fetch_batch(p.train_set, indices) for indices in micro_batches if len(indices)]
-        terms = [loss_terms(p.count_targets, targets) for _, targets in batches]
+        terms = [loss_terms(p.count_targets, targets) for _, targets in micro_batches]
         # One small all-reduce per step: SIGTERM anywhere, and the loss terms of all ranks.
         agreement = StepAgreement(
             self.stop_requested.is_set(), sum(terms), p.device, self.distributed
@@ -195,8 +206,8 @@ class Trainer:
         # Each micro-batch's mean loss is weighted so that DDP's average over ranks becomes
         # the mean over every sample (or token) of the global batch, however it is split.
         total_terms = c.global_batch_size if p.count_targets is None else agreement.global_terms
-        last = len(batches) - 1
-        for index, ((inputs, targets), count) in enumerate(zip(batches, terms, strict=True)):
+        last = len(micro_batches) - 1
+        for index, ((inputs, targets), count) in enumerate(zip(micro_batches, terms, strict=True)):
             inputs = inputs.to(p.device, non_blocking=True)
             targets = targets.to(p.device, non_blocking=True)
             sync = index == last or not self.distributed
