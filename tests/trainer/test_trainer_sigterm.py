@@ -1,12 +1,13 @@
 """SIGTERM at any moment of a 2-node x 2-process run: the ranks agree on the step they stop at.
 
-Two torchrun agents (a dedicated rendezvous store) train; each round sends SIGTERM to each of
-the four workers at its own random moment once they train (as agents that stop their workers at
-different moments do), and the agents restart the workers, which resume from the round's
-checkpoint. The last round signals the two agents instead, at different moments, as the
-kubelet does when the pods are deleted. Every round, every rank must stop after the same
-completed step (the last step line of ``metrics.jsonl``), rank 0 must leave that step's
-checkpoint, and nothing may hang.
+Two torchrun agents (a dedicated rendezvous store) run four workers that train in rounds
+(tests/trainer/sigterm_rounds.py: each round a new Trainer resumes from the last round's checkpoint
+in the same process, so a round costs no worker start). Each round sends SIGTERM to each of the four
+workers at its own random moment once they train, as agents that stop their workers at different
+moments do; the last round signals the two agents instead, at different moments, as the kubelet
+does when the pods are deleted, and the workers exit. Every round, every rank must stop after the
+same completed step (the last step line of ``metrics.jsonl``), return 143, and rank 0 must leave
+that step's checkpoint; nothing may hang.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sigterm_rounds import ENV_ROUNDS
 from trainer_harness import Launcher, Proc, events, wait_until
 
 from ddp_trainer.checkpoint import CheckpointStore, checkpoint_name
@@ -47,6 +49,12 @@ def stops(text: str) -> dict[int, int]:
     return {int(rank): int(step) for rank, step in STOPPING.findall(text)}
 
 
+def exit_codes(text: str, round_: int) -> dict[int, int]:
+    """rank -> the exit code its trainer returned in ``round_`` (sigterm_rounds' lines)."""
+    pattern = re.compile(rf"^round {round_}: rank (\d+) exit code (\d+)$", re.MULTILINE)
+    return {int(rank): int(code) for rank, code in pattern.findall(text)}
+
+
 def newest_checkpoint(folder: Path) -> str | None:
     entries = CheckpointStore(folder).entries()
     return entries[-1].name if entries else None
@@ -61,9 +69,10 @@ def os_kill(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-@pytest.mark.timeout(1800)  # 20 worker restarts: minutes when the cores are busy
+@pytest.mark.timeout(900)
 def test_sigterm_at_any_moment_leaves_the_last_completed_step(launcher: Launcher) -> None:
     ckpt = launcher.workdir / "ckpt"
+    ckpt.mkdir()
     _, endpoint = launcher.store()
     nodes = [
         launcher.node(
@@ -74,13 +83,16 @@ def test_sigterm_at_any_moment_leaves_the_last_completed_step(launcher: Launcher
             settings=SETTINGS,
             checkpoint_dir=ckpt,
             is_host=False,
-            max_restarts=ROUNDS + 2,
+            max_restarts=0,  # the workers live through every round
+            worker="sigterm_rounds",
+            extra_env={ENV_ROUNDS: str(ROUNDS)},
         )
         for i in range(2)
     ]
     rng = random.Random(38)
     previous, seen = 0, [0, 0]  # the step of the last round's checkpoint; log lengths read
     for round_ in range(ROUNDS):
+        (ckpt / f"go-{round_}").touch()
 
         def training() -> bool:
             starts = events(ckpt, "start")
@@ -109,20 +121,20 @@ def test_sigterm_at_any_moment_leaves_the_last_completed_step(launcher: Launcher
             time.sleep(max(0.0, at - (time.monotonic() - began)))
             send(signal.SIGTERM)
 
-        def stopped() -> dict[int, int]:
+        def stopped() -> tuple[dict[int, int], dict[int, int]] | None:
             logs = zip(nodes, seen, strict=True)  # noqa: B023
             text = "".join(node.output()[offset:] for node, offset in logs)
-            found = stops(text)
-            return found if len(found) == 4 else {}
+            found, codes = stops(text), exit_codes(text, round_)  # noqa: B023
+            return (found, codes) if len(found) == 4 and len(codes) == 4 else None
 
+        found, codes = wait_until(stopped, 90, f"round {round_}: every rank to stop")
         if last_round:
-            codes = [node.wait(90) for node in nodes]  # a hang fails here
-            print(f"round {round_}: agents exited {codes}")
-        found = wait_until(stopped, 90, f"round {round_}: every rank to stop")
+            print(f"round {round_}: agents exited {[node.wait(90) for node in nodes]}")
         seen = [len(node.output()) for node in nodes]
         last = max(s["step"] for s in events(ckpt, "step"))
-        print(f"round {round_}: ranks stopped at {found}, last step line {last}")
+        print(f"round {round_}: ranks stopped at {found}, exit codes {codes}, last step {last}")
         assert found == dict.fromkeys(range(4), last), launcher.logs()
+        assert codes == dict.fromkeys(range(4), 143), launcher.logs()
         wait_until(
             lambda: newest_checkpoint(ckpt) == checkpoint_name(last),  # noqa: B023
             60,

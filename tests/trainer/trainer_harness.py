@@ -140,10 +140,13 @@ class Launcher:
         max_restarts: int = 3,
         supervised: bool = False,
         rdzv_conf: str = RDZV_CONF,
+        worker: str = "ddp_trainer",
+        extra_env: dict[str, str] | None = None,
     ) -> Proc:
-        """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer;
-        ``supervised``: under ``ddp_trainer.node``, as the operator's pods run it;
-        ``rdzv_conf``: its ``--rdzv-conf`` (``is_host`` comes from ``is_host``)."""
+        """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer (or the
+        module ``worker``, with ``extra_env``); ``supervised``: under ``ddp_trainer.node``, as the
+        operator's pods run it; ``rdzv_conf``: its ``--rdzv-conf`` (``is_host`` comes from
+        ``is_host``)."""
         kept = [kv for kv in rdzv_conf.split(",") if kv and not kv.startswith("is_host=")]
         conf = ",".join([*kept, f"is_host={'true' if is_host else 'false'}"])
         args = [
@@ -159,11 +162,13 @@ class Launcher:
             "--monitor-interval=0.5",
             "--local-addr=127.0.0.1",
             "-m",
-            "ddp_trainer",
+            worker,
             "--checkpoint-dir",
             str(checkpoint_dir),
         ]
-        env = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **AGENT_ENV)
+        env = subprocess_env(
+            DDP_TRAINER_CONFIG=trainer_settings(settings), **AGENT_ENV, **(extra_env or {})
+        )
         return self.start(name, args, env)
 
     def standalone(
