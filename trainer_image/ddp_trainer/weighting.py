@@ -5,7 +5,7 @@ A micro-batch of ``n`` terms (samples; or tokens, for a workload with ``count_ta
 ``N`` in the whole global batch gets the weight ``n * world_size / N``: DDP divides the sum over
 ranks by ``world_size``, which leaves ``sum(n * mean) / N``, the mean over all ``N`` terms. By
 samples, ``N`` is ``globalBatchSize``; by tokens it is counted on every rank and summed in the
-step's one small all-reduce (:func:`ddp_trainer.distributed.agree_on_step`).
+step's one small all-reduce (:class:`ddp_trainer.distributed.StepAgreement`).
 """
 
 from __future__ import annotations
