@@ -22,8 +22,8 @@ from ddp_trainer.batching import (
     total_steps,
 )
 from ddp_trainer.parts import bf16_native, use_static_graph
-from ddp_trainer.sampler import GlobalBatchSampler
 from ddp_trainer.schedule import lr_at, peak_lr
+from ddp_trainer.state import TrainState
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7, 64])
@@ -84,47 +84,6 @@ def test_amp_resolution() -> None:
     assert resolve_amp("off", "cuda", True).dtype is None
 
 
-class Sized:
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def consumed(n: int, world: int, epoch: int, start: int, steps: int) -> list[int]:
-    """Indices the whole world consumes in `steps` steps from cursor `start`."""
-    taken: list[int] = []
-    for rank in range(world):
-        sampler = GlobalBatchSampler(Sized(n), batch_share(48, world, rank, 10), seed=5)
-        sampler.set_epoch(epoch)
-        sampler.set_start(start)
-        for step, micro in enumerate(sampler.batches()):
-            if step == steps:
-                break
-            taken.extend(i for part in micro for i in part.tolist())
-    return taken
-
-
-def test_resume_at_another_world_size_neither_repeats_nor_skips() -> None:
-    n = 500  # 10 full batches of 48 per epoch, 20 samples dropped
-    before = consumed(n, world=4, epoch=3, start=0, steps=4)
-    after = consumed(n, world=3, epoch=3, start=4 * 48, steps=100)
-    order = GlobalBatchSampler(Sized(n), batch_share(48, 1, 0), seed=5)
-    order.set_epoch(3)
-    assert sorted(before + after) == sorted(order.global_order()[: 10 * 48].tolist())
-    assert len(set(before + after)) == 480
-
-
-def test_sampler_behaves_like_a_distributed_sampler() -> None:
-    sampler = GlobalBatchSampler(Sized(100), batch_share(20, 2, 1), seed=0)
-    sampler.set_epoch(1)
-    first = list(sampler)
-    sampler.set_epoch(2)
-    assert len(first) == len(sampler) == 50 and list(sampler) != first
-    assert isinstance(sampler, torch.utils.data.DistributedSampler)
-
-
 def test_amp_auto_picks_bf16_only_where_the_device_has_it_natively() -> None:
     assert resolve_amp("auto", "cuda", bf16_supported=True).label == "bfloat16"  # A100, H100
     assert resolve_amp("auto", "cuda", bf16_supported=False).label == "float16+GradScaler"
@@ -147,14 +106,16 @@ def test_bf16_native_does_not_count_emulation(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_without_micro_batch_size_the_first_starts_share_caps_the_micro_batch() -> None:
-    first = micro_batch_cap(None, None, 64, 4)
+    first = TrainState(64, 640, world_size=4).micro_batch_cap
     assert first == 16  # a run's first start: its own share
-    assert micro_batch_cap(None, first, 64, 2) == 16  # shrunk to 2: the cap stays
-    shrunk = batch_share(64, 2, 0, micro_batch_cap(None, first, 64, 2))
+    resumed = TrainState(64, 640, world_size=2)  # shrunk to 2, resumed: the cap stays
+    resumed.load_state_dict(TrainState(64, 640, world_size=4).state_dict())
+    assert micro_batch_cap(None, resumed.micro_batch_cap) == 16
+    shrunk = batch_share(64, 2, 0, micro_batch_cap(None, first))
     assert (shrunk.count, shrunk.micro_sizes) == (32, (16, 16))
-    grown = batch_share(64, 8, 0, micro_batch_cap(None, first, 64, 8))
+    grown = batch_share(64, 8, 0, micro_batch_cap(None, first))
     assert (grown.count, grown.accumulation_steps) == (8, 1)  # growing keeps shares smaller
-    assert micro_batch_cap(4, first, 64, 2) == 4  # microBatchSize, when set, decides
+    assert micro_batch_cap(4, first) == 4  # microBatchSize, when set, decides
 
 
 def test_static_graph_only_without_accumulation() -> None:

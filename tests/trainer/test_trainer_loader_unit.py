@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from ddp_trainer.batching import Position, batch_share, position_after
 from ddp_trainer.loader import StepBatches, resolve_workers, steps_from
-from ddp_trainer.sampler import GlobalBatchSampler, global_order
+from ddp_trainer.sampler import global_order
 
 N, BATCH, SEED = 500, 48, 5  # 10 full batches per epoch, 20 samples dropped
 CPU = torch.device("cpu")
@@ -39,20 +39,21 @@ def consumed(world: int, start: Position, steps: int, workers: int = 0) -> list[
     return per_step
 
 
-def test_items_are_the_samplers_steps_across_epochs() -> None:
-    share = batch_share(BATCH, 3, 1, micro_batch_size=7)
-    start = Position(step=13, epoch=1, samples_in_epoch=3 * BATCH)
-    items = StepBatches(numbered(), share, SEED, start, steps=20)
+def test_items_are_each_ranks_contiguous_share_of_the_next_global_batch_across_epochs() -> None:
+    world, start = 3, Position(step=13, epoch=1, samples_in_epoch=3 * BATCH)
+    shares = [batch_share(BATCH, world, rank, micro_batch_size=7) for rank in range(world)]
+    items = [StepBatches(numbered(), share, SEED, start, steps=20) for share in shares]
+    # The oracle: an epoch's permutation cut into global batches of BATCH from the cursor on,
+    # the incomplete last one of each epoch dropped.
     expected = []
     for epoch, cursor in [(1, 3 * BATCH), (2, 0), (3, 0)]:
-        sampler = GlobalBatchSampler(numbered(), share, seed=SEED)
-        sampler.set_epoch(epoch)
-        sampler.set_start(cursor)
-        expected.extend(sampler.batches())
-    assert len(items) == 20
+        order = global_order(N, SEED, epoch).tolist()
+        expected.extend(order[at : at + BATCH] for at in range(cursor, N - BATCH + 1, BATCH))
+    assert all(len(rank_items) == 20 for rank_items in items)
     for index in range(20):
-        want = [part.tolist() for part in expected[index] if len(part)]
-        assert [inputs.tolist() for inputs, _ in items[index]] == want, index
+        per_rank = [[inputs.tolist() for inputs, _ in rank_items[index]] for rank_items in items]
+        assert all(len(part) <= 7 for parts in per_rank for part in parts), index
+        assert [i for parts in per_rank for part in parts for i in part] == expected[index], index
 
 
 def test_workers_deliver_the_same_steps_in_the_same_order() -> None:

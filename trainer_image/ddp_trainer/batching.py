@@ -59,18 +59,12 @@ def largest_share(global_batch_size: int, world_size: int) -> int:
     return -(-global_batch_size // world_size)
 
 
-def micro_batch_cap(
-    micro_batch_size: int | None, run_cap: int | None, global_batch_size: int, world_size: int
-) -> int:
+def micro_batch_cap(micro_batch_size: int | None, run_cap: int) -> int:
     """The largest micro-batch of a step: microBatchSize when set, else the run's cap (the
-    largest per-rank batch of its first start, saved in its checkpoints), else this start's
-    largest share (a run's first start). So shrinking the world adds micro-batches instead of
+    largest per-rank batch of its first start, saved in its checkpoints: see
+    :class:`ddp_trainer.state.TrainState`). So shrinking the world adds micro-batches instead of
     growing the per-rank batch past what the run has shown it can hold."""
-    if micro_batch_size is not None:
-        return micro_batch_size
-    if run_cap is not None:
-        return run_cap
-    return largest_share(global_batch_size, world_size)
+    return run_cap if micro_batch_size is None else micro_batch_size
 
 
 def accumulation_steps(

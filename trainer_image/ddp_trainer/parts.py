@@ -102,9 +102,10 @@ def build_parts(
     scaler = torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
     global_batch = config.global_batch_size
-    cap = micro_batch_cap(config.micro_batch_size, None, global_batch, world_size)
-    batches = batch_share(global_batch, world_size, rank, cap)
     num_samples = len(workload.train_set)  # type: ignore[arg-type]
+    state = TrainState(global_batch, num_samples, rank, config.seed, world_size)
+    cap = micro_batch_cap(config.micro_batch_size, state.micro_batch_cap)
+    batches = batch_share(global_batch, world_size, rank, cap)
     per_epoch = steps_per_epoch(num_samples, global_batch)
     if per_epoch == 0:
         raise ValueError(
@@ -126,7 +127,7 @@ def build_parts(
         per_epoch=per_epoch,
         total_steps=total_steps(config.epochs, per_epoch, config.max_steps),
         peak_lr=peak_lr(config.lr, global_batch, config.base_batch_size, config.scale_lr),
-        state=TrainState(global_batch, num_samples, rank, config.seed, world_size),
+        state=state,
     )
 
 
@@ -136,12 +137,7 @@ def fit_to_run(parts: Parts, config: TrainerConfig, distributed: bool) -> None:
     ``torch.compile`` around that (trainer.compile). Wrapping after the resume also means DDP's
     broadcast of rank 0's weights sends the weights every rank has just loaded."""
     share = parts.batches
-    cap = micro_batch_cap(
-        config.micro_batch_size,
-        parts.state.micro_batch_cap,
-        share.global_batch_size,
-        share.world_size,
-    )
+    cap = micro_batch_cap(config.micro_batch_size, parts.state.micro_batch_cap)
     parts.batches = batch_share(share.global_batch_size, share.world_size, share.rank, cap)
     if parts.net is not parts.model:  # fitted already
         return
