@@ -5,10 +5,16 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.data import TensorDataset
 
 from ddp_trainer.ending import too_many_non_finite
 from ddp_trainer.weighting import empty_loss, loss_terms, loss_weight
-from ddp_trainer.workloads import IGNORE_INDEX, count_not_ignored, token_cross_entropy
+from ddp_trainer.workloads import (
+    IGNORE_INDEX,
+    count_not_ignored,
+    evaluate,
+    token_cross_entropy,
+)
 
 
 def test_sample_weights_are_todays_numbers() -> None:
@@ -55,3 +61,22 @@ def test_the_run_fails_only_after_the_limit_in_a_row() -> None:
         "3 consecutive steps with a non-finite loss or gradient at step 7: lower lr, enable "
         "gradClipNorm, or raise trainer.maxNonFiniteSteps"
     )
+
+
+def test_the_test_loss_is_the_mean_over_tokens_however_the_set_is_batched() -> None:
+    generator = torch.Generator().manual_seed(3)
+    targets = torch.randint(0, 8, (6, 5), generator=generator)
+    real = torch.tensor([5, 1, 0, 3, 2, 4])  # one sample is all padding
+    targets[torch.arange(5) >= real.unsqueeze(1)] = IGNORE_INDEX
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+    data = TensorDataset(targets.clamp(min=0), targets)
+    loss_fn = token_cross_entropy
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        whole = evaluate(model, data, loss_fn, 6, 10, cpu, count_not_ignored)
+        one_by_one = evaluate(model, data, loss_fn, 1, 10, cpu, count_not_ignored)
+        by_samples = evaluate(model, data, loss_fn, 1, 10, cpu)
+    assert whole["testSamples"] == one_by_one["testSamples"] == 6
+    assert math.isclose(whole["testLoss"], one_by_one["testLoss"], rel_tol=1e-5)
+    assert math.isfinite(one_by_one["testLoss"])  # the batch of padding alone counts nothing
+    assert not math.isclose(by_samples["testLoss"], whole["testLoss"], rel_tol=1e-3)

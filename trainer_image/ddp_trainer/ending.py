@@ -92,7 +92,9 @@ def finish(trainer: Trainer) -> int:
     results: dict[str, float] = {}
     if t.is_main and config.evaluate and p.test_set is not None:
         batch, batches = config.global_batch_size, config.eval_max_batches
-        results = evaluate(p.model, p.test_set, p.loss_fn, batch, batches, p.device)
+        results = evaluate(
+            p.model, p.test_set, p.loss_fn, batch, batches, p.device, p.count_targets
+        )
         log.info("evaluation: %s", results)
     pos, e = t.position, t.env
     t.tally.line(

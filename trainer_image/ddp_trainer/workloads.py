@@ -358,12 +358,15 @@ def evaluate(
     batch_size: int,
     max_batches: int,
     device: torch.device,
+    count_targets: CountTargets | None = None,
 ) -> dict[str, float]:
-    """Mean loss on `dataset`, and accuracy when the model outputs class scores."""
+    """Mean loss on `dataset` over its loss terms (samples, or what `count_targets` counts: a
+    padded batch's tokens weigh what they hold, not one sample each), and accuracy when the model
+    outputs class scores."""
     was_training = model.training
     model.eval()
     total = len(dataset)  # type: ignore[arg-type]
-    loss_sum, correct, seen = 0.0, 0, 0
+    loss_sum, terms, correct, seen = 0.0, 0, 0, 0
     classifying = True
     for batch_index, start in enumerate(range(0, total, batch_size)):
         if batch_index >= max_batches:
@@ -372,13 +375,16 @@ def evaluate(
         inputs, targets = fetch_batch(dataset, indices)
         inputs, targets = inputs.to(device), targets.to(device)
         outputs = model(inputs)
-        loss_sum += float(loss_fn(outputs, targets)) * len(indices)
+        batch_terms = len(indices) if count_targets is None else int(count_targets(targets))
+        if batch_terms:  # a batch of padding alone has no mean loss (NaN) and weighs nothing
+            loss_sum += float(loss_fn(outputs, targets)) * batch_terms
+            terms += batch_terms
         classifying = classifying and outputs.dim() == 2 and targets.dim() == 1
         if classifying:
             correct += int((outputs.argmax(1) == targets).sum())
         seen += len(indices)
     model.train(was_training)
-    result = {"testLoss": loss_sum / max(seen, 1), "testSamples": float(seen)}
+    result = {"testLoss": loss_sum / max(terms, 1), "testSamples": float(seen)}
     if classifying and seen:
         result["testAccuracy"] = correct / seen
     return result
