@@ -5,6 +5,10 @@ streams the watches of :mod:`ddp_operator.informer`. It shares kopf's login (a S
 token in a pod, a kubeconfig elsewhere) and its aiohttp, so the operator needs no thread pool
 and no generated client, and bodies go out as the plain dicts the pure renderer made. A 401 (a
 rotated ServiceAccount token) logs in again once and retries.
+
+Every write of the controller goes through :meth:`Kube.call`, which sends none unless its gate
+says this replica leads (:mod:`ddp_operator.leadership`): checked right before each attempt is
+sent, after any wait for a slot or a retry, so no writer can go around it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +59,10 @@ class Response:
         return str(self.body.get("message") or self.body or self.status)
 
 
+class NotLeading(RuntimeError):
+    """A write not sent: this replica cannot prove that it holds the leader Lease."""
+
+
 class KubeError(RuntimeError):
     def __init__(self, method: str, path: str, response: Response):
         super().__init__(f"{method} {path}: {response.status} {response.message}")
@@ -69,6 +78,7 @@ class Kube:
     """An aiohttp session to the API server with at most ``concurrency`` requests in flight,
     and its watches besides (each holds a connection for as long as it runs: one a resource,
     or one a resource and namespace where the operator may only watch namespaces one by one).
+    A request other than a GET is sent only while ``may_write()`` (else :class:`NotLeading`).
     """
 
     def __init__(
@@ -76,13 +86,20 @@ class Kube:
         credentials: Callable[[], kopf.ConnectionInfo | None],
         concurrency: int,
         on_error: Callable[[str], None] = lambda code: None,
+        may_write: Callable[[], bool] = lambda: True,
+        attempts: int = RETRIES,
+        user_agent: str = "ddp-operator",  # says which replica sent a request (audit logs)
     ):
+        self._user_agent = user_agent
         self._credentials = credentials
         self._on_error = on_error  # told each non-2xx status code, or "transport"
+        self._may_write = may_write
+        self._attempts = attempts
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self._lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(concurrency)  # requests; watches are not counted
+        self.writes_in_flight = 0
 
     async def _connect(self) -> aiohttp.ClientSession:
         async with self._lock:
@@ -90,7 +107,7 @@ class Kube:
                 info = self._credentials()
                 if info is None:
                     raise RuntimeError("no Kubernetes credentials: not in a pod, no kubeconfig")
-                headers = {"Accept": "application/json"}
+                headers = {"Accept": "application/json", "User-Agent": self._user_agent}
                 if info.token:
                     headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
                 connector = aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=0)
@@ -116,23 +133,19 @@ class Kube:
     ) -> Response:
         data = None if body is None else json.dumps(body)
         relogged = False
-        for attempt in range(1, RETRIES + 1):
+        attempts, attempt = self._attempts, 0
+        while True:
+            attempt += 1
             session = await self._connect()
             try:
-                async with (
-                    self._slots,
-                    session.request(
-                        method,
-                        self._server + path,
-                        data=data,
-                        headers={"Content-Type": content_type} if data is not None else None,
-                    ) as r,
-                ):
-                    text = await r.text()
-                    status, retry_after = r.status, r.headers.get("Retry-After")
+                async with self._slots:
+                    if method != "GET" and not self._may_write():
+                        raise NotLeading(f"{method} {path}: not sent, this replica does not lead")
+                    status, text, retry_after = await self._send(session, method, path, data,
+                                                                 content_type)  # fmt: skip
             except (aiohttp.ClientError, TimeoutError) as e:
                 self._on_error("transport")
-                if attempt == RETRIES:
+                if attempt == attempts:
                     raise
                 log.warning("%s %s: %s; retrying", method, path, e)
                 await asyncio.sleep(retry_delay_s(attempt, None))
@@ -140,15 +153,37 @@ class Kube:
             if status >= 300:
                 self._on_error(str(status))
             if status == 401 and not relogged:
-                relogged = True
-                await self.close()  # a rotated token: log in again
+                relogged, attempt = True, attempt - 1
+                await self.close()  # a rotated token: log in again (not counted as an attempt)
                 continue
-            if status in RETRIED and attempt < RETRIES:
+            if status in RETRIED and attempt < attempts:
                 # Overload (429 from API priority and fairness) or a server hiccup.
                 await asyncio.sleep(retry_delay_s(attempt, retry_after))
                 continue
             return Response(status, text)
-        raise AssertionError("unreachable")
+
+    async def _send(
+        self, session: aiohttp.ClientSession, method: str, path: str, data: str | None, ctype: str
+    ) -> tuple[int, str, str | None]:
+        """One attempt: (status, body, Retry-After); counts the writes in flight."""
+        write = method != "GET"
+        self.writes_in_flight += write
+        try:
+            async with session.request(
+                method,
+                self._server + path,
+                data=data,
+                headers={"Content-Type": ctype} if data is not None else None,
+            ) as r:
+                return r.status, await r.text(), r.headers.get("Retry-After")
+        finally:
+            self.writes_in_flight -= write
+
+    async def drained(self, timeout_s: float) -> None:
+        """Returns once no write is in flight, or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.writes_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def stream(self, path: str, read_timeout_s: float) -> AsyncIterator[dict[str, Any]]:
         """GETs ``path`` as a stream of JSON objects, one a line (a watch), as they arrive.

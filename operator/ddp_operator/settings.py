@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .leadership import Durations
 from .plan import COMPLETION_GRACE_S, NODE_LOST_GRACE_S
 from .render import OperatorConfig
 
@@ -29,6 +30,15 @@ class Settings:
     # Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission (needs the chart's
     # kueue.enabled RBAC); off, the operator never reads or writes Kueue's objects.
     kueue: bool = False
+    # Leader election (docs/design.md, "The operator's own failures"): the replica that holds
+    # the Lease lease_namespace/lease_name acts; off, this process acts alone (one replica only).
+    leader_election: bool = True
+    lease_name: str = "ddp-operator"
+    lease_namespace: str = "ddp-system"  # the chart sets the release's namespace
+    # Unique per process (the chart: the pod's name; a restarted container of the same pod takes
+    # its Lease back at once); "": this machine's hostname and a random suffix, made at start.
+    identity: str = ""
+    lease: Durations = field(default_factory=Durations)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -48,12 +58,22 @@ class Settings:
                 raise ValueError(f"{name}={text!r} must be at least {minimum:g}")
             return value
 
-        def flag(name: str) -> bool:
-            text = (environ.get(name) or "false").strip().lower()
+        def flag(name: str, default: str = "false") -> bool:
+            text = (environ.get(name) or default).strip().lower()
             if text not in ("true", "false"):
                 raise ValueError(f"{name}={environ.get(name)!r} must be true or false")
             return text == "true"
 
+        lease = Durations(
+            lease_s=number("DDP_LEASE_DURATION_S", defaults.lease.lease_s, 1),
+            renew_deadline_s=number("DDP_RENEW_DEADLINE_S", defaults.lease.renew_deadline_s, 0.1),
+            retry_s=number("DDP_RETRY_PERIOD_S", defaults.lease.retry_s, 0.05),
+        )
+        for problem in lease.problems():
+            raise ValueError(
+                f"DDP_LEASE_DURATION_S={lease.lease_s:g}, DDP_RENEW_DEADLINE_S="
+                f"{lease.renew_deadline_s:g}, DDP_RETRY_PERIOD_S={lease.retry_s:g}: {problem}"
+            )
         return cls(
             render=OperatorConfig(
                 default_image=environ.get("DDP_DEFAULT_IMAGE") or rendering.default_image,
@@ -68,4 +88,9 @@ class Settings:
             workers=int(number("DDP_WORKERS", defaults.workers, 1)),
             metrics_port=int(number("DDP_METRICS_PORT", defaults.metrics_port, 0)),
             kueue=flag("DDP_KUEUE"),
+            leader_election=flag("DDP_LEADER_ELECTION", "true"),
+            lease_name=environ.get("DDP_LEASE_NAME") or defaults.lease_name,
+            lease_namespace=environ.get("DDP_LEASE_NAMESPACE") or defaults.lease_namespace,
+            identity=environ.get("DDP_LEADER_IDENTITY") or "",
+            lease=lease,
         )
