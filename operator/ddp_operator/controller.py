@@ -6,8 +6,8 @@ made of. The decisions are pure: :mod:`ddp_operator.plan` (what a job needs) and
 :mod:`~ddp_operator.actions` (carrying out a plan), :mod:`~ddp_operator.machines` (Nodes and
 their heartbeats), :mod:`~ddp_operator.kueue_workloads` (Kueue Workloads),
 :mod:`~ddp_operator.trainer_objects` (each job's progress ConfigMap and account),
-:mod:`~ddp_operator.progress_records` (rank 0's reports) and :mod:`~ddp_operator.startup`
-(the start-up histograms).
+:mod:`~ddp_operator.progress_records` (rank 0's reports), :mod:`~ddp_operator.startup`
+(the start-up histograms) and :mod:`~ddp_operator.leadership` (which replica acts).
 
 Idempotence: pod and Service names are deterministic, so a create that repeats (after a
 restart) meets AlreadyExists and changes nothing; creates made but not yet seen by the watch
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import time
 from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from . import bookkeeping, informer, kube, queueing, render
 from . import plan as planner
 from .actions import Actions
 from .kueue_workloads import KueueWorkloads
+from .leadership import Elector
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .progress_records import ProgressRecords
@@ -40,6 +42,8 @@ from .settings import Settings
 from .startup import StartupTimes
 from .trainer_objects import TrainerObjects
 from .workqueue import Key, WorkQueue
+
+log = logging.getLogger("ddp_operator")
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Controller:
     watches: informer.Watches | None = None
     machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    elector: Elector | None = None  # None: no leader election, this process always acts
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     trainer: TrainerObjects = field(init=False)  # each job's progress ConfigMap and account
     actions: Actions = field(init=False)  # carries out each plan
@@ -81,7 +86,25 @@ class Controller:
             lambda namespace: self.watches is not None and self.watches.ready(namespace),
             self.spawn,
             self.metrics.reconcile.observe,
+            self.acting,
         )
+        self.metrics.leader.set(1)  # until an elector says otherwise
+
+    def acting(self) -> bool:
+        """Whether this replica may write now: the gate of the API client and of reconciles."""
+        return self.elector is None or self.elector.acting()
+
+    def leading(self, now: bool) -> None:
+        """This replica started (True) or stopped acting (the elector's transitions)."""
+        self.metrics.leader.set(1 if now else 0)
+        if now:
+            self.queue.everything()  # from the warm caches, without waiting for events
+            return
+        # What this process remembers of its own writes may be older than another leader's.
+        self.expected.clear()
+        self.actions.written.clear()
+        self.actions.status_written_at.clear()
+        self.queue.due.clear()
 
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
@@ -114,7 +137,15 @@ class Controller:
         """Runs ``coro`` in the background, keeping a reference until it is done."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, kube.NotLeading):
+            log.info("stopped: %s", error)  # the Lease lapsed while it ran
+        elif error is not None:
+            log.error("%s failed", task.get_coro(), exc_info=error)
 
     def changed(self, key: Key) -> None:
         self.spawn(self.queue.enqueue(key))

@@ -5,18 +5,24 @@
 Run it with ``kopf run --standalone -m ddp_operator.handlers --all-namespaces`` (or ``-n NS``).
 kopf watches DDPJobs, with an index and a watching handler (``on.event``) only: no timers or
 daemons, so kopf puts no finalizer and no annotation on DDPJobs, and a job whose operator is
-down is still deleted by the garbage collector. The jobs' pods and Services are watched by
-:mod:`ddp_operator.informer`; time-driven work (backoff, deadline, TTL, resync) runs from the
-controller's clock.
+down is still deleted by the garbage collector. kopf writes nothing at all (its Events are
+off; its ClusterRole could not patch a DDPJob), so with several replicas (``--standalone``: no
+kopf peering) the Lease of :mod:`ddp_operator.leadership` alone decides which one writes; every
+write goes through :class:`ddp_operator.kube.Kube`, which sends none from a standby. The jobs'
+pods and Services are watched by :mod:`ddp_operator.informer`; time-driven work (backoff,
+deadline, TTL, resync) runs from the controller's clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import ctypes
 import logging
 import os
+import socket
+import uuid
 from typing import Any
 
 import kopf
@@ -26,6 +32,7 @@ from ddp_api.contract import GROUP, PLURAL, VERSION
 from . import kube
 from .actions import COMPONENT
 from .controller import Controller
+from .leadership import Elector
 from .settings import Settings
 
 # The operator's one controller; its settings are read from the environment once, at start-up.
@@ -67,25 +74,41 @@ def login(**kw: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.startup()
 async def configure(**kw: Any) -> None:
     settings: kopf.OperatorSettings = kw["settings"]
-    settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
+    settings.peering.standalone = True  # kopf's peering off: our Lease decides who acts
     # No watch of CRDs or namespaces: the ClusterRole grants neither, and none is needed.
     settings.scanning.disabled = True
     settings.persistence.diffbase_storage = NoDiffBase()
-    settings.posting.level = logging.WARNING  # our own Events say what was decided
+    settings.posting.enabled = False  # our own Events say what was decided, by the leader
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # kopf's "handler succeeded" line for every job event is noise at scale; errors stay.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _limit_malloc_arenas()
-    CONTROLLER.settings = Settings.from_env(os.environ)
+    ours = CONTROLLER.settings = Settings.from_env(os.environ)
     CONTROLLER.actions.instance = os.environ.get("HOSTNAME", COMPONENT)  # its Events' reporter
     CONTROLLER.jobs = kw["jobs_by_name"]
     metrics = CONTROLLER.metrics
+    credentials = lambda: kube.login(settings=settings)  # noqa: E731
+    me = ours.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    agent = f"{COMPONENT}/{me}"
+    if ours.leader_election:
+        CONTROLLER.elector = Elector(
+            kube.Kube(credentials, 1, attempts=1, user_agent=agent),  # never queued behind ours
+            ours.lease_namespace,
+            ours.lease_name,
+            me,
+            ours.lease,
+            CONTROLLER.leading,
+        )
+        metrics.leader.set(0)
+        CONTROLLER.spawn(CONTROLLER.elector.run())
     CONTROLLER.start_watches(
         kube.Kube(
-            lambda: kube.login(settings=settings),
-            CONTROLLER.settings.workers,
+            credentials,
+            ours.workers,
             on_error=lambda code: metrics.api_errors.labels(code).inc(),
+            may_write=CONTROLLER.acting,
+            user_agent=agent,
         )
     )
     CONTROLLER.spawn(CONTROLLER.queue.clock(CONTROLLER.settings.resync_s))
@@ -101,12 +124,16 @@ def _indexed_jobs(index: kopf.Index[Any, Any]) -> list[Any]:
 @kopf.on.cleanup()
 async def shutdown(**_: Any) -> None:
     CONTROLLER.metrics.stop()
+    elector, api = CONTROLLER.elector, CONTROLLER.api
+    if elector is not None:  # stop writing, let the writes in flight land, give the Lease up
+        await elector.release(lambda: api.drained(5.0) if api is not None else asyncio.sleep(0))
+        await elector.api.close()
     for task in list(CONTROLLER.tasks):
         task.cancel()
     if CONTROLLER.watches is not None:
         await CONTROLLER.watches.stop()
-    if CONTROLLER.api is not None:
-        await CONTROLLER.api.close()
+    if api is not None:
+        await api.close()
 
 
 def _not_deleted(**kw: Any) -> bool:

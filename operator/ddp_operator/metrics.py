@@ -126,6 +126,12 @@ class OperatorMetrics:
             ["code"],
             registry=r,
         )
+        self.leader = Gauge(
+            "ddp_operator_leader",
+            "1 while this replica holds the leader Lease and acts, 0 while it stands by (its "
+            "caches warm, writing nothing).",
+            registry=r,
+        )
         self._server: Any = None
 
     def watch_jobs(self, jobs: Callable[[], Iterable[Mapping[str, Any]]]) -> None:

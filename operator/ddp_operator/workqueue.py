@@ -2,7 +2,8 @@
 of a job runs at a time and events that arrive meanwhile cause one more, on the newest state; a
 job seen before its namespace's caches are filled waits for them (planning from empty caches
 would recreate what exists); a clock reconciles what is due (backoff, deadlines, TTL: ends by
-time, not by an event) and, every resync, every job.
+time, not by an event) and, every resync, every job. A replica that does not lead reconciles
+nothing (:mod:`ddp_operator.leadership`); once it leads, :meth:`WorkQueue.everything` at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+
+from .kube import NotLeading
 
 log = logging.getLogger("ddp_operator")
 
@@ -28,6 +31,7 @@ class WorkQueue:
     ready: Callable[[str], bool]  # the caches of a namespace are filled
     spawn: Callable[[Coroutine[Any, Any, None]], None]
     took: Callable[[float], None]  # seconds of each reconcile (a metric)
+    acting: Callable[[], bool] = lambda: True  # this replica leads
     active: set[Key] = field(default_factory=set)  # jobs being reconciled now
     again: set[Key] = field(default_factory=set)  # ... that had events meanwhile
     waiting: set[Key] = field(default_factory=set)  # jobs seen before their caches were filled
@@ -35,6 +39,8 @@ class WorkQueue:
 
     async def enqueue(self, key: Key) -> None:
         """Reconciles ``key`` now, or once more after the reconcile that is running."""
+        if not self.acting():
+            return  # a standby: the leader reconciles it; every job is, when this one leads
         if not self.ready(key[0]):
             self.waiting.add(key)
             return
@@ -46,11 +52,13 @@ class WorkQueue:
             while True:
                 self.again.discard(key)
                 bodies = self.bodies(key)
-                if not bodies:
+                if not bodies or not self.acting():
                     break
                 started = time.perf_counter()
                 try:
                     await self.reconcile(bodies[0])
+                except NotLeading as e:  # the Lease lapsed mid-reconcile: nothing more is sent
+                    log.info("reconcile of %s/%s stopped: %s", *key, e)
                 except Exception:
                     log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, RETRY_S)
                     self.due[key] = time.monotonic() + RETRY_S
@@ -73,6 +81,12 @@ class WorkQueue:
             self.due.pop(key, None)
         else:
             self.due[key] = time.monotonic() + seconds
+
+    def everything(self) -> None:
+        """Reconciles every job now (this replica has just started to lead)."""
+        for key in self.jobs():
+            self.due.pop(key, None)
+            self.spawn(self.enqueue(key))
 
     def depth(self) -> int:
         """Jobs being reconciled, due for one, or waiting for the caches (a metric)."""

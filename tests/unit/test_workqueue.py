@@ -1,5 +1,6 @@
 """The controller's work queue without a server: one reconcile of a job at a time, events during
-one cause exactly one more, jobs wait for their namespace's caches, a failure is retried later."""
+one cause exactly one more, jobs wait for their namespace's caches, a failure is retried later,
+and a replica that does not lead reconciles nothing until it does, then every job at once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+from ddp_operator.kube import NotLeading
 from ddp_operator.workqueue import RETRY_S, Key, WorkQueue
 
 KEY: Key = ("ns", "job")
@@ -19,7 +21,8 @@ class Harness:
         self.ready_ns: set[str] = {"ns"}
         self.gate = asyncio.Event()
         self.gate.set()
-        self.fail = False
+        self.fail: Exception | None = None
+        self.leads = True
         self.tasks: list[asyncio.Task[None]] = []
         self.took: list[float] = []
         self.queue = WorkQueue(
@@ -29,13 +32,14 @@ class Harness:
             lambda ns: ns in self.ready_ns,
             lambda coro: self.tasks.append(asyncio.get_running_loop().create_task(coro)),
             self.took.append,
+            lambda: self.leads,
         )
 
     async def reconcile(self, body: dict[str, Any]) -> None:
         self.seen.append(body["v"])
         await self.gate.wait()
-        if self.fail:
-            raise RuntimeError("boom")
+        if self.fail is not None:
+            raise self.fail
 
 
 def test_events_during_a_reconcile_cause_one_more_on_the_newest_body() -> None:
@@ -77,7 +81,7 @@ def test_a_job_waits_for_its_namespace_caches_and_runs_on_release() -> None:
 def test_a_failed_reconcile_is_due_again_and_a_gone_job_is_not_reconciled() -> None:
     async def run() -> Harness:
         h = Harness()
-        h.fail = True
+        h.fail = RuntimeError("boom")
         await h.queue.enqueue(KEY)
         assert 0 < h.queue.due[KEY] - time.monotonic() <= RETRY_S
         h.queue.later(KEY, None)
@@ -88,3 +92,26 @@ def test_a_failed_reconcile_is_due_again_and_a_gone_job_is_not_reconciled() -> N
 
     h = asyncio.run(run())
     assert h.seen == [1]
+
+
+def test_a_standby_reconciles_nothing_and_every_job_once_it_leads() -> None:
+    other: Key = ("ns", "other")
+
+    async def run() -> Harness:
+        h = Harness()
+        h.bodies[other] = [{"v": 7}]
+        h.leads = False
+        await h.queue.enqueue(KEY)  # an event on a standby: the leader acts on it
+        h.queue.later(KEY, 0.0)
+        assert h.seen == [] and not h.queue.waiting
+        h.leads = True
+        h.queue.everything()  # it leads now: every job, without waiting for an event
+        await asyncio.gather(*h.tasks)
+        assert sorted(h.seen) == [1, 7] and not h.queue.due
+        # The Lease lapses mid-reconcile: the write refused ends it, no retry is scheduled.
+        h.fail = NotLeading("PATCH /x: not sent, this replica does not lead")
+        await h.queue.enqueue(KEY)
+        assert KEY not in h.queue.due
+        return h
+
+    asyncio.run(run())
