@@ -21,8 +21,8 @@ RELEASE, NAMESPACE = "ddp-operator", "ddp-system"
 CRD = REPO / "manifests" / "crd" / "ddp.dev_ddpjobs.yaml"
 # manifests/ file -> the chart templates it holds, in order.
 OUTPUTS = {
-    "manifests/rbac/operator.yaml": ["serviceaccount.yaml", "rbac.yaml"],
-    "manifests/operator/deployment.yaml": ["deployment.yaml"],
+    "manifests/rbac/operator.yaml": ["serviceaccount.yaml", "rbac.yaml", "leader-election.yaml"],
+    "manifests/operator/deployment.yaml": ["deployment.yaml", "poddisruptionbudget.yaml"],
     "manifests/operator/metrics.yaml": ["metrics.yaml"],
 }
 HEADER = (

@@ -98,21 +98,29 @@ def test_helm_install_schedules_the_operator_under_restricted_pod_security(
                     "-o", "json",
                 ).stdout
             )["items"]  # fmt: skip
-            if pods and pods[0]["status"].get("phase") == "Running":
+            if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods):
                 break
             time.sleep(0.5)
         else:
             events = plane.kubectl("get", "events", "-n", ns).stdout
-            raise AssertionError(f"no Running operator pod after 60s: {pods}\n{events}")
-        (pod,) = pods
-        assert pod["spec"]["nodeName"].startswith("kwok-node-")
-        assert pod["spec"]["serviceAccountName"] == release
+            raise AssertionError(f"no two Running operator pods after 60s: {pods}\n{events}")
+        # Two replicas (one leads, by the Lease), on two machines.
+        machines = {p["spec"]["nodeName"] for p in pods}
+        assert len(machines) == 2 and all(m.startswith("kwok-node-") for m in machines), machines
+        assert {p["spec"]["serviceAccountName"] for p in pods} == {release}
         # The chart's ClusterRole is the operator's, bound to the release's ServiceAccount.
         who = f"--as=system:serviceaccount:{ns}:{release}"
         can = plane.kubectl("auth", "can-i", "create", "pods", "-n", "team-x", who).stdout
         assert can.strip() == "yes"
         secrets = plane.kubectl("auth", "can-i", "get", "secrets", who, check=False).stdout
         assert secrets.strip() == "no"
+        # Its Lease, and no other: the replicas may renew theirs, not anybody else's.
+        for lease, answer in ((release, "yes"), ("kube-scheduler", "no")):
+            can = plane.kubectl("auth", "can-i", "update", f"leases/{lease}", "-n", ns, who,
+                                check=False).stdout  # fmt: skip
+            assert can.strip() == answer, lease
+        budget = json.loads(plane.kubectl("get", "pdb", release, "-n", ns, "-o", "json").stdout)
+        assert budget["spec"]["minAvailable"] == 1
         status = helm(plane, "status", release, "-n", ns, "-o", "json")
         assert json.loads(status)["info"]["status"] == "deployed"
     finally:

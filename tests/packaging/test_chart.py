@@ -66,6 +66,9 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -75,7 +78,6 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
         {"kind": "ServiceAccount", "name": "ddp-operator", "namespace": "ddp-system"}
     ]
     deploy = one(docs, "Deployment")
-    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "ddp-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -160,7 +162,8 @@ def test_monitors_are_behind_values_and_select_what_serves_metrics() -> None:
         "logLevel=loud",
         "watchNamespaces={Not_A_Namespace}",
         "settings.workers=0",
-        "replicas=2",
+        "replicas=0",
+        "leaderElection.leaseDurationSeconds=0",
         "metrics.port=70000",
         "metrics.podMonitor.interval=often",
     ],
@@ -189,3 +192,60 @@ def test_the_operator_leaves_a_lost_machine_in_30_s_not_300() -> None:
     mine = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
     both = tolerations("--set-json", f"tolerations=[{json.dumps(mine)}]")
     assert both[-1] == mine and len(both) == 3
+
+
+def test_two_replicas_on_two_machines_elect_one_through_a_lease() -> None:
+    """The defaults: two replicas, spread over machines, one of them always up through a
+    drain; the Lease, its RBAC (get and update of that Lease only) and its settings."""
+    docs = render()
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = deploy["spec"]["template"]["spec"]
+    labels = deploy["spec"]["selector"]["matchLabels"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    assert spread["labelSelector"]["matchLabels"] == labels
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": labels}}
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["DDP_LEADER_ELECTION"] == "true"
+    assert env["DDP_LEASE_NAME"] == "ddp-operator" and env["DDP_LEASE_NAMESPACE"] == "ddp-system"
+    assert env["DDP_LEADER_IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert (env["DDP_LEASE_DURATION_S"], env["DDP_RENEW_DEADLINE_S"]) == ("15", "10")
+    assert env["DDP_RETRY_PERIOD_S"] == "2"
+    role, binding = one(docs, "Role"), one(docs, "RoleBinding")
+    assert role["metadata"]["namespace"] == "ddp-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["ddp-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == one(docs, "ClusterRoleBinding")["subjects"]
+
+    named = render("--set", "leaderElection.leaseName=ops-lease")
+    assert one(named, "Role")["rules"][1]["resourceNames"] == ["ops-lease"]
+    single = render("--set", "replicas=1", "--set", "leaderElection.enabled=false")
+    assert {d["kind"] for d in single} & {"PodDisruptionBudget", "Role", "RoleBinding"} == set()
+    deploy = one(single, "Deployment")
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert "topologySpreadConstraints" not in deploy["spec"]["template"]["spec"]
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DDP_LEADER_ELECTION"] == "false" and "DDP_LEASE_NAME" not in env
+    for bad, why in (
+        (["--set", "leaderElection.enabled=false"], "replicas > 1 needs leaderElection"),
+        (["--set", "leaderElection.renewDeadlineSeconds=15"], "shorter than leaseDuration"),
+        (["--set", "leaderElection.retryPeriodSeconds=10"], "shorter than renewDeadline"),
+    ):
+        proc = helm("template", "x", str(CHART), *bad, check=False)
+        assert proc.returncode != 0 and why in proc.stderr, proc.stderr

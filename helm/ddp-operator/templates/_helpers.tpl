@@ -18,3 +18,8 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/component: operator
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end -}}
+
+{{/* The Lease that elects the acting replica: leaderElection.leaseName, else the full name. */}}
+{{- define "ddp-operator.leaseName" -}}
+{{- default (include "ddp-operator.fullname" .) .Values.leaderElection.leaseName -}}
+{{- end -}}
