@@ -3,7 +3,9 @@ plane, or the kind cluster's; development and tests).
 
 It is installed from ``manifests/`` (CRD, namespace, RBAC) and runs under the manifests'
 ServiceAccount with a TokenRequest token, so a permission missing from ``manifests/`` fails here
-as it would in a cluster.
+as it would in a cluster. It takes part in the operator's leader election as a replica in a pod
+does: one identity for the object's life, kept across :meth:`OperatorProcess.kill` and
+``start`` as a pod's name is across restarts of its container.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +55,7 @@ class OperatorProcess:
     process: Process | None = None
     health_port: int = 0
     metrics_port: int = 0
+    identity: str = field(default_factory=lambda: f"operator-{uuid.uuid4().hex[:8]}")
 
     @property
     def log(self) -> Path:
@@ -71,6 +75,7 @@ class OperatorProcess:
             "PYTHONUNBUFFERED": "1",
             MARKER_ENV: self.plane.marker,
             "DDP_METRICS_PORT": str(self.metrics_port),
+            "DDP_LEADER_IDENTITY": self.identity,
             **self.env,
         }
         argv = [
