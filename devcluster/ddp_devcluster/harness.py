@@ -227,8 +227,10 @@ class Harness:
 
     # -- when something failed ---------------------------------------------------------------
     def operator_log(self, lines: int = 20) -> str:
-        """The tail of the operator's log: the chart's Deployment's here."""
-        return self.k("logs", "deploy/ddp-operator", f"--tail={lines}", ns=NAMESPACE, check=False)
+        """The tail of the operator's log: the chart's replicas' here, each line prefixed with
+        its pod (the leader's and the standby's)."""
+        return self.k("logs", "-l", "app.kubernetes.io/name=ddp-operator", "--prefix",
+                      f"--tail={lines}", ns=NAMESPACE, check=False)  # fmt: skip
 
     def diagnostics(self, ns: str | None = None) -> str:
         """What to read when a wait failed: the DDPJobs, pods and claims of ``ns`` (of every

@@ -60,7 +60,10 @@ class Cluster(Harness):
             "ddpjobs.yaml": ["get", "ddpj", "-n", ns, "-o", "yaml"],
             "describe-pods.txt": ["describe", "pods", "-n", ns],
             "events.txt": ["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
-            "operator.log": ["logs", "-n", "ddp-system", "deploy/ddp-operator", "--tail=2000"],
+            "operator.log": [  # both replicas, each line prefixed with its pod
+                "logs", "-n", "ddp-system", "-l", "app.kubernetes.io/name=ddp-operator",
+                "--prefix", "--tail=2000",
+            ],
             "trainers.log": [
                 "logs", "-n", ns, "-l", "ddp.dev/job-name", "--prefix", "--tail=500",
                 "--all-containers", "--max-log-requests=20",

@@ -476,3 +476,26 @@ def freeze(node: str) -> None:
 def thaw(node: str) -> None:
     """The machine comes back: its kubelet finds its pods deleted and removes them."""
     _podman("unpause", node)
+
+
+def power_off(node: str) -> None:
+    """The machine loses its power: its container is stopped with no grace (``podman stop
+    --time 0``: no shutdown runs on it, its kubelet says nothing, its pods' connections go
+    unanswered)."""
+    if node.endswith("-control-plane"):
+        raise ValueError("powering off the control plane would stop the API server")
+    _podman("stop", "--time", "0", node)
+
+
+def power_on(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
+    """The machine starts again and its kubelet reports Ready. kind does not promise that a
+    node restarted under podman comes back (kubernetes-sigs/kind#2272: its address may
+    change); when it does not, the next :func:`up` finds a node not Ready and makes the
+    cluster again."""
+    _podman("start", node)
+    until(
+        f"{node} Ready after its restart",
+        lambda: is_ready(json.loads(kubectl(kubeconfig, "get", "node", node, "-o", "json"))),
+        timeout_s=timeout_s,
+        interval_s=2,
+    )
