@@ -51,6 +51,11 @@ def test_an_operator_bound_in_one_namespace_runs_jobs_there_and_nowhere_else(
         "create", "rolebinding", ACCOUNT, "-n", watched,
         "--clusterrole=ddp-operator", f"--serviceaccount={NAMESPACE}:{ACCOUNT}",
     )  # fmt: skip
+    # The Lease of leader election, in its own namespace, as the chart binds it there too.
+    cp.kubectl(
+        "create", "rolebinding", ACCOUNT, "-n", NAMESPACE,
+        "--role=ddp-operator-leader-election", f"--serviceaccount={NAMESPACE}:{ACCOUNT}",
+    )  # fmt: skip
     env = {"DDP_DEFAULT_IMAGE": "trainer:test"}
     with OperatorProcess(cp, tmp_path, env, [watched], ACCOUNT) as op:
         for ns in (other, watched):
