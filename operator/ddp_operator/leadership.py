@@ -21,6 +21,7 @@ import contextlib
 import datetime as dt
 import enum
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -130,7 +131,8 @@ def lease_body(
     spec: dict[str, Any] = {
         **old,
         "holderIdentity": holder or None,
-        "leaseDurationSeconds": max(1, round(durations.lease_s)) if holder else 1,
+        # Whole seconds, rounded up: a candidate may wait longer than promised, never shorter.
+        "leaseDurationSeconds": max(1, math.ceil(durations.lease_s)) if holder else 1,
         "renewTime": stamp,
     }
     if old.get("holderIdentity") != holder:

@@ -127,6 +127,8 @@ def test_the_lease_written_to_renew_take_and_release() -> None:
     after = {**released, "metadata": {**released["metadata"], "resourceVersion": "42"}}
     retaken = lease_body("ddp-operator", "ddp-system", "b", D, t1, after)
     assert "leaseTransitions" not in retaken["spec"]  # from nobody: not a transition
+    short = lease_body("l", "ns", "a", Durations(1.2, 1.1, 0.5), t0)
+    assert short["spec"]["leaseDurationSeconds"] == 2  # never less than the lease waited
 
 
 def test_leader_election_settings_are_read_and_unsafe_ones_refused() -> None:
