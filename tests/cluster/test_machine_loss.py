@@ -12,8 +12,8 @@ instead (``podman stop --time 0``), as in the report of issue 39, and started ag
 from __future__ import annotations
 
 import json
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -153,11 +153,11 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_
         print(f"operator leader on {leader_machine}, standby on {standby_machine}")
         cluster.k("cordon", standby_machine)
         cordoned.append(standby_machine)
-        spread = holding_at(20)
+        hold = holding_at(20)
 
         def edit(job: dict[str, Any]) -> None:
-            spread(job)
-            job["spec"]["spread"] = "Required"
+            hold(job)
+            job["spec"]["spread"] = "Required"  # one node pod on each machine left uncordoned
 
         cluster.apply_example(cluster.claims, "digits.yaml", edit=edit, ns=ns)
         cluster.held("digits", 20, 900, ns=ns)
@@ -172,15 +172,14 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_
         for machine in cordoned:  # room for the replacements: the standby's and the control plane
             cluster.k("uncordon", machine)
         cordoned.clear()
-        print(f"step 20: powering off {victims} together ({sorted(lost)})")
+        old_leader = lease_holder(cluster)
+        print(f"step 20: powering off {victims} together ({sorted(lost)}, {old_leader})")
 
-        threads = [threading.Thread(target=kind.power_off, args=(m,)) for m in victims]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
         off.extend(victims)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(len(victims)) as pool:  # together
+            for done in [pool.submit(kind.power_off, m) for m in victims]:
+                done.result()
         folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
         (folder / "release-step-00000020").touch()
 
@@ -193,14 +192,10 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_
                 n in pods and pods[n]["metadata"]["uid"] != uid for n, uid in lost.items()
             ):
                 marks["replaced"] = now
-            if "taken" not in marks and lease_holder(cluster) not in ("", *operator_on(victims)):
+            if "taken" not in marks and lease_holder(cluster) not in ("", old_leader):
                 marks["taken"] = now
             status = cluster.status("digits", ns=ns)
             return status if (status.get("progress") or {}).get("step", 0) > 20 else None
-
-        def operator_on(gone: list[str]) -> list[str]:
-            pods = cluster.pods(OPERATOR, ns=NAMESPACE)
-            return [n for n, p in pods.items() if p["spec"].get("nodeName") in gone]
 
         status = until("status.progress past step 20", moving, 300, 0.5)
         took = time.monotonic() - t0
@@ -217,4 +212,8 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_
         for machine in cordoned:
             cluster.k("uncordon", machine)
         for machine in off:
-            kind.power_on(cluster.kubeconfig, machine)
+            try:
+                kind.power_on(cluster.kubeconfig, machine)
+            except Exception as e:  # kind under podman does not promise it (docs/kind.md)
+                print(f"{machine} did not come back ({e}); the next `make up` makes the cluster "
+                      "again")  # fmt: skip
