@@ -35,8 +35,10 @@ def test_the_operator_is_ready_through_its_probes_and_logs_json(cluster: Cluster
         cluster.k("get", "pods", "-n", "ddp-system", "-l", "app.kubernetes.io/name=ddp-operator",
                   "-o", "json")
     )["items"]  # fmt: skip
-    # The chart's two replicas, on two machines; the Lease names one of them as the leader.
-    assert len(pods) == 2 and len({p["spec"]["nodeName"] for p in pods}) == 2, pods
+    # The chart's two replicas (spread over machines: a preference); the Lease names one of
+    # them as the leader.
+    assert len(pods) == 2, pods
+    print(f"operator replicas on {sorted(p['spec']['nodeName'] for p in pods)}")
     lease = json.loads(cluster.k("get", "lease", "ddp-operator", "-n", "ddp-system", "-o", "json"))
     names = [p["metadata"]["name"] for p in pods]
     assert lease["spec"]["holderIdentity"] in names, (lease["spec"], names)
