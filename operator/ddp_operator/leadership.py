@@ -32,6 +32,15 @@ from . import kube
 log = logging.getLogger("ddp_operator")
 
 API_VERSION = "coordination.k8s.io/v1"
+# This machine's clock for every duration here: monotonic, and on Linux counting a suspend too
+# (CLOCK_BOOTTIME; CLOCK_MONOTONIC stops while the machine sleeps, and a leader woken from a
+# suspend would think that no time had passed).
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def clock() -> float:
+    return time.clock_gettime(_CLOCK)
+
 MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # a Lease's acquireTime and renewTime (metav1.MicroTime)
 
 
@@ -183,14 +192,14 @@ class Elector:
     def acting(self) -> bool:
         """The gate of every write the operator sends (:class:`~ddp_operator.kube.Kube`)."""
         return not self.stopped and acting(
-            time.monotonic(), self.renewed_at, self.durations.renew_deadline_s
+            clock(), self.renewed_at, self.durations.renew_deadline_s
         )
 
     async def run(self) -> None:
         """Every ``retry_s``: renew the Lease, or read it and take it when it is due."""
         self.task = asyncio.current_task()
         while True:
-            started = time.monotonic()
+            started = clock()
             try:
                 await asyncio.wait_for(self.step(), self.durations.renew_deadline_s / 2)
             except asyncio.CancelledError:
@@ -198,13 +207,13 @@ class Elector:
             except Exception as e:  # the API server is away: the gate closes by itself
                 log.warning("leader election: Lease %s/%s: %r", self.namespace, self.name, e)
             self.announce()
-            await asyncio.sleep(max(0.0, self.durations.retry_s - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, self.durations.retry_s - (clock() - started)))
 
     async def step(self) -> None:
         if self.stopped:
             return
         if self.mine is not None:
-            sent = time.monotonic()
+            sent = clock()
             body = lease_body(self.name, self.namespace, self.me, self.durations, _now(), self.mine)
             r = await self.api.call("PUT", self.path, body)
             if r.ok:
@@ -221,12 +230,12 @@ class Elector:
             self.holder = lease.holder
         else:
             raise kube.KubeError("GET", self.path, r)
-        now = time.monotonic()
+        now = clock()
         self.memory = seen(lease, self.memory, now)
         move = decide(lease, self.me, self.memory, now)
         if move is Move.WAIT:
             return
-        sent = time.monotonic()
+        sent = clock()
         if move is Move.CREATE:
             method, path = "POST", kube.group_path(API_VERSION, self.namespace, "leases")
             body = lease_body(self.name, self.namespace, self.me, self.durations, _now())
@@ -255,7 +264,7 @@ class Elector:
         elif self.mine is not None and self.renewed_at is not None:
             log.warning(
                 "stopped acting: Lease %s/%s not renewed for %.1fs (the renew deadline)",
-                self.namespace, self.name, time.monotonic() - self.renewed_at,
+                self.namespace, self.name, clock() - self.renewed_at,
             )  # fmt: skip
         else:
             log.warning(
