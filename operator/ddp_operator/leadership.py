@@ -41,6 +41,7 @@ _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 def clock() -> float:
     return time.clock_gettime(_CLOCK)
 
+
 MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # a Lease's acquireTime and renewTime (metav1.MicroTime)
 
 
