@@ -161,13 +161,10 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_
 
         cluster.apply_example(cluster.claims, "digits.yaml", edit=edit, ns=ns)
         cluster.held("digits", 20, 900, ns=ns)
-        where = machines(cluster, ns, "digits")
+        pods = cluster.pods("ddp.dev/job-name=digits", ns=ns)
+        where = {name: p["spec"].get("nodeName", "") for name, p in pods.items()}
         victims = [leader_machine, third]
-        lost = {
-            name: p["metadata"]["uid"]
-            for name, p in cluster.pods("ddp.dev/job-name=digits", ns=ns).items()
-            if where[name] in victims
-        }
+        lost = {n: p["metadata"]["uid"] for n, p in pods.items() if where[n] in victims}
         assert {"digits-node-0", "digits-node-1"} <= set(lost), where
         for machine in cordoned:  # room for the replacements: the standby's and the control plane
             cluster.k("uncordon", machine)
