@@ -91,7 +91,7 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     # The chart's default trainer image is the operator's own default.
     assert env["DDP_DEFAULT_IMAGE"] == OperatorConfig.default_image
     assert env["DDP_RESYNC_S"] == "30" and env["DDP_BACKOFF_BASE_S"] == "10"
@@ -120,12 +120,14 @@ def test_watched_namespaces_bind_the_role_in_those_namespaces_only() -> None:
         "--set", "trainerImage=registry.local/trainer:1",
     )  # fmt: skip
     assert not [d for d in docs if d["kind"] == "ClusterRoleBinding"]
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] != "Role"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert {b["roleRef"]["kind"] for b in bindings} == {"ClusterRole"}
+    # The Lease's Role stays bound in the release's own namespace.
+    assert one(docs, "Role")["metadata"]["namespace"] == "ddp-system"
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["args"] == ["--namespace=team-a", "--namespace=team-b", "--verbose"]
-    assert {e["name"]: e["value"] for e in c["env"]}["DDP_DEFAULT_IMAGE"] == (
+    assert {e["name"]: e.get("value") for e in c["env"]}["DDP_DEFAULT_IMAGE"] == (
         "registry.local/trainer:1"
     )
 
