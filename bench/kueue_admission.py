@@ -122,7 +122,10 @@ def main() -> None:
         for doc in operator_rbac(RELEASE, NAMESPACE):
             cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
         op = OperatorProcess(
-            cp, Path(tmp) / "op", env={"DDP_KUEUE": "true"}, service_account=RELEASE
+            cp,
+            Path(tmp) / "op",
+            env={"DDP_KUEUE": "true", "DDP_LEASE_NAME": RELEASE},
+            service_account=RELEASE,
         ).start()
         try:
             cp.kubectl("create", "namespace", NS)

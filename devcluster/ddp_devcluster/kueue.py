@@ -48,10 +48,12 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "ddp-operator"
 
 
 def operator_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
-    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled."""
+    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled,
+    the Role of its Lease (named ``release``, in ``namespace``) among them."""
     argv = [str(plane_binary("helm")), "template", release, str(CHART), "--namespace", namespace]
     argv += ["--set", "kueue.enabled=true"]
-    argv += ["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"]
+    for template in ("serviceaccount.yaml", "rbac.yaml", "leader-election.yaml"):
+        argv += ["--show-only", f"templates/{template}"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 

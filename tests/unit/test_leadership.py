@@ -142,7 +142,9 @@ def test_leader_election_settings_are_read_and_unsafe_ones_refused() -> None:
     )  # fmt: skip
     assert s.lease == Durations(6, 4, 0.5) and not s.leader_election
     assert (s.identity, s.lease_name, s.lease_namespace) == ("pod-1", "l", "ops")
-    with pytest.raises(ValueError, match="DDP_RENEW_DEADLINE_S=15, DDP_RETRY_PERIOD_S=2: the renew deadline"):
+    with pytest.raises(
+        ValueError, match="DDP_RENEW_DEADLINE_S=15, DDP_RETRY_PERIOD_S=2: the renew deadline"
+    ):
         Settings.from_env({"DDP_RENEW_DEADLINE_S": "15"})
     with pytest.raises(ValueError, match="DDP_LEADER_ELECTION='maybe' must be true or false"):
         Settings.from_env({"DDP_LEADER_ELECTION": "maybe"})
