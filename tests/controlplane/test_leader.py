@@ -150,9 +150,12 @@ def pods_created(log: list[Request]) -> Counter[str]:
     )
 
 
-def test_a_killed_leader_s_standby_acts_within_the_lease_and_creates_nothing_twice(
+def test_a_killed_leader_s_standby_acts_within_the_lease_a_stopped_one_s_at_once(
     control_plane: ControlPlane, replicas: Callable[..., OperatorProcess]
 ) -> None:
+    """SIGKILL (a crash, a lost machine): the Lease is taken once it has not been renewed for
+    its duration. SIGTERM (a rolling update): it is released, and taken at the next read. In
+    both, the old leader's writes all precede the new one's, and no pod is created twice."""
     cp = control_plane
     since = dt.datetime.now(dt.UTC)
     a = replicas("a")
@@ -183,6 +186,25 @@ def test_a_killed_leader_s_standby_acts_within_the_lease_and_creates_nothing_twi
     }  # fmt: skip
     second = [r for r in log if r.name == "warm-node-1" and r.verb == "create" and r.code == 201]
     assert second[-1].by(b)
+
+    # The first replica comes back (same identity, as a restarted container): it stands by.
+    # Then the leader is stopped gracefully (a rolling update): it releases the Lease, and
+    # the standby takes it at its next read instead of after the lease.
+    a.start()
+    one_leads(cp, b, a)
+    since = dt.datetime.now(dt.UTC)
+    stopping = time.monotonic()
+    b.stop()
+    until("a leads again", lambda: holder(cp) == a.identity and leads(a) == 1, LEASE_S)
+    took = time.monotonic() - stopping
+    print(f"leader stopped gracefully -> the standby leads: {took:.1f}s")
+    assert took < LEASE_S  # released, not expired
+    uid = c.workers("warm")["warm-node-0"]["metadata"]["uid"]
+    c.k("delete", "pod", "warm-node-0", "--wait=false")
+    c.until("warm-node-0 replaced by a", replaced(c, "warm-node-0", uid))
+    log = [r for r in requests(cp, since) if r.write and r.resource != "leases"]
+    before, after = [r.at for r in log if r.by(b)], [r.at for r in log if r.by(a)]
+    assert after and (not before or max(before) < min(after)), (before, after)
 
 
 def test_a_leader_whose_renewals_are_refused_stops_before_its_standby_takes_over(
