@@ -175,8 +175,8 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_
         off.extend(victims)
         t0 = time.monotonic()
         with ThreadPoolExecutor(len(victims)) as pool:  # together
-            for done in [pool.submit(kind.power_off, m) for m in victims]:
-                done.result()
+            for stopping in [pool.submit(kind.power_off, m) for m in victims]:
+                stopping.result()
         folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
         (folder / "release-step-00000020").touch()
 
