@@ -714,6 +714,13 @@ class Progress(_Model):
         description="Set while training is paused after this step by spec.trainer.holdAtSteps,"
         " until the file release-step-NNNNNNNN appears in the checkpoint folder.",
     )
+    estimated_remaining_seconds: int | None = Field(
+        default=None,
+        description="Seconds until totalSteps at the pace between rank 0's last two reports"
+        " (steps per second), as of updatedAt. Computed by the operator, not reported; unset"
+        " before the second report, while held, and when the step did not advance (a resume"
+        " from a checkpoint).",
+    )
 
 
 class DDPJobStatus(_Model):

@@ -40,7 +40,21 @@ def progress_line(progress: Mapping[str, Any]) -> str:
     if sps is not None:
         parts.append(f"{float(sps):6.0f} samples/s")
     parts.append(f"(world size {progress.get('worldSize', '?')})")
+    eta = progress.get("estimatedRemainingSeconds")
+    if eta is not None:
+        parts.append(f"ETA {duration(int(eta))}")
     return " ".join(parts)
+
+
+def duration(seconds: int) -> str:
+    """``42s``, ``5m07s``, ``3h05m``: the time left, as a person reads it."""
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 def said(status: Mapping[str, Any]) -> tuple[str, str]:

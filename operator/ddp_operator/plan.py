@@ -313,7 +313,8 @@ def plan(
     ``pending`` names pods created moments ago that the watch has not shown yet; ``admission``
     is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual);
     ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
-    into ``status.progress`` when it differs.
+    into ``status.progress`` with the time it estimates is left
+    (:func:`ddp_operator.reports.remaining_seconds`) when it differs.
     ``completion_grace_s`` is how long the other nodes get once one has finished training;
     ``machines`` are the cluster's Nodes by name (None: not known), whose pods are deleted at
     once when ``node_lost_grace_s`` have passed since they stopped being Ready.
@@ -323,10 +324,11 @@ def plan(
     st.restarts = int(status.get("restarts") or 0)
     st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
     st.new["selector"] = selector(st.name)
-    if progress is not None and reports.without_unset(progress) != reports.without_unset(
-        status.get("progress")
-    ):
-        st.new["progress"] = dict(progress)  # None values: fields the merge patch removes
+    if progress is not None:
+        shown = status.get("progress")
+        progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
+        if reports.without_unset(progress) != reports.without_unset(shown):
+            st.new["progress"] = progress  # None values: fields the merge patch removes
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:

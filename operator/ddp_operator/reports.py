@@ -24,7 +24,8 @@ MAX_TEXT = 253
 INTEGERS = ("epoch", "step", "totalSteps", "worldSize", "heldAtStep")
 NUMBERS = ("loss", "samplesPerSecond")
 TEXTS = ("lastCheckpoint", "updatedAt")
-FIELDS = INTEGERS + NUMBERS + TEXTS  # the fields of api.Progress, and no others
+FIELDS = INTEGERS + NUMBERS + TEXTS  # the fields of api.Progress that a record may carry
+ETA = "estimatedRemainingSeconds"  # the field of api.Progress that the operator computes
 
 
 @dataclass(frozen=True)
@@ -131,3 +132,22 @@ def parse(record: Record) -> dict[str, Any]:
 def without_unset(progress: Mapping[str, Any] | None) -> dict[str, Any]:
     """Progress as the API server stores it: unset fields absent."""
     return {k: v for k, v in (progress or {}).items() if v is not None}
+
+
+def remaining_seconds(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> int | None:
+    """The seconds a run needs until ``totalSteps`` at the pace between two reports (``previous``,
+    what ``status.progress`` holds, and ``new``, a parsed record): None where they give no pace
+    (no previous report, the step or the time did not advance: a hold, a resume from a
+    checkpoint, a report repeated), or no total. The same report seen again keeps its value."""
+    previous = previous or {}
+    step, total, at = new.get("step"), new.get("totalSteps"), new.get("updatedAt")
+    before, then = previous.get("step"), previous.get("updatedAt")
+    if (step, at) == (before, then):
+        value = previous.get(ETA)
+        return value if isinstance(value, int) else None
+    if None in (step, total, at, before, then) or new.get("heldAtStep") is not None:
+        return None
+    seconds = parse_rfc3339(at).timestamp() - parse_rfc3339(then).timestamp()
+    if step <= before or seconds <= 0:
+        return None
+    return round((total - step) * seconds / (step - before))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddp_api.contract import parse_run_log
 from ddp_client.curves import curves
-from ddp_client.live import LiveView, exit_code, progress_line
+from ddp_client.live import LiveView, duration, exit_code, progress_line
 from ddp_client.loglines import (
     LiveMerge,
     LogLine,
@@ -34,6 +34,10 @@ def test_progress_line_and_live_view_come_from_status_progress() -> None:
     assert line.startswith("[" + "#" * 15 + "-" * 15 + "]")
     assert "epoch 1 step 33/66 loss 0.5123    140 samples/s (world size 2)" in line
     assert progress_line({}) == "[" + "-" * 30 + "] epoch ? step 0/? (world size ?)"
+    assert progress_line({**progress, "estimatedRemainingSeconds": 307}).endswith(
+        "(world size 2) ETA 5m07s"
+    )
+    assert [duration(s) for s in (42, 60, 11045)] == ["42s", "1m00s", "3h04m"]
 
     out: list[str] = []
     view = LiveView(out.append)

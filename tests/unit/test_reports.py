@@ -46,6 +46,7 @@ def test_a_good_record_is_kept_whole_and_missing_fields_are_unset() -> None:
     ("text", "why"),
     [
         ('{"phase": "Succeeded"}', "phase is not a field of status.progress"),
+        ('{"estimatedRemainingSeconds": 1}', "estimatedRemainingSeconds is not a field"),
         ('{"step": 3, "conditions": [], "restarts": 0}', "conditions, restarts are not fields"),
         ('{"loss": NaN}', "NaN is not a number JSON allows"),
         ('{"loss": Infinity}', "Infinity is not a number JSON allows"),
@@ -101,6 +102,27 @@ def test_the_planner_copies_a_changed_record_and_removes_what_it_unsets() -> Non
         {"phase": "Running", "progress": reports.without_unset(GOOD)}, GOOD
     )
     assert "progress" not in planned(status, None)
+
+
+def test_the_time_left_is_the_pace_between_the_last_two_reports() -> None:
+    later = {**GOOD, "step": 40, "updatedAt": "2026-11-24T10:00:20Z"}  # 10 steps in 20 s
+    assert reports.remaining_seconds(GOOD, later) == 96  # 48 steps left at 0.5 steps/s
+    assert reports.remaining_seconds(None, later) is None  # the first report: no pace yet
+    shown = {**reports.without_unset(later), reports.ETA: 96}
+    assert reports.remaining_seconds(shown, later) == 96  # the same report again
+    resumed = {**GOOD, "step": 28, "updatedAt": "2026-11-24T10:01:00Z"}  # from a checkpoint
+    assert reports.remaining_seconds(shown, resumed) is None
+    held = {**later, "step": 44, "heldAtStep": 44, "updatedAt": "2026-11-24T10:00:30Z"}
+    assert reports.remaining_seconds(shown, held) is None
+    assert reports.remaining_seconds(GOOD, {**later, "totalSteps": None}) is None
+
+
+def test_the_planner_writes_the_time_left_with_the_record() -> None:
+    later = {**GOOD, "step": 40, "updatedAt": "2026-11-24T10:00:20Z"}
+    status = {"phase": "Running", "progress": reports.without_unset(GOOD)}
+    assert planned(status, later)["progress"][reports.ETA] == 96
+    shown = {"phase": "Running", "progress": {**reports.without_unset(later), reports.ETA: 96}}
+    assert "progress" not in planned(shown, later)  # nothing new: no write
 
 
 def pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
