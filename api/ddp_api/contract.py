@@ -33,6 +33,8 @@ ENV_POD_IP = "POD_IP"  # the pod's IP (fieldRef status.podIP): IPv6 in an IPv6-o
 ENV_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
 ENV_TRAINER_CONFIG = "DDP_TRAINER_CONFIG"  # spec.trainer as a JSON object
 ENV_PROGRESS_INTERVAL = "DDPJOB_PROGRESS_INTERVAL_S"  # optional: seconds between reports
+# spec.progressDeadlineSeconds ("" when unset: the default rule); workers write their stacks first
+ENV_PROGRESS_DEADLINE = "DDPJOB_PROGRESS_DEADLINE_S"
 
 # The trainer's Prometheus endpoint (`spec.trainer.metricsPort`): the name of the container port
 # the operator declares for it (what a PodMonitor selects), and the port when unset.

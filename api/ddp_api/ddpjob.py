@@ -600,6 +600,19 @@ class DDPJobSpec(_Model):
         description="Seconds after the job starts before it is stopped and Failed, whatever"
         " its progress. At least 1; default: no deadline.",
     )
+    progress_deadline_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds a Running job, all of its pods ready, may go without a training"
+        " step (status.progress.step unchanged, counted from its last change or from when the"
+        " job became Running) before it is restarted with reason Stalled: a deadlocked"
+        " collective, a stuck data loader, a hang no timeout catches. Before that, each"
+        " bundled-trainer worker writes every thread's Python stack to its log. A stall is a"
+        " disruption; a second one at the same step counts against backoffLimit. Not counted"
+        " while held (spec.trainer.holdAtSteps), after the last step, or before a job of your"
+        " own command first reports progress. 0 turns it off; default: the larger of 600 and"
+        " 10 times the step time of the last two reports.",
+    )
     startup_deadline_seconds: int = Field(
         default=300,
         ge=1,
@@ -796,6 +809,17 @@ class DDPJobStatus(_Model):
         json_schema_extra={"format": "date-time"},
         description="When the operator last counted a disruption (RFC 3339); failures of older"
         " pods soon after it are its consequences, not failures of their own.",
+    )
+    last_step_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the operator last saw status.progress.step change (RFC 3339): the"
+        " progress deadline counts from it.",
+    )
+    stalled_at_step: int | None = Field(
+        default=None,
+        description="The step of the last restart for a stall: a second stall there counts"
+        " against backoffLimit.",
     )
     queue: str | None = Field(
         default=None,

@@ -73,6 +73,9 @@ COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
 NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
 SILENCE_FLOOR_S = 20.0  # a machine is silent after two missed Lease renewals at the least
 STALLED_S = 10.0  # the operator's own silence watch this late: it was stopped, not they
+PROGRESS_DEADLINE_FLOOR_S = 600.0  # spec.progressDeadlineSeconds unset: at least this ...
+STEP_TIMES_PER_DEADLINE = 10  # ... or this many of the recent step time, whichever is longer
+STALLED = "Stalled"  # the reason of a restart for a job whose step stopped moving
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
@@ -329,6 +332,8 @@ def plan(
         progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
         if reports.without_unset(progress) != reports.without_unset(shown):
             st.new["progress"] = progress  # None values: fields the merge patch removes
+        if progress.get("step") != (shown or {}).get("step"):
+            st.new["lastStepTime"] = rfc3339(now)  # the progress deadline counts from here
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:
@@ -356,6 +361,9 @@ def plan(
     failed = _failures(st)
     if failed is not None:
         return failed
+    stalled_ = _stalled(st, prev_phase)
+    if stalled_ is not None:
+        return stalled_
     found = _diagnosed(st)
     if found is not None and found.fails_in is not None:
         if found.fails_in <= 0:
@@ -784,6 +792,88 @@ def _failures(st: _State) -> Plan | None:
     return None
 
 
+def progress_deadline_s(spec_s: int | None, progress: Mapping[str, Any] | None) -> float:
+    """How long a Running job may go without a step (0: no limit): ``spec_s`` when set, else
+    :data:`PROGRESS_DEADLINE_FLOOR_S` or :data:`STEP_TIMES_PER_DEADLINE` step times, the step
+    time read from the time left for the steps left (the pace of the last two reports)."""
+    if spec_s is not None:
+        return float(spec_s)
+    p = progress or {}
+    eta, step, total = p.get(reports.ETA), p.get("step"), p.get("totalSteps")
+    step_s = 0.0
+    if eta is not None and step is not None and total is not None and total > step:
+        step_s = eta / (total - step)
+    return max(PROGRESS_DEADLINE_FLOOR_S, STEP_TIMES_PER_DEADLINE * step_s)
+
+
+def _stalled(st: _State, prev_phase: str) -> Plan | None:
+    """Restarts a job that was Running with every node ready and whose step has not moved for
+    its progress deadline (:func:`progress_deadline_s`), counted from the step's last change or
+    from when the job became Running, whichever is later: every node pod is deleted (the store
+    stays) and recreated. The first stall at a step is a disruption; another at the same step
+    (it hangs where it hung) is a failure, against backoffLimit. Not while held, after the
+    last step, or before a job of the user's own command has reported progress."""
+    s = st.job.spec
+    progress = st.new.get("progress") or st.status.get("progress")
+    deadline = progress_deadline_s(s.progress_deadline_seconds, progress)
+    if not deadline or prev_phase != DDPJobPhase.RUNNING:
+        return None
+    if st.status.get("reason") != "AllNodesRunning":
+        return None
+    if progress is None and not render.reports_progress(st.job):
+        return None
+    p = progress or {}
+    step, total = p.get("step"), p.get("totalSteps")
+    if p.get("heldAtStep") is not None or (
+        step is not None and total is not None and step >= total
+    ):
+        return None
+    workers = [x for x in st.workers if not x.deleting and not x.done]
+    if len([x for x in workers if x.ready and x.index < s.nodes]) < s.nodes:
+        return None
+    stamps = [
+        parse_rfc3339(st.new.get("lastStepTime") or st.status.get("lastStepTime")),
+        parse_rfc3339(_condition(st.status, DDPJobPhase.RUNNING).get("lastTransitionTime")),
+    ]
+    since = max((t for t in stamps if t is not None), default=None)
+    if since is None:
+        return None
+    quiet_s = (st.now - since).total_seconds()
+    if quiet_s < deadline:
+        st.plan.requeue(deadline - quiet_s)
+        return None
+    st.delete(workers)
+    at = "before the first step" if step is None else f"at step {step}"
+    setting = "progressDeadlineSeconds" + (
+        " (default)" if s.progress_deadline_seconds is None else ""
+    )
+    what = (
+        f"no training step for {quiet_s:.0f}s {at} ({setting} {deadline:.0f}): deleting the"
+        " node pods and recreating them (each bundled-trainer worker wrote every thread's stack"
+        " to its log)"
+    )
+    again = step is not None and st.status.get("stalledAtStep") == step
+    st.new["stalledAtStep"] = step
+    if not again:
+        n = _count_disruption(st)
+        message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
+        st.plan.warn(STALLED, message)
+        return st.result(DDPJobPhase.RESTARTING, STALLED, message)
+    st.restarts += 1
+    st.new["lastFailureTime"] = rfc3339(st.now)
+    if st.restarts > s.backoff_limit:
+        return st.finish(
+            DDPJobPhase.FAILED,
+            STALLED,
+            f"{what}; stalled at this step before, and the job already used its backoffLimit"
+            f" of {s.backoff_limit} restarts",
+        )
+    message = f"{what}; stalled at this step before: restart {st.restarts} of backoffLimit"
+    message += f" {s.backoff_limit}"
+    st.plan.warn(STALLED, message)
+    return st.result(DDPJobPhase.RESTARTING, STALLED, message)
+
+
 def _all_present(workers: list[PodView], nodes: int) -> bool:
     """Every index below spec.nodes has a pod that is not being deleted."""
     return {x.index for x in workers if not x.deleting} >= set(range(nodes))
@@ -863,7 +953,7 @@ def _progress_phase(
             reason, message = st.cause[0], f"{st.cause[1]}; {message}"
         elif "lastFailureTime" not in st.new:  # still restarting: what was said stays
             said = _condition(st.status, DDPJobPhase.RESTARTING)
-            if said.get("reason") in diagnosis.COUNTED_REASONS:
+            if said.get("reason") in diagnosis.COUNTED_REASONS or said.get("reason") == STALLED:
                 reason, message = said["reason"], said.get("message") or message
         return DDPJobPhase.RESTARTING, reason, message
     if len(running) == s.nodes and not scaling_down:

@@ -236,6 +236,10 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _or_empty(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
 def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, Any]]:
     s = job.spec
     ns, name, uid = job_key(job)
@@ -259,6 +263,12 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         {"name": contract.ENV_JOB_NAME, "value": name},
         {"name": contract.ENV_JOB_NAMESPACE, "value": ns},
         {"name": contract.ENV_NODE_INDEX, "value": str(index)},
+        {
+            "name": contract.ENV_PROGRESS_DEADLINE,
+            "value": ""
+            if s.progress_deadline_seconds is None
+            else str(s.progress_deadline_seconds),
+        },
         _field_env("POD_NAME", "metadata.name"),
         _field_env(contract.ENV_POD_IP, "status.podIP"),
     ]
