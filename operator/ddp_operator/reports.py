@@ -145,9 +145,10 @@ def remaining_seconds(previous: Mapping[str, Any] | None, new: Mapping[str, Any]
     if (step, at) == (before, then):
         value = previous.get(ETA)
         return value if isinstance(value, int) else None
-    if None in (step, total, at, before, then) or new.get("heldAtStep") is not None:
+    now_at, then_at = parse_rfc3339(at), parse_rfc3339(then)
+    if step is None or total is None or before is None or now_at is None or then_at is None:
         return None
-    seconds = parse_rfc3339(at).timestamp() - parse_rfc3339(then).timestamp()
-    if step <= before or seconds <= 0:
+    seconds = (now_at - then_at).total_seconds()
+    if new.get("heldAtStep") is not None or step <= before or seconds <= 0:
         return None
     return round((total - step) * seconds / (step - before))
