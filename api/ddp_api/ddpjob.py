@@ -736,6 +736,35 @@ class Progress(_Model):
     )
 
 
+class Incident(_Model):
+    """Something that stopped training, and what it cost (status.incidents)."""
+
+    kind: str = Field(
+        description="Failure, Disruption, NodeLost, Stalled, StoreLost or Resize: what the"
+        " operator counted (the Event of the same time says more)."
+    )
+    detected_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When the operator counted it (RFC 3339).",
+    )
+    at_step: int | None = Field(
+        default=None, description="The step the job had reported when it was detected."
+    )
+    resumed_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When rank 0 next reported a step: training went on (unset while open).",
+    )
+    resumed_step: int | None = Field(default=None, description="The step of that report.")
+    seconds: float | None = Field(
+        default=None, description="From detectedAt to resumedAt: the training time it stopped."
+    )
+    steps_redone: int | None = Field(
+        default=None,
+        description="Steps trained again after it (from the checkpoint resumed up to atStep).",
+    )
+
+
 class DDPJobStatus(_Model):
     """What the operator observed; written only by the operator."""
 
@@ -809,6 +838,20 @@ class DDPJobStatus(_Model):
         json_schema_extra={"format": "date-time"},
         description="When the operator last counted a disruption (RFC 3339); failures of older"
         " pods soon after it are its consequences, not failures of their own.",
+    )
+    incidents: list[Incident] | None = Field(
+        default=None,
+        description="The newest 10 incidents (failures, disruptions, lost machines, stalls,"
+        " resizes) with when each was detected, when training went on, and the steps redone.",
+    )
+    kept_seconds: float | None = Field(
+        default=None,
+        description="Time spent in training steps that were kept (not redone after an incident).",
+    )
+    goodput: float | None = Field(
+        default=None,
+        description="keptSeconds over the wall time since startTime, as of the last report: the"
+        " share of the job's time that trained (0 to 1).",
     )
     last_step_time: str | None = Field(
         default=None,

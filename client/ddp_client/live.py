@@ -57,6 +57,18 @@ def duration(seconds: int) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def incident_line(incident: Mapping[str, Any]) -> str:
+    """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)``"""
+    at = incident.get("atStep")
+    where = f" at step {at}" if at is not None else ""
+    seconds = incident.get("seconds")
+    after = f" after {float(seconds):.0f}s" if seconds is not None else ""
+    cost = f"step {incident.get('resumedStep', '?')}"
+    if incident.get("stepsRedone") is not None:
+        cost += f", {incident['stepsRedone']} steps redone"
+    return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
+
+
 def said(status: Mapping[str, Any]) -> tuple[str, str]:
     """(reason, message) of the condition of the job's current phase."""
     phase = status.get("phase")
@@ -71,7 +83,8 @@ class LiveView:
     reason line when the reason or message of the phase's condition changes within a phase
     (``reason ImagePullFailed: ...``), a progress line when what it shows of
     ``status.progress`` changes (a report that changes only ``updatedAt`` or
-    ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
+    ``lastCheckpoint`` adds none), and an incident line as each incident of
+    ``status.incidents`` closes, with what it cost. On a TTY, progress redraws one line."""
 
     def __init__(self, write: Callable[[str], None], tty: bool = False, indent: str = "  "):
         self.write, self.tty, self.indent = write, tty, indent
@@ -79,6 +92,7 @@ class LiveView:
         self.said: tuple[str, str] = ("", "")  # the phase's reason and message shown
         self.shown: str | None = None  # the last progress line
         self.lines = 0  # progress lines shown
+        self.incidents: set[tuple[str, str]] = set()  # (kind, detectedAt) of those shown
         self._open = False  # a TTY line waiting for its newline
 
     def _end_line(self) -> None:
@@ -98,6 +112,12 @@ class LiveView:
             self._end_line()
             self.write(f"{self.indent}reason {reason}" + (f": {message}" if message else "") + "\n")
             self.said = now
+        for incident in status.get("incidents") or []:
+            key = (str(incident.get("kind")), str(incident.get("detectedAt")))
+            if "resumedAt" in incident and key not in self.incidents:
+                self.incidents.add(key)
+                self._end_line()
+                self.write(f"{self.indent}{incident_line(incident)}\n")
         progress = status.get("progress") or {}
         line = progress_line(progress) if progress else None
         if line and line != self.shown:  # a new report that shows nothing new is no new line

@@ -97,6 +97,7 @@ class Actions:
                 self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()
+        self.metrics.incidents_closed(p.closed)
         if p.delete_job:
             await self.api.must("DELETE", job_path + "?propagationPolicy=Background", ok=(404,))
             self.written.pop(uid, None)

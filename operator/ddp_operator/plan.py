@@ -63,7 +63,7 @@ from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, DDPJobSpec, Res
 from ddp_api.metav1 import transition_time
 from ddp_api.pods import selector
 
-from . import diagnosis, queueing, render, reports
+from . import diagnosis, incidents, queueing, render, reports
 
 HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
@@ -175,6 +175,7 @@ class Plan:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
     delete_job: bool = False
     requeue_after: float | None = None
+    closed: list[dict[str, Any]] = field(default_factory=list)  # incidents a report closed
 
     def warn(self, reason: str, text: str) -> None:
         self.events.append(("Warning", reason, text))
@@ -334,6 +335,9 @@ def plan(
             st.new["progress"] = progress  # None values: fields the merge patch removes
         if progress.get("step") != (shown or {}).get("step"):
             st.new["lastStepTime"] = rfc3339(now)  # the progress deadline counts from here
+        if progress.get("updatedAt") != (shown or {}).get("updatedAt"):  # a new report
+            changes, st.plan.closed = incidents.account(status, shown, progress)
+            st.new.update(changes)
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:
@@ -637,8 +641,14 @@ def _what(
     return f"failed ({x.reason or 'no exit code'})"
 
 
-def _count_disruption(st: _State) -> int:
-    """One more disruption in the status; returns how many there have been."""
+def _incident(st: _State, kind: str) -> None:
+    """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""
+    st.new["incidents"] = incidents.open_incident(st.status, st.new, kind, rfc3339(st.now))
+
+
+def _count_disruption(st: _State, kind: str = "Disruption") -> int:
+    """One more disruption in the status, and its incident; returns how many there have been."""
+    _incident(st, kind)
     n = int(st.new.get("disruptions") or st.status.get("disruptions") or 0) + 1
     st.new["disruptions"] = n
     st.new["lastDisruptionTime"] = rfc3339(st.now)
@@ -718,9 +728,10 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
             " deleted at once, recreated elsewhere"
         )
         if x.role == render.ROLE_STORE:
+            _incident(st, "StoreLost")
             st.plan.warn("StoreLost", f"{what} (no restart counted)")
         else:
-            n = _count_disruption(st)
+            n = _count_disruption(st, "NodeLost")
             st.plan.warn("NodeLost", f"{what} (disruption {n}; not against backoffLimit)")
         said.append(what)
     return "; ".join(said)
@@ -765,6 +776,7 @@ def _failures(st: _State) -> Plan | None:
         if failed:
             st.delete([x])
         if x.role == render.ROLE_STORE:
+            _incident(st, "StoreLost")
             st.plan.warn(
                 "StoreLost",
                 f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
@@ -776,6 +788,7 @@ def _failures(st: _State) -> Plan | None:
         st.restarts += 1
         last = st.now
         st.new["lastFailureTime"] = rfc3339(st.now)
+        _incident(st, "Failure")
         if st.restarts > s.backoff_limit:
             return st.finish(
                 DDPJobPhase.FAILED,
@@ -855,12 +868,13 @@ def _stalled(st: _State, prev_phase: str) -> Plan | None:
     again = step is not None and st.status.get("stalledAtStep") == step
     st.new["stalledAtStep"] = step
     if not again:
-        n = _count_disruption(st)
+        n = _count_disruption(st, STALLED)
         message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
         st.plan.warn(STALLED, message)
         return st.result(DDPJobPhase.RESTARTING, STALLED, message)
     st.restarts += 1
     st.new["lastFailureTime"] = rfc3339(st.now)
+    _incident(st, STALLED)
     if st.restarts > s.backoff_limit:
         return st.finish(
             DDPJobPhase.FAILED,
@@ -890,6 +904,9 @@ def _converge(
     what ``found`` is while pods show it."""
     wait, extra = _create_and_scale(st, cfg, backoff_base_s)
     phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
+    resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
+    if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and resized:
+        _incident(st, "Resize")  # torchrun restarts every worker for the new membership
     if found is not None:
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile

@@ -697,6 +697,21 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.k("delete", "pod", "metered-node-1")
     c.until("a restart", lambda: c.status("metered").get("restarts") == 1 or None)
     c.running("metered", 2)
+    (incident,) = c.status("metered")["incidents"]
+    assert incident["kind"] == "Failure" and incident["atStep"] == 1 and "resumedAt" not in incident
+    # Rank 0's first report after the restart closes it with what it cost.
+    detected = dt.datetime.strptime(incident["detectedAt"], "%Y-%m-%dT%H:%M:%SZ")
+    resumed = (detected + dt.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    c.report("metered", {"step": 1, "totalSteps": 10, "updatedAt": resumed})
+    closed = c.until(
+        "the incident closed",
+        lambda: (i := c.status("metered")["incidents"][0]).get("resumedAt") == resumed and i,
+    )
+    assert closed["seconds"] == 2.0 and closed["stepsRedone"] == 1
+    c.until(
+        "its cost observed", lambda: delta("ddp_operator_recovery_seconds_count", kind="Failure")
+    )
+    assert delta("ddp_operator_steps_redone_sum", kind="Failure") == 1
     c.exit("metered-node-0", 0)
     c.exit("metered-node-1", 0)
     c.phase("metered", "Succeeded")
@@ -711,7 +726,8 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     assert delta("ddp_operator_reconcile_duration_seconds_count") >= 3
     assert ("ddp_operator_workqueue_depth", ()) in after
     assert all(
-        set(dict(labels)) <= {"namespace", "phase", "reason", "code", "le"} for _, labels in after
+        set(dict(labels)) <= {"namespace", "phase", "reason", "code", "kind", "le"}
+        for _, labels in after
     )
 
 

@@ -185,3 +185,18 @@ def test_curves_take_loss_and_lr_by_step_the_last_line_of_a_replayed_step_winnin
     assert c.loss == [(1, 2.3), (2, 2.0), (3, 1.8), (4, 1.7)]
     assert c.lr == [(1, 0.001), (2, 0.002), (3, 0.003)]
     assert not c.empty and curves([{"event": "start"}]).empty
+
+
+def test_the_live_view_says_each_incident_once_when_it_closes() -> None:
+    out: list[str] = []
+    view = LiveView(out.append)
+    lost = {"kind": "NodeLost", "detectedAt": "2026-11-26T10:05:10Z", "atStep": 40}
+    view({"phase": "Restarting", "incidents": [lost]})  # open: nothing yet
+    closed = {**lost, "resumedAt": "2026-11-26T10:05:41Z", "seconds": 31.0}
+    closed |= {"resumedStep": 36, "stepsRedone": 5}
+    view({"phase": "Running", "incidents": [closed]})
+    view({"phase": "Running", "incidents": [closed]})
+    said = [line.strip() for line in out if "incident" in line]
+    assert said == [
+        "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)"
+    ]
