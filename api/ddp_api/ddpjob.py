@@ -604,13 +604,14 @@ class DDPJobSpec(_Model):
         default=None,
         ge=0,
         description="Seconds a Running job, all of its pods ready, may go without a training"
-        " step (status.progress.step unchanged, counted from its last change or from when the"
-        " job became Running) before it is restarted with reason Stalled: a deadlocked"
+        " step (status.progress.step unchanged, counted from rank 0's last report of a new step"
+        " or its first report since the job became Running: until then it is starting) before"
+        " it is restarted with reason Stalled: a deadlocked"
         " collective, a stuck data loader, a hang no timeout catches. Before that, each"
         " bundled-trainer worker writes every thread's Python stack to its log. A stall is a"
         " disruption; a second one at the same step counts against backoffLimit. Not counted"
-        " while held (spec.trainer.holdAtSteps), after the last step, or before a job of your"
-        " own command first reports progress. 0 turns it off; default: the larger of 600 and"
+        " while held (spec.trainer.holdAtSteps) or after the last step. 0 turns it off;"
+        " default: the larger of 600 and"
         " 10 times the step time of the last two reports.",
     )
     startup_deadline_seconds: int = Field(

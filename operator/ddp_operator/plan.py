@@ -333,9 +333,11 @@ def plan(
         progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
         if reports.without_unset(progress) != reports.without_unset(shown):
             st.new["progress"] = progress  # None values: fields the merge patch removes
-        if progress.get("step") != (shown or {}).get("step"):
+        fresh = progress.get("updatedAt") != (shown or {}).get("updatedAt")  # a new report
+        moved = progress.get("step") != (shown or {}).get("step")
+        if moved or (fresh and not _stepped_since_running(status)):
             st.new["lastStepTime"] = rfc3339(now)  # the progress deadline counts from here
-        if progress.get("updatedAt") != (shown or {}).get("updatedAt"):  # a new report
+        if fresh:
             changes, st.plan.closed = incidents.account(status, shown, progress)
             st.new.update(changes)
     prev_phase = status.get("phase") or ""
@@ -819,21 +821,27 @@ def progress_deadline_s(spec_s: int | None, progress: Mapping[str, Any] | None) 
     return max(PROGRESS_DEADLINE_FLOOR_S, STEP_TIMES_PER_DEADLINE * step_s)
 
 
+def _stepped_since_running(status: Mapping[str, Any]) -> bool:
+    """Whether a report came (``lastStepTime``) since the job last became Running."""
+    last = parse_rfc3339(status.get("lastStepTime"))
+    running = parse_rfc3339(_condition(status, DDPJobPhase.RUNNING).get("lastTransitionTime"))
+    return last is not None and (running is None or last >= running)
+
+
 def _stalled(st: _State, prev_phase: str) -> Plan | None:
     """Restarts a job that was Running with every node ready and whose step has not moved for
-    its progress deadline (:func:`progress_deadline_s`), counted from the step's last change or
-    from when the job became Running, whichever is later: every node pod is deleted (the store
-    stays) and recreated. The first stall at a step is a disruption; another at the same step
-    (it hangs where it hung) is a failure, against backoffLimit. Not while held, after the
-    last step, or before a job of the user's own command has reported progress."""
+    its progress deadline (:func:`progress_deadline_s`), counted from rank 0's last report of a
+    new step (or its first report since the job became Running): every node pod is deleted
+    (the store stays) and recreated. Until a report comes after the job became Running, it is
+    starting (loading data, compiling), not stalled. The first stall at a step is a disruption;
+    another at the same step (it hangs where it hung) is a failure, against backoffLimit. Not
+    while held or after the last step."""
     s = st.job.spec
     progress = st.new.get("progress") or st.status.get("progress")
     deadline = progress_deadline_s(s.progress_deadline_seconds, progress)
     if not deadline or prev_phase != DDPJobPhase.RUNNING:
         return None
     if st.status.get("reason") != "AllNodesRunning":
-        return None
-    if progress is None and not render.reports_progress(st.job):
         return None
     p = progress or {}
     step, total = p.get("step"), p.get("totalSteps")
@@ -844,13 +852,11 @@ def _stalled(st: _State, prev_phase: str) -> Plan | None:
     workers = [x for x in st.workers if not x.deleting and not x.done]
     if len([x for x in workers if x.ready and x.index < s.nodes]) < s.nodes:
         return None
-    stamps = [
-        parse_rfc3339(st.new.get("lastStepTime") or st.status.get("lastStepTime")),
-        parse_rfc3339(_condition(st.status, DDPJobPhase.RUNNING).get("lastTransitionTime")),
-    ]
-    since = max((t for t in stamps if t is not None), default=None)
-    if since is None:
+    seen = {**st.status, "lastStepTime": st.new.get("lastStepTime", st.status.get("lastStepTime"))}
+    if not _stepped_since_running(seen):
         return None
+    since = parse_rfc3339(seen["lastStepTime"])
+    assert since is not None  # _stepped_since_running said so
     quiet_s = (st.now - since).total_seconds()
     if quiet_s < deadline:
         st.plan.requeue(deadline - quiet_s)

@@ -304,29 +304,44 @@ def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
 
 def test_a_job_whose_step_stops_moving_is_restarted_as_stalled_then_counted(c: Cluster) -> None:
     """The deadline is turned on once a step has been reported, so the stall begins at a known
-    moment: the first stall at step 5 is a disruption, the next at the same step a restart,
-    and the one after that spends backoffLimit 1."""
+    moment: the first stall at step 5 is a disruption; after each restart rank 0 reports step 5
+    again and hangs there: that stall is a restart, and the next spends backoffLimit 1."""
     c.submit("hung", {"nodes": 2, "backoffLimit": 1, "progressDeadlineSeconds": 0})
     c.running("hung", 2)
-    c.report("hung", {"step": 5, "totalSteps": 100, "updatedAt": "2026-11-26T10:00:00Z"})
+    reports = iter(f"2026-11-26T10:00:0{i}Z" for i in range(5))
+
+    def report_step_5() -> None:  # as a fresh rank 0 that resumed and hangs after step 5
+        c.report("hung", {"step": 5, "totalSteps": 100, "updatedAt": next(reports)})
+
+    def recreated(before: dict[str, str]) -> dict[str, str]:
+        def now() -> dict[str, str] | None:
+            uids = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
+            fresh = uids.keys() == before.keys() and not set(before.values()) & set(uids.values())
+            return uids if fresh else None
+
+        uids = c.until("both node pods recreated", now)
+        c.running("hung", 2)
+        return uids
+
+    report_step_5()
     c.until("step 5", lambda: c.status("hung").get("progress", {}).get("step") == 5 or None)
     first = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
     c.k("patch", "ddpjob", "hung", "--type=merge", "-p", '{"spec":{"progressDeadlineSeconds":2}}')
     status = c.reason("hung", "Stalled")
     assert status["disruptions"] == 1 and status["restarts"] == 0 and status["stalledAtStep"] == 5
-    c.until(
-        "both node pods recreated",
-        lambda: (
-            {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}.keys() == first.keys()
-            and not set(first.values()) & {p["metadata"]["uid"] for p in c.workers("hung").values()}
-        ),
-    )
-    # Running again, and still at step 5: the same stall, now a failure; then the job fails.
+    second = recreated(first)
+    assert c.status("hung")["restarts"] == 0  # no report since Running: starting, not stalled
+    report_step_5()
     c.until("a restart for the second stall", lambda: c.status("hung").get("restarts") == 1 or None)
+    recreated(second)
+    report_step_5()
     done = c.until("Failed", lambda: (s := c.status("hung")).get("phase") == "Failed" and s)
     assert done["reason"] == "Stalled" and done["restarts"] == 2
     stalls = [m for t, r, m in c.events("hung") if t == "Warning" and r == "Stalled"]
-    assert any("no training step for" in m and "at step 5" in m for m in stalls), stalls
+    assert len(stalls) == 3 and all(
+        "no training step for" in m and "at step 5" in m for m in stalls
+    )
+    assert [i["kind"] for i in done["incidents"]] == ["Stalled"] * 3
 
 
 def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None:

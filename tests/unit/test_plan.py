@@ -605,11 +605,20 @@ def test_no_stall_is_said_where_no_step_is_due(change: dict[str, Any], why: str)
     assert p.delete == [] and p.status.get("reason") != "Stalled", why
 
 
-def test_a_job_of_the_users_own_command_has_no_deadline_until_it_reports() -> None:
+def test_a_job_without_a_report_since_it_became_running_is_starting_not_stalled() -> None:
     silent = {k: v for k, v in STEPPING.items() if k not in ("progress", "lastStepTime")}
     own = {"command": ["python", "train.py"], "progressDeadlineSeconds": 60}
     assert stall_plan(silent, **own).delete == []
-    assert stall_plan(silent, progressDeadlineSeconds=60).status["reason"] == "Stalled"
+    assert stall_plan(silent, progressDeadlineSeconds=60).delete == []  # loading its data
+    # The first report after a restart starts the clock even at the step it stalled at.
+    again = {**STEPPING, "lastStepTime": "2026-01-01T10:00:00Z"}  # before it became Running
+    assert stall_plan(again, progressDeadlineSeconds=60).delete == []
+    report = {**STEPPING["progress"], "updatedAt": "2026-01-01T11:59:00Z"}  # the same step 57
+    p = planner.plan(
+        job(progressDeadlineSeconds=60), again, [STORE, pod(0), pod(1)], NOW, CFG,
+        progress=report,
+    )  # fmt: skip
+    assert p.status["lastStepTime"] == "2026-01-01T12:00:00Z"
 
 
 def test_a_new_step_in_a_report_restarts_the_clock() -> None:
