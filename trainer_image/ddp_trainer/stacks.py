@@ -3,7 +3,8 @@ job says where it hung before the operator restarts it for its progress deadline
 (``spec.progressDeadlineSeconds``: a deadlocked collective, a stuck data loader, a hang in the
 user's code that no timeout catches).
 
-Each worker re-arms :func:`faulthandler.dump_traceback_later` after every step: once a step has
+Each worker re-arms :func:`faulthandler.dump_traceback_later` after every step (from the first
+on: the operator's deadline, too, counts from rank 0's first report): once a step has
 taken :data:`BEFORE_DEADLINE` of the deadline, the interpreter's own watchdog thread writes every
 thread's stack to stderr (the pod's log, with torchrun's rank prefix), and again each period
 while the step does not end. The operator restarts the job at the deadline, a quarter of it

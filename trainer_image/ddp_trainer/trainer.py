@@ -152,8 +152,7 @@ class Trainer:
         the same step), a checkpoint, a hold, as due."""
         c, total = self.config, self.parts.total_steps
         self.tally.restart_clock()
-        self.stacks.arm()
-        first = True
+        first = True  # the stacks are armed after it: a first step may compile for minutes
         started = time.perf_counter()  # a step's time includes waiting for its data
         for micro_batches in self._input_steps():
             lr, grad_norm, agreement = self._train_step(micro_batches)
