@@ -868,9 +868,10 @@ def _stalled(st: _State, prev_phase: str) -> Plan | None:
     )
     what = (
         f"no training step for {quiet_s:.0f}s {at} ({setting} {deadline:.0f}): deleting the"
-        " node pods and recreating them (each bundled-trainer worker wrote every thread's stack"
-        " to its log)"
+        " node pods and recreating them"
     )
+    if render.reports_progress(st.job):  # the bundled trainer's workers (ddp_trainer.stacks)
+        what += " (each worker wrote every thread's stack to its log: kubectl ddp logs)"
     again = step is not None and st.status.get("stalledAtStep") == step
     st.new["stalledAtStep"] = step
     if not again:
