@@ -871,7 +871,7 @@ def _stalled(st: _State, prev_phase: str) -> Plan | None:
         " node pods and recreating them"
     )
     if render.reports_progress(st.job):  # the bundled trainer's workers (ddp_trainer.stacks)
-        what += " (each worker wrote every thread's stack to its log: kubectl ddp logs)"
+        what += " (each worker wrote every thread's stack to its log)"
     again = step is not None and st.status.get("stalledAtStep") == step
     st.new["stalledAtStep"] = step
     if not again:
