@@ -24,7 +24,7 @@ POLICIES, BINDINGS = "validatingadmissionpolicies", "validatingadmissionpolicybi
 
 def policy_in_force(policy: Mapping[str, Any]) -> bool:
     """A policy that fails closed: a rule that cannot be evaluated refuses the request."""
-    return (policy.get("spec") or {}).get("failurePolicy", "Fail") == "Fail"
+    return bool((policy.get("spec") or {}).get("failurePolicy", "Fail") == "Fail")
 
 
 def binding_in_force(binding: Mapping[str, Any]) -> bool:
@@ -32,7 +32,7 @@ def binding_in_force(binding: Mapping[str, Any]) -> bool:
     namespace and for every object."""
     spec = binding.get("spec") or {}
     match = spec.get("matchResources") or {}
-    return (
+    return bool(
         spec.get("policyName") == (binding.get("metadata") or {}).get("name")
         and "Deny" in (spec.get("validationActions") or [])
         and not any(

@@ -147,7 +147,8 @@ def order(progress: Mapping[str, Any]) -> tuple[str, int]:
     """How new a valid record is: its ``updatedAt`` (the reporting pod's clock, whole seconds,
     which sorts as text), then its step. Rank 0 may move to another pod (an elastic job), and
     the pod that held it keeps its last record: the newest of a job's records is its progress."""
-    return (progress.get("updatedAt") or "", progress.get("step") or -1)
+    step = progress.get("step")
+    return (progress.get("updatedAt") or "", -1 if step is None else int(step))
 
 
 def older(progress: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:

@@ -15,6 +15,7 @@ import yaml
 from ddp_api.contract import PROGRESS_ANNOTATION
 from ddp_devcluster.plane import binary
 from ddp_operator.crd import crd_yaml
+from ddp_operator.progress_policy import binding_in_force, policy_in_force
 from ddp_operator.render import (
     DEFAULT_TRAINER_POLICY,
     LABEL_JOB,
@@ -222,6 +223,7 @@ def test_the_trainers_policy_speaks_the_operators_names_and_fails_closed() -> No
         assert f"'{PROGRESS_ANNOTATION}'" in rules and f"<= {MAX_RECORD_CHARS}" in rules
         binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        assert policy_in_force(policy) and binding_in_force(binding)  # as the operator sees them
         # The operator may grant that one ClusterRole (bind) and read the policy, not patch pods.
         operator = one(docs, "ClusterRole", "ddp-operator")["rules"]
         bind = {
