@@ -249,13 +249,21 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
         assert c.k("auth", "can-i", verb, *what.split(), who, check=False).strip() == "no"
     # The job made nothing but its pods and Services: the account and its RoleBinding are the
     # namespace's, made at its first job (the ConfigMap is every namespace's CA bundle).
-    made = c.k("get", "serviceaccounts,roles,rolebindings,configmaps", "-o", "name").split()
-    assert sorted(made) == [
+    expected = [
         "configmap/kube-root-ca.crt",
         f"rolebinding.rbac.authorization.k8s.io/{render.PROGRESS_ACCOUNT}",
         "serviceaccount/default",
         f"serviceaccount/{render.PROGRESS_ACCOUNT}",
     ]
+
+    def made() -> list[str]:
+        return sorted(
+            c.k("get", "serviceaccounts,roles,rolebindings,configmaps", "-o", "name").split()
+        )
+
+    c.until("the namespace's objects", lambda: made() == expected or None)
+    time.sleep(1)  # nothing more comes
+    assert made() == expected
 
 
 def test_user_overrides_and_own_command_are_merged_into_the_pods(c: Cluster) -> None:
