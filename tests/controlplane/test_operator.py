@@ -249,12 +249,14 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
         assert c.k("auth", "can-i", verb, *what.split(), who, check=False).strip() == "no"
     # The job made nothing but its pods and Services: the account and its RoleBinding are the
     # namespace's, made at its first job (the ConfigMap is every namespace's CA bundle).
-    expected = [
-        "configmap/kube-root-ca.crt",
-        f"rolebinding.rbac.authorization.k8s.io/{render.PROGRESS_ACCOUNT}",
-        "serviceaccount/default",
-        f"serviceaccount/{render.PROGRESS_ACCOUNT}",
-    ]
+    expected = sorted(
+        [
+            "configmap/kube-root-ca.crt",
+            f"rolebinding.rbac.authorization.k8s.io/{render.PROGRESS_ACCOUNT}",
+            "serviceaccount/default",
+            f"serviceaccount/{render.PROGRESS_ACCOUNT}",
+        ]
+    )
 
     def made() -> list[str]:
         return sorted(
@@ -740,7 +742,7 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.running("metered", 2)
     running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
     assert scrape(c.op.metrics_url)[running] == 1
-    c.report("metered", {"step": 1, "totalSteps": 10})  # rank 0's first step, as it reports it
+    c.report_in_pod("metered-node-0", {"step": 1, "totalSteps": 10})  # rank 0's first step
     c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
     c.k("delete", "pod", "metered-node-1")
     c.until("a restart", lambda: c.status("metered").get("restarts") == 1 or None)

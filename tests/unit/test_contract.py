@@ -131,13 +131,17 @@ def test_the_trainer_patches_its_own_pods_annotation_which_the_operator_reads() 
     pod["metadata"]["annotations"].update(pod_patch(sent)["metadata"]["annotations"])
     record = plan.view(pod).progress
     assert record is not None and record.owner == "u-1" and reports.parse(record) == sent
-    # The namespace's account is bound to the chart's ClusterRole of the same name.
-    account, binding = render.render_namespace_trainer("team")
+    # The namespace's account is bound to the chart's ClusterRole (the release's name).
+    account, binding = render.render_namespace_trainer("team", "r-trainer-progress")
+    assert account["metadata"]["name"] == render.PROGRESS_ACCOUNT
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "team"}
+        {"kind": "ServiceAccount", "name": render.PROGRESS_ACCOUNT, "namespace": "team"}
     ]
-    assert binding["roleRef"]["kind"] == "ClusterRole"
-    assert binding["roleRef"]["name"] == account["metadata"]["name"] == render.PROGRESS_ACCOUNT
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "r-trainer-progress",
+    }
 
 
 def test_where_the_policy_is_not_seen_the_trainer_patches_the_configmap_its_pod_may_patch() -> None:
