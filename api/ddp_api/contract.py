@@ -41,10 +41,18 @@ ENV_PROGRESS_DEADLINE = "DDPJOB_PROGRESS_DEADLINE_S"
 METRICS_PORT_NAME = "metrics"
 DEFAULT_METRICS_PORT = 9400
 
-# Rank 0 reports progress into a ConfigMap of its own job, never into the DDPJob: the operator
-# validates the record and copies it into ``status.progress`` (the only writer of a status). The
-# pod's ServiceAccount may patch this one ConfigMap and nothing else (docs/design.md, Security).
-PROGRESS_KEY = "progress"  # the ConfigMap's data key: one JSON object, the fields of Progress
+# Rank 0 reports progress, never into the DDPJob: the operator validates the record and copies
+# it into ``status.progress`` (the only writer of a status). Where it writes is
+# ``ENV_PROGRESS_INTO``: ``pod``, the annotation ``PROGRESS_ANNOTATION`` of its own pod (the pod
+# whose name is ``ENV_POD_NAME``), the one change an admission policy lets the namespace's
+# trainer account make; or ``configmap`` (also when unset: pods of earlier releases), the data
+# key ``PROGRESS_KEY`` of the job's ConfigMap ``<job>-progress``, the one object the job's own
+# account may patch (docs/design.md, Security).
+ENV_PROGRESS_INTO = "DDPJOB_PROGRESS_INTO"
+PROGRESS_INTO_POD, PROGRESS_INTO_CONFIGMAP = "pod", "configmap"
+ENV_POD_NAME = "POD_NAME"  # the pod's own name (fieldRef metadata.name)
+PROGRESS_ANNOTATION = f"{LABEL_PREFIX}progress"  # one JSON object, the fields of Progress
+PROGRESS_KEY = "progress"  # the ConfigMap's data key: the same JSON object
 PROGRESS_SUFFIX = "-progress"
 
 
@@ -56,6 +64,11 @@ def progress_configmap(job: str) -> str:
 def progress_configmap_path(namespace: str, job: str) -> str:
     """The API path of that ConfigMap."""
     return f"/api/v1/namespaces/{namespace}/configmaps/{progress_configmap(job)}"
+
+
+def pod_path(namespace: str, pod: str) -> str:
+    """The API path of a pod (rank 0's own, which it annotates with its progress)."""
+    return f"/api/v1/namespaces/{namespace}/pods/{pod}"
 
 
 # The run log: global rank 0 appends one JSON object per line to this file in the checkpoint

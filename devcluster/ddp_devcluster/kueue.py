@@ -48,10 +48,13 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "ddp-operator"
 
 
 def operator_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
-    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled."""
+    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled, and
+    the release's ClusterRole and admission policy for the trainers' account (the operator of
+    a release other than ddp-operator is told their name: DDP_TRAINER_POLICY)."""
     argv = [str(plane_binary("helm")), "template", release, str(CHART), "--namespace", namespace]
     argv += ["--set", "kueue.enabled=true"]
     argv += ["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"]
+    argv += ["--show-only", "templates/trainer-progress.yaml"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 

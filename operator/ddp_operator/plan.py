@@ -99,6 +99,7 @@ class PodView:
     disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
     machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
     problem: diagnosis.PodProblem | None = None  # what its status says stops it
+    progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
 
     @property
     def done(self) -> bool:
@@ -138,6 +139,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
         disrupted=disrupted,
         machine=(pod.get("spec") or {}).get("nodeName") or "",
         problem=diagnosis.read(pod),
+        progress=reports.record_of_pod(pod),
     )
 
 

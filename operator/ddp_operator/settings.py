@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .plan import COMPLETION_GRACE_S, NODE_LOST_GRACE_S
-from .render import OperatorConfig
+from .render import DEFAULT_TRAINER_POLICY, OperatorConfig
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class Settings:
     # Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission (needs the chart's
     # kueue.enabled RBAC); off, the operator never reads or writes Kueue's objects.
     kueue: bool = False
+    # The chart's ClusterRole for the namespaces' trainer account, and the admission policy
+    # (and its binding) that confines it: all three share this name, the release's.
+    trainer_policy: str = DEFAULT_TRAINER_POLICY
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -68,4 +71,5 @@ class Settings:
             workers=int(number("DDP_WORKERS", defaults.workers, 1)),
             metrics_port=int(number("DDP_METRICS_PORT", defaults.metrics_port, 0)),
             kueue=flag("DDP_KUEUE"),
+            trainer_policy=environ.get("DDP_TRAINER_POLICY") or defaults.trainer_policy,
         )

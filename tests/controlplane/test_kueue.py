@@ -59,7 +59,12 @@ def operator(
     op = OperatorProcess(
         control_plane,
         tmp_path_factory.mktemp("operator"),
-        env={"DDP_KUEUE": "true", "DDP_RESYNC_S": "2", "DDP_DEFAULT_IMAGE": "trainer:test"},
+        env={
+            "DDP_KUEUE": "true",
+            "DDP_RESYNC_S": "2",
+            "DDP_DEFAULT_IMAGE": "trainer:test",
+            "DDP_TRAINER_POLICY": f"{RELEASE}-trainer-progress",  # as the chart sets it
+        },
         service_account=RELEASE,
     )
     with op:
@@ -345,7 +350,10 @@ def test_the_operator_used_exactly_the_rbac_of_the_kueue_value(
     """Runs last in this module: every rule kueue.enabled adds was used, and no more."""
     used, refused = q2.cp.requests_of(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
-    granted = role_rules(next(d for d in chart_rbac() if d["kind"] == "ClusterRole"))
+    role = next(
+        d for d in chart_rbac() if d["kind"] == "ClusterRole" and d["metadata"]["name"] == RELEASE
+    )
+    granted = role_rules(role)
     kueue_rules = {x for x in granted if x[0] in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert used <= granted
     assert kueue_rules - used == set(), "rules of kueue.enabled that nothing used"
