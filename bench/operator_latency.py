@@ -20,11 +20,11 @@ Prints one JSON object and writes a latency histogram PNG::
   run to run, which one round per run cannot tell from a change in the operator.
 - ``operator_peak_rss_mb``: the operator process's peak resident memory over the whole run.
 
-The jobs run the bundled trainer, whose pods each job gives an account of its own (a
-ServiceAccount, a Role and RoleBinding, and the progress ConfigMap its rank 0 patches);
-``--own-command`` makes them run a command of the user's instead (``spec.command``), whose pods
-hold no credential and need none of those objects: the operator's work per job without the
-trainer's account, comparable with releases that gave trainers one account per namespace.
+The jobs run the bundled trainer, whose pods run as their namespace's trainer account (a
+ServiceAccount and a RoleBinding, made at the namespace's first job; the admission policy that
+confines it comes with the manifests); ``--own-command`` makes them run a command of the user's
+instead (``spec.command``), whose pods hold no credential: the operator's work per job without
+the trainer's account.
 
 "Exists" is when the API server answered the pod's create, read from its audit log, so that a
 watcher falling behind under load cannot skew a figure; the clock starts just before the job's
@@ -185,16 +185,15 @@ def create_job(
 
 
 def direct_objects(ns: str, jobs: list[str], nodes: int, own_command: bool) -> list[dict[str, Any]]:
-    """What the operator would create for these jobs, without owners (none exist)."""
+    """What the operator would create for these jobs, without owners (none exist): the
+    namespace's trainer account and its RoleBinding once, then each job's Services and pods."""
     cfg = render.OperatorConfig(default_image="trainer:bench")
-    out = []
+    out = [] if own_command else render.render_namespace_trainer(ns)
     for i, name in enumerate(jobs):
         body = job_body(name, nodes, own_command)
         body["metadata"].update({"namespace": ns, "uid": f"bench-{i}", "generation": 1})
         job = DDPJob.model_validate(body)
         objs = [
-            *(render.render_trainer_identity(job) if render.uses_trainer_account(job) else []),
-            *([render.render_progress_configmap(job)] if render.reports_progress(job) else []),
             *render.render_services(job),
             render.render_store(job, cfg),
             *(render.render_worker(job, n, 0, cfg) for n in range(nodes)),
@@ -445,11 +444,11 @@ def direct_burst(
     want: set[str],
 ) -> dict[str, Any]:
     """The same objects straight from a concurrent client, as the operator's ServiceAccount
-    (the same API priority and fairness class), in the order the operator needs: each job's
-    trainer ServiceAccount (admission requires it) and Role before the pods and RoleBinding."""
+    (the same API priority and fairness class), in the order the operator needs: the
+    namespace's trainer ServiceAccount (admission requires it) before the pods and RoleBinding."""
     objs = direct_objects(ns, jobs, n, own_command)
-    first = [o for o in objs if o["kind"] in ("ServiceAccount", "Role")]
-    then = [o for o in objs if o["kind"] not in ("ServiceAccount", "Role")]
+    first = [o for o in objs if o["kind"] == "ServiceAccount"]
+    then = [o for o in objs if o["kind"] != "ServiceAccount"]
     watch = PodWatch(api, ns)
     t0 = time.time()
     with ThreadPoolExecutor(WORKERS) as pool:

@@ -22,6 +22,7 @@ CRD = REPO / "manifests" / "crd" / "ddp.dev_ddpjobs.yaml"
 # manifests/ file -> the chart templates it holds, in order.
 OUTPUTS = {
     "manifests/rbac/operator.yaml": ["serviceaccount.yaml", "rbac.yaml", "leader-election.yaml"],
+    "manifests/rbac/trainer-progress.yaml": ["trainer-progress.yaml"],
     "manifests/operator/deployment.yaml": ["deployment.yaml", "poddisruptionbudget.yaml"],
     "manifests/operator/metrics.yaml": ["metrics.yaml"],
 }

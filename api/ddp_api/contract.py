@@ -33,16 +33,26 @@ ENV_POD_IP = "POD_IP"  # the pod's IP (fieldRef status.podIP): IPv6 in an IPv6-o
 ENV_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
 ENV_TRAINER_CONFIG = "DDP_TRAINER_CONFIG"  # spec.trainer as a JSON object
 ENV_PROGRESS_INTERVAL = "DDPJOB_PROGRESS_INTERVAL_S"  # optional: seconds between reports
+# spec.progressDeadlineSeconds ("" when unset: the default rule); workers write their stacks first
+ENV_PROGRESS_DEADLINE = "DDPJOB_PROGRESS_DEADLINE_S"
 
 # The trainer's Prometheus endpoint (`spec.trainer.metricsPort`): the name of the container port
 # the operator declares for it (what a PodMonitor selects), and the port when unset.
 METRICS_PORT_NAME = "metrics"
 DEFAULT_METRICS_PORT = 9400
 
-# Rank 0 reports progress into a ConfigMap of its own job, never into the DDPJob: the operator
-# validates the record and copies it into ``status.progress`` (the only writer of a status). The
-# pod's ServiceAccount may patch this one ConfigMap and nothing else (docs/design.md, Security).
-PROGRESS_KEY = "progress"  # the ConfigMap's data key: one JSON object, the fields of Progress
+# Rank 0 reports progress, never into the DDPJob: the operator validates the record and copies
+# it into ``status.progress`` (the only writer of a status). Where it writes is
+# ``ENV_PROGRESS_INTO``: ``pod``, the annotation ``PROGRESS_ANNOTATION`` of its own pod (the pod
+# whose name is ``ENV_POD_NAME``), the one change an admission policy lets the namespace's
+# trainer account make; or ``configmap`` (also when unset: pods of earlier releases), the data
+# key ``PROGRESS_KEY`` of the job's ConfigMap ``<job>-progress``, the one object the job's own
+# account may patch (docs/design.md, Security).
+ENV_PROGRESS_INTO = "DDPJOB_PROGRESS_INTO"
+PROGRESS_INTO_POD, PROGRESS_INTO_CONFIGMAP = "pod", "configmap"
+ENV_POD_NAME = "POD_NAME"  # the pod's own name (fieldRef metadata.name)
+PROGRESS_ANNOTATION = f"{LABEL_PREFIX}progress"  # one JSON object, the fields of Progress
+PROGRESS_KEY = "progress"  # the ConfigMap's data key: the same JSON object
 PROGRESS_SUFFIX = "-progress"
 
 
@@ -54,6 +64,11 @@ def progress_configmap(job: str) -> str:
 def progress_configmap_path(namespace: str, job: str) -> str:
     """The API path of that ConfigMap."""
     return f"/api/v1/namespaces/{namespace}/configmaps/{progress_configmap(job)}"
+
+
+def pod_path(namespace: str, pod: str) -> str:
+    """The API path of a pod (rank 0's own, which it annotates with its progress)."""
+    return f"/api/v1/namespaces/{namespace}/pods/{pod}"
 
 
 # The run log: global rank 0 appends one JSON object per line to this file in the checkpoint

@@ -600,6 +600,20 @@ class DDPJobSpec(_Model):
         description="Seconds after the job starts before it is stopped and Failed, whatever"
         " its progress. At least 1; default: no deadline.",
     )
+    progress_deadline_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds a Running job, all of its pods ready, may go without a training"
+        " step (status.progress.step unchanged, counted from rank 0's last report of a new step"
+        " or its first report since the job became Running: until then it is starting) before"
+        " it is restarted with reason Stalled: a deadlocked"
+        " collective, a stuck data loader, a hang no timeout catches. Before that, each"
+        " bundled-trainer worker writes every thread's Python stack to its log. A stall is a"
+        " disruption; a second one at the same step counts against backoffLimit. Not counted"
+        " while held (spec.trainer.holdAtSteps) or after the last step. 0 turns it off;"
+        " default: the larger of 600 and"
+        " 10 times the step time of the last two reports.",
+    )
     startup_deadline_seconds: int = Field(
         default=300,
         ge=1,
@@ -714,6 +728,42 @@ class Progress(_Model):
         description="Set while training is paused after this step by spec.trainer.holdAtSteps,"
         " until the file release-step-NNNNNNNN appears in the checkpoint folder.",
     )
+    estimated_remaining_seconds: int | None = Field(
+        default=None,
+        description="Seconds until totalSteps at the pace between rank 0's last two reports"
+        " (steps per second), as of updatedAt. Computed by the operator, not reported; unset"
+        " before the second report, while held, and when the step did not advance (a resume"
+        " from a checkpoint).",
+    )
+
+
+class Incident(_Model):
+    """Something that stopped training, and what it cost (status.incidents)."""
+
+    kind: str = Field(
+        description="Failure, Disruption, NodeLost, Stalled, StoreLost or Resize: what the"
+        " operator counted (the Event of the same time says more)."
+    )
+    detected_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When the operator counted it (RFC 3339).",
+    )
+    at_step: int | None = Field(
+        default=None, description="The step the job had reported when it was detected."
+    )
+    resumed_at: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When rank 0 next reported a step: training went on (unset while open).",
+    )
+    resumed_step: int | None = Field(default=None, description="The step of that report.")
+    seconds: float | None = Field(
+        default=None, description="From detectedAt to resumedAt: the training time it stopped."
+    )
+    steps_redone: int | None = Field(
+        default=None,
+        description="Steps trained again after it (from the checkpoint resumed up to atStep).",
+    )
 
 
 class DDPJobStatus(_Model):
@@ -789,6 +839,31 @@ class DDPJobStatus(_Model):
         json_schema_extra={"format": "date-time"},
         description="When the operator last counted a disruption (RFC 3339); failures of older"
         " pods soon after it are its consequences, not failures of their own.",
+    )
+    incidents: list[Incident] | None = Field(
+        default=None,
+        description="The newest 10 incidents (failures, disruptions, lost machines, stalls,"
+        " resizes) with when each was detected, when training went on, and the steps redone.",
+    )
+    kept_seconds: float | None = Field(
+        default=None,
+        description="Time spent in training steps that were kept (not redone after an incident).",
+    )
+    goodput: float | None = Field(
+        default=None,
+        description="keptSeconds over the wall time since startTime, as of the last report: the"
+        " share of the job's time that trained (0 to 1).",
+    )
+    last_step_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the operator last saw status.progress.step change (RFC 3339): the"
+        " progress deadline counts from it.",
+    )
+    stalled_at_step: int | None = Field(
+        default=None,
+        description="The step of the last restart for a stall: a second stall there counts"
+        " against backoffLimit.",
     )
     queue: str | None = Field(
         default=None,

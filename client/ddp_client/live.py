@@ -40,7 +40,33 @@ def progress_line(progress: Mapping[str, Any]) -> str:
     if sps is not None:
         parts.append(f"{float(sps):6.0f} samples/s")
     parts.append(f"(world size {progress.get('worldSize', '?')})")
+    eta = progress.get("estimatedRemainingSeconds")
+    if eta is not None:
+        parts.append(f"ETA {duration(int(eta))}")
     return " ".join(parts)
+
+
+def duration(seconds: int) -> str:
+    """``42s``, ``5m07s``, ``3h05m``: the time left, as a person reads it."""
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def incident_line(incident: Mapping[str, Any]) -> str:
+    """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)``"""
+    at = incident.get("atStep")
+    where = f" at step {at}" if at is not None else ""
+    seconds = incident.get("seconds")
+    after = f" after {float(seconds):.0f}s" if seconds is not None else ""
+    cost = f"step {incident.get('resumedStep', '?')}"
+    if incident.get("stepsRedone") is not None:
+        cost += f", {incident['stepsRedone']} steps redone"
+    return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
 
 
 def said(status: Mapping[str, Any]) -> tuple[str, str]:
@@ -57,7 +83,8 @@ class LiveView:
     reason line when the reason or message of the phase's condition changes within a phase
     (``reason ImagePullFailed: ...``), a progress line when what it shows of
     ``status.progress`` changes (a report that changes only ``updatedAt`` or
-    ``lastCheckpoint`` adds none). On a TTY, progress redraws one line."""
+    ``lastCheckpoint`` adds none), and an incident line as each incident of
+    ``status.incidents`` closes, with what it cost. On a TTY, progress redraws one line."""
 
     def __init__(self, write: Callable[[str], None], tty: bool = False, indent: str = "  "):
         self.write, self.tty, self.indent = write, tty, indent
@@ -65,6 +92,7 @@ class LiveView:
         self.said: tuple[str, str] = ("", "")  # the phase's reason and message shown
         self.shown: str | None = None  # the last progress line
         self.lines = 0  # progress lines shown
+        self.incidents: set[tuple[str, str]] = set()  # (kind, detectedAt) of those shown
         self._open = False  # a TTY line waiting for its newline
 
     def _end_line(self) -> None:
@@ -84,6 +112,12 @@ class LiveView:
             self._end_line()
             self.write(f"{self.indent}reason {reason}" + (f": {message}" if message else "") + "\n")
             self.said = now
+        for incident in status.get("incidents") or []:
+            key = (str(incident.get("kind")), str(incident.get("detectedAt")))
+            if "resumedAt" in incident and key not in self.incidents:
+                self.incidents.add(key)
+                self._end_line()
+                self.write(f"{self.indent}{incident_line(incident)}\n")
         progress = status.get("progress") or {}
         line = progress_line(progress) if progress else None
         if line and line != self.shown:  # a new report that shows nothing new is no new line

@@ -48,11 +48,14 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "ddp-operator"
 
 
 def operator_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
-    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled,
-    the Role of its Lease (named ``release``, in ``namespace``) among them."""
+    """The operator's ServiceAccount and RBAC as the chart renders them with kueue.enabled (the
+    Role of its Lease, named ``release``, in ``namespace``, among them), and the release's
+    ClusterRole and admission policy for the trainers' account (the operator of a release other
+    than ddp-operator is told their name: DDP_TRAINER_POLICY)."""
     argv = [str(plane_binary("helm")), "template", release, str(CHART), "--namespace", namespace]
     argv += ["--set", "kueue.enabled=true"]
-    for template in ("serviceaccount.yaml", "rbac.yaml", "leader-election.yaml"):
+    for template in ("serviceaccount.yaml", "rbac.yaml", "leader-election.yaml",
+                     "trainer-progress.yaml"):  # fmt: skip
         argv += ["--show-only", f"templates/{template}"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]

@@ -30,13 +30,15 @@ INSTALL = [
     MANIFESTS / "crd" / "ddp.dev_ddpjobs.yaml",
     MANIFESTS / "namespace.yaml",
     MANIFESTS / "rbac" / "operator.yaml",
+    MANIFESTS / "rbac" / "trainer-progress.yaml",
 ]
 NAMESPACE = "ddp-system"
 SERVICE_ACCOUNT = "ddp-operator"
 
 
 def install(plane: ClusterAPI) -> None:
-    """Applies the CRD, the operator's namespace and its RBAC, and waits for the CRD."""
+    """Applies the CRD, the operator's namespace and its RBAC (with the trainers' ClusterRole
+    and admission policy), and waits for the CRD."""
     for path in INSTALL:
         plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     plane.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddp.dev", "--timeout=60s")

@@ -40,10 +40,16 @@ class Actions:
         self.status_written_at.pop(uid, None)
 
     async def run(
-        self, body: dict[str, Any], job: DDPJob | None, status: dict[str, Any], p: planner.Plan
+        self,
+        body: dict[str, Any],
+        job: DDPJob | None,
+        status: dict[str, Any],
+        p: planner.Plan,
+        in_pod: bool = True,
     ) -> list[dict[str, Any]]:
         """Carries out ``p``, and writes status before or after, as
-        :func:`bookkeeping.status_write` says; returns the objects created."""
+        :func:`bookkeeping.status_write` says; returns the objects created. ``in_pod``: the
+        new pods run as the namespace's trainer account (else as the job's own)."""
         assert self.api is not None
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
@@ -69,12 +75,12 @@ class Actions:
         if changed and counted and not await write_status():
             return []
         starts = job if job is not None and any(o["kind"] == "Pod" for o in p.create) else None
-        account = self.trainer.account(starts) if starts is not None else None
+        account = self.trainer.account(starts, in_pod) if starts is not None else None
         if account is not None:
             await asyncio.shield(account)  # admission refuses a pod whose account is not there
         created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
         if starts is not None:
-            self.trainer.for_reports(starts)  # needed once rank 0 reports: after the pods
+            self.trainer.for_reports(starts, in_pod)  # needed once rank 0 reports: after the pods
         self.metrics.pod_creates.inc(
             sum(1 for o, ok in zip(p.create, created, strict=True) if ok and o["kind"] == "Pod")
         )
@@ -97,6 +103,7 @@ class Actions:
                 self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()
+        self.metrics.incidents_closed(p.closed)
         if p.delete_job:
             await self.api.must("DELETE", job_path + "?propagationPolicy=Background", ok=(404,))
             self.written.pop(uid, None)

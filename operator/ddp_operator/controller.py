@@ -5,9 +5,10 @@ made of. The decisions are pure: :mod:`ddp_operator.plan` (what a job needs) and
 :mod:`~ddp_operator.workqueue` (one reconcile of a job at a time, the clock),
 :mod:`~ddp_operator.actions` (carrying out a plan), :mod:`~ddp_operator.machines` (Nodes and
 their heartbeats), :mod:`~ddp_operator.kueue_workloads` (Kueue Workloads),
-:mod:`~ddp_operator.trainer_objects` (each job's progress ConfigMap and account),
-:mod:`~ddp_operator.progress_records` (rank 0's reports), :mod:`~ddp_operator.startup`
-(the start-up histograms) and :mod:`~ddp_operator.leadership` (which replica acts).
+:mod:`~ddp_operator.trainer_objects` (the trainer pods' accounts, and the admission policy that
+confines them: :mod:`~ddp_operator.progress_policy`), :mod:`~ddp_operator.progress_records`
+(rank 0's reports), :mod:`~ddp_operator.startup` (the start-up histograms) and
+:mod:`~ddp_operator.leadership` (which replica acts).
 
 Idempotence: pod and Service names are deterministic, so a create that repeats (after a
 restart) meets AlreadyExists and changes nothing; creates made but not yet seen by the watch
@@ -18,6 +19,7 @@ staler one from the watch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -70,13 +72,14 @@ class Controller:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     elector: Elector | None = None  # None: no leader election, this process always acts
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    trainer: TrainerObjects = field(init=False)  # each job's progress ConfigMap and account
+    trainer: TrainerObjects = field(init=False)  # the trainer pods' accounts (and ConfigMaps)
     actions: Actions = field(init=False)  # carries out each plan
     startup: StartupTimes = field(init=False)
     queue: WorkQueue = field(init=False)
 
     def __post_init__(self) -> None:
         self.trainer = TrainerObjects(self.pods)
+        self.pods.removed = self.progress.pod_removed  # a deleted pod's last report is kept
         self.actions = Actions(self.metrics, self.trainer)
         self.startup = StartupTimes(self.metrics)
         self.queue = WorkQueue(
@@ -108,7 +111,9 @@ class Controller:
 
     def start_watches(self, api: kube.Kube) -> None:
         """Fills the pod and Service caches, then keeps them current; reconciles start after."""
-        self.api = self.workloads.api = self.trainer.api = self.actions.api = api
+        self.api = self.workloads.api = self.actions.api = api
+        # The admission policy is read first: the bundled trainer's jobs wait for it.
+        self.trainer.start(api, self.spawn, self.settings.trainer_policy)
         caches: dict[str, informer.Cache[Any]] = {
             "pods": self.pods,
             "services": self.services,
@@ -171,13 +176,15 @@ class Controller:
         )
         job: DDPJob | None = None
         workload: dict[str, Any] | None = None
+        in_pod = True
         try:
             job = DDPJob.model_validate({"metadata": meta, "spec": body.get("spec") or {}})
         except ValidationError as e:
             p = bookkeeping.invalid_spec(status, e, dt.datetime.now(dt.UTC))
         else:
-            await self._account_first(job, status)
-            p, workload = await self._plan(key, job, status, observed, expected.keys())
+            in_pod = await self.trainer.in_pod(job)
+            await self._account_first(job, status, in_pod)
+            p, workload = await self._plan(key, job, status, observed, expected.keys(), in_pod)
         services = self.services.names(key)
         p.create = [
             o
@@ -187,7 +194,7 @@ class Controller:
         store = render.store_name(meta["name"])
         workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
         workers_before |= {n for n in expected if n != store}
-        made = await self.actions.run(body, job, status, p)
+        made = await self.actions.run(body, job, status, p, in_pod)
         for obj in made:
             if obj["kind"] == "Pod":
                 expected[obj["metadata"]["name"]] = time.monotonic()
@@ -199,16 +206,18 @@ class Controller:
         if len(made) < len(p.create):
             p.requeue(5.0)  # some creates were refused: try again soon, events or not
         self.trainer.retire_legacy_soon(meta["namespace"], self.spawn)
+        self.trainer.settle(meta["namespace"], observed)
         self.queue.later(key, p.requeue_after)
 
-    async def _account_first(self, job: DDPJob, status: dict[str, Any]) -> None:
-        """A new job's pods will wait for its trainer account: its create goes out before the
+    async def _account_first(self, job: DDPJob, status: dict[str, Any], in_pod: bool) -> None:
+        """A new job's pods will wait for their trainer account: its create goes out before the
         plan is made, so that the round trip runs while the plan is computed (the short sleep
         is a turn of the event loop long enough for the request to be sent; a job whose pods
-        need no account of ours does not wait for it)."""
+        need no account of ours, or one made already, does not wait for it)."""
         if status.get("phase") or job.spec.suspend:
             return
-        if self.trainer.account(job) is not None:
+        account = self.trainer.account(job, in_pod)
+        if account is not None and not account.done():
             await asyncio.sleep(0.001)
 
     async def _plan(
@@ -218,22 +227,29 @@ class Controller:
         status: dict[str, Any],
         observed: list[planner.PodView],
         pending: Collection[str],
+        in_pod: bool,
     ) -> tuple[planner.Plan, dict[str, Any] | None]:
-        """What to do for a valid spec, and the job's Kueue Workload when it is queued."""
+        """What to do for a valid spec, and the job's Kueue Workload when it is queued;
+        ``in_pod``: its new pods report into their own pod (else into the job's ConfigMap)."""
+        cfg = self.settings.render
+        if cfg.progress_in_pod != in_pod:
+            cfg = dataclasses.replace(cfg, progress_in_pod=in_pod)
         workload: dict[str, Any] | None = None
         admission: queueing.Admission | None = None
         queue = queueing.queue_name(job.metadata) if self.settings.kueue else ""
         if queue:
             workload = self.workloads.of(key, job)
-            worker = render.render_worker(job, 0, 0, self.settings.render)
+            worker = render.render_worker(job, 0, 0, cfg)
             admission = await self.workloads.admission(job, worker, queue, workload, status)
-        progress, refused = self.progress.latest(key, job.metadata.get("uid", ""))
+        progress, refused = self.progress.latest(
+            key, job.metadata.get("uid", ""), observed, status.get("progress")
+        )
         p = planner.plan(
             job,
             status,
             observed,
             dt.datetime.now(dt.UTC),
-            self.settings.render,
+            cfg,
             self.settings.backoff_base_s,
             pending=pending,
             admission=admission,
@@ -242,8 +258,11 @@ class Controller:
             machines=self.machines.views() if self.machines is not None else {},
             node_lost_grace_s=self.settings.node_lost_grace_s,
         )
-        if refused:
-            p.warn("ProgressRejected", refused)
+        for why in refused:
+            p.warn("ProgressRejected", why)
+        news = self.trainer.news(job, in_pod)
+        if news:
+            p.warn("TrainerPolicyMissing", news)
         return p, workload
 
 

@@ -34,6 +34,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.progress.lastCheckpoint",
         "priority": 1,
     },
+    {
+        "name": "ETA",
+        "type": "integer",
+        "description": "Estimated seconds until the last step",
+        "jsonPath": ".status.progress.estimatedRemainingSeconds",
+        "priority": 1,
+    },
     {"name": "Queue", "type": "string", "jsonPath": ".status.queue", "priority": 1},
     {"name": "ClusterQueue", "type": "string", "jsonPath": ".status.clusterQueue", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -58,6 +58,9 @@ class Cache(Generic[T]):
     job_name: Callable[[Mapping[str, Any]], str | None] | None = None
     by_job: dict[Key, dict[str, T]] = field(default_factory=dict)
     job_of: dict[Ref, Key] = field(default_factory=dict)
+    # Told what is kept of each object that leaves the cache (deleted, no longer ours, or gone
+    # at a relist), as it was last: for what must outlive the object (a departed pod's record).
+    removed: Callable[[Key, T], None] | None = None
 
     def get(self, key: Key) -> list[T]:
         return list(self.by_job.get(key, {}).values())
@@ -80,7 +83,10 @@ class Cache(Generic[T]):
         if job is not None and self.job_name is not None:
             job = self.job_name(obj)
         if event_type == "DELETED" or job is None:  # gone, or no longer ours
-            return self._remove(ref)
+            gone = self._remove(ref)
+            if gone and self.removed is not None:
+                self.removed(next(iter(gone)), self.extract(obj))
+            return gone
         key: Key = (ref[0], job)
         changed = self._remove(ref) if self.job_of.get(ref, key) != key else set()
         value = self.extract(obj)
@@ -102,8 +108,10 @@ class Cache(Generic[T]):
             k for k in ours | fresh.by_job.keys() if self.by_job.get(k) != fresh.by_job.get(k)
         }
         for key in ours:
-            for name in self.by_job.pop(key):
+            for name, value in self.by_job.pop(key).items():
                 del self.job_of[(key[0], name)]
+                if self.removed is not None and (key[0], name) not in fresh.job_of:
+                    self.removed(key, value)
         self.by_job.update(fresh.by_job)
         self.job_of.update(fresh.job_of)
         return changed
@@ -149,7 +157,7 @@ class ByName(Generic[T]):
 
 
 class Forbidden(Exception):
-    """RBAC does not allow this LIST."""
+    """RBAC does not allow this LIST (or the API server does not serve the resource)."""
 
 
 class Informer(Generic[T]):
@@ -166,8 +174,10 @@ class Informer(Generic[T]):
         on_synced: Callable[[Informer[Any]], None] = lambda _: None,
         watch_s: int = WATCH_S,
         api_version: str = "v1",
+        field_selector: str = "",  # e.g. metadata.name=X: one object, as RBAC resourceNames allow
     ):
         self.api, self.plural, self.namespace, self.cache = api, plural, namespace, cache
+        self.field_selector = field_selector
         self.on_change, self.on_synced, self.watch_s = on_change, on_synced, watch_s
         if api_version != "v1":
             self.collection = (
@@ -185,13 +195,15 @@ class Informer(Generic[T]):
         self.watches = 0
 
     def _url(self, **params: str) -> str:
+        fields = {"fieldSelector": self.field_selector} if self.field_selector else {}
         return f"{self.collection}?" + urllib.parse.urlencode(
-            {"labelSelector": self.cache.label, **params}
+            {"labelSelector": self.cache.label, **fields, **params}
         )
 
-    async def run(self, stop_if_forbidden: bool = False) -> None:
+    async def run(self, stop_if_forbidden: bool = False, stop_if_missing: bool = False) -> None:
         """Lists and watches until cancelled; errors are logged and retried with backoff. A
-        forbidden LIST ends it when ``stop_if_forbidden`` (raising :class:`Forbidden`)."""
+        forbidden LIST ends it when ``stop_if_forbidden``, and one of a resource the API server
+        does not serve when ``stop_if_missing`` (raising :class:`Forbidden`)."""
         delay = 0.0
         while True:
             try:
@@ -206,7 +218,7 @@ class Informer(Generic[T]):
                 self.resource_version = ""
             except Exception as e:  # the cache must never stop: retry whatever it was
                 status = e.response.status if isinstance(e, kube.KubeError) else 0
-                if status == 403 and stop_if_forbidden:
+                if (status == 403 and stop_if_forbidden) or (status == 404 and stop_if_missing):
                     raise Forbidden(str(e)) from e
                 if status == 410:
                     self.resource_version = ""  # a LIST's continue token expired

@@ -33,6 +33,9 @@ log = logging.getLogger("ddp_operator")
 # Seconds from a job's creation: its pods are created within a second or two; its first step
 # comes after image pulls, torchrun's rendezvous and the first batches, minutes on a big image.
 STARTUP_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+# Seconds from an incident's detection until training went on: a restart is tens of seconds.
+RECOVERY_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 300, 600, 1800)
+REDONE_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PHASES = tuple(p.value for p in DDPJobPhase)
 
@@ -118,6 +121,22 @@ class OperatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.recovery = Histogram(
+            "ddp_operator_recovery_seconds",
+            "From an incident's detection until rank 0 next reported a step (status.incidents), "
+            "by kind: Failure, Disruption, NodeLost, Stalled, StoreLost, Resize.",
+            ["kind"],
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.steps_redone = Histogram(
+            "ddp_operator_steps_redone",
+            "Training steps done again after an incident (from its checkpoint to the step it "
+            "stopped at), by kind.",
+            ["kind"],
+            buckets=REDONE_BUCKETS,
+            registry=r,
+        )
         self.api_errors = Counter(
             "ddp_operator_api_errors",
             "Answers from the API server other than 2xx, by HTTP status code (409 and 404 include "
@@ -133,6 +152,15 @@ class OperatorMetrics:
             registry=r,
         )
         self._server: Any = None
+
+    def incidents_closed(self, closed: Iterable[Mapping[str, Any]]) -> None:
+        """Observes what each incident that a report closed cost."""
+        for incident in closed:
+            kind = str(incident.get("kind", ""))
+            if incident.get("seconds") is not None:
+                self.recovery.labels(kind).observe(float(incident["seconds"]))
+            if incident.get("stepsRedone") is not None:
+                self.steps_redone.labels(kind).observe(float(incident["stepsRedone"]))
 
     def watch_jobs(self, jobs: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         self.registry.register(JobsByPhase(jobs))

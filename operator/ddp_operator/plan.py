@@ -63,7 +63,7 @@ from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, DDPJobSpec, Res
 from ddp_api.metav1 import transition_time
 from ddp_api.pods import selector
 
-from . import diagnosis, queueing, render, reports
+from . import diagnosis, incidents, queueing, render, reports
 
 HANDLED_KEPT = 64
 BACKOFF_CAP_S = 300.0
@@ -73,6 +73,9 @@ COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
 NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
 SILENCE_FLOOR_S = 20.0  # a machine is silent after two missed Lease renewals at the least
 STALLED_S = 10.0  # the operator's own silence watch this late: it was stopped, not they
+PROGRESS_DEADLINE_FLOOR_S = 600.0  # spec.progressDeadlineSeconds unset: at least this ...
+STEP_TIMES_PER_DEADLINE = 10  # ... or this many of the recent step time, whichever is longer
+STALLED = "Stalled"  # the reason of a restart for a job whose step stopped moving
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
@@ -96,6 +99,7 @@ class PodView:
     disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
     machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
     problem: diagnosis.PodProblem | None = None  # what its status says stops it
+    progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
 
     @property
     def done(self) -> bool:
@@ -135,6 +139,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
         disrupted=disrupted,
         machine=(pod.get("spec") or {}).get("nodeName") or "",
         problem=diagnosis.read(pod),
+        progress=reports.record_of_pod(pod),
     )
 
 
@@ -172,6 +177,7 @@ class Plan:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
     delete_job: bool = False
     requeue_after: float | None = None
+    closed: list[dict[str, Any]] = field(default_factory=list)  # incidents a report closed
 
     def warn(self, reason: str, text: str) -> None:
         self.events.append(("Warning", reason, text))
@@ -313,7 +319,8 @@ def plan(
     ``pending`` names pods created moments ago that the watch has not shown yet; ``admission``
     is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual);
     ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
-    into ``status.progress`` when it differs.
+    into ``status.progress`` with the time it estimates is left
+    (:func:`ddp_operator.reports.remaining_seconds`) when it differs.
     ``completion_grace_s`` is how long the other nodes get once one has finished training;
     ``machines`` are the cluster's Nodes by name (None: not known), whose pods are deleted at
     once when ``node_lost_grace_s`` have passed since they stopped being Ready.
@@ -323,10 +330,18 @@ def plan(
     st.restarts = int(status.get("restarts") or 0)
     st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
     st.new["selector"] = selector(st.name)
-    if progress is not None and reports.without_unset(progress) != reports.without_unset(
-        status.get("progress")
-    ):
-        st.new["progress"] = dict(progress)  # None values: fields the merge patch removes
+    if progress is not None:
+        shown = status.get("progress")
+        progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
+        if reports.without_unset(progress) != reports.without_unset(shown):
+            st.new["progress"] = progress  # None values: fields the merge patch removes
+        fresh = progress.get("updatedAt") != (shown or {}).get("updatedAt")  # a new report
+        moved = progress.get("step") != (shown or {}).get("step")
+        if moved or (fresh and not _stepped_since_running(status)):
+            st.new["lastStepTime"] = rfc3339(now)  # the progress deadline counts from here
+        if fresh:
+            changes, st.plan.closed = incidents.account(status, shown, progress)
+            st.new.update(changes)
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:
@@ -354,6 +369,9 @@ def plan(
     failed = _failures(st)
     if failed is not None:
         return failed
+    stalled_ = _stalled(st, prev_phase)
+    if stalled_ is not None:
+        return stalled_
     found = _diagnosed(st)
     if found is not None and found.fails_in is not None:
         if found.fails_in <= 0:
@@ -627,8 +645,14 @@ def _what(
     return f"failed ({x.reason or 'no exit code'})"
 
 
-def _count_disruption(st: _State) -> int:
-    """One more disruption in the status; returns how many there have been."""
+def _incident(st: _State, kind: str) -> None:
+    """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""
+    st.new["incidents"] = incidents.open_incident(st.status, st.new, kind, rfc3339(st.now))
+
+
+def _count_disruption(st: _State, kind: str = "Disruption") -> int:
+    """One more disruption in the status, and its incident; returns how many there have been."""
+    _incident(st, kind)
     n = int(st.new.get("disruptions") or st.status.get("disruptions") or 0) + 1
     st.new["disruptions"] = n
     st.new["lastDisruptionTime"] = rfc3339(st.now)
@@ -708,9 +732,10 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
             " deleted at once, recreated elsewhere"
         )
         if x.role == render.ROLE_STORE:
+            _incident(st, "StoreLost")
             st.plan.warn("StoreLost", f"{what} (no restart counted)")
         else:
-            n = _count_disruption(st)
+            n = _count_disruption(st, "NodeLost")
             st.plan.warn("NodeLost", f"{what} (disruption {n}; not against backoffLimit)")
         said.append(what)
     return "; ".join(said)
@@ -755,6 +780,7 @@ def _failures(st: _State) -> Plan | None:
         if failed:
             st.delete([x])
         if x.role == render.ROLE_STORE:
+            _incident(st, "StoreLost")
             st.plan.warn(
                 "StoreLost",
                 f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
@@ -766,6 +792,7 @@ def _failures(st: _State) -> Plan | None:
         st.restarts += 1
         last = st.now
         st.new["lastFailureTime"] = rfc3339(st.now)
+        _incident(st, "Failure")
         if st.restarts > s.backoff_limit:
             return st.finish(
                 DDPJobPhase.FAILED,
@@ -780,6 +807,94 @@ def _failures(st: _State) -> Plan | None:
             " count with this one)",
         )
     return None
+
+
+def progress_deadline_s(spec_s: int | None, progress: Mapping[str, Any] | None) -> float:
+    """How long a Running job may go without a step (0: no limit): ``spec_s`` when set, else
+    :data:`PROGRESS_DEADLINE_FLOOR_S` or :data:`STEP_TIMES_PER_DEADLINE` step times, the step
+    time read from the time left for the steps left (the pace of the last two reports)."""
+    if spec_s is not None:
+        return float(spec_s)
+    p = progress or {}
+    eta, step, total = p.get(reports.ETA), p.get("step"), p.get("totalSteps")
+    step_s = 0.0
+    if eta is not None and step is not None and total is not None and total > step:
+        step_s = eta / (total - step)
+    return max(PROGRESS_DEADLINE_FLOOR_S, STEP_TIMES_PER_DEADLINE * step_s)
+
+
+def _stepped_since_running(status: Mapping[str, Any]) -> bool:
+    """Whether a report came (``lastStepTime``) since the job last became Running."""
+    last = parse_rfc3339(status.get("lastStepTime"))
+    running = parse_rfc3339(_condition(status, DDPJobPhase.RUNNING).get("lastTransitionTime"))
+    return last is not None and (running is None or last >= running)
+
+
+def _stalled(st: _State, prev_phase: str) -> Plan | None:
+    """Restarts a job that was Running with every node ready and whose step has not moved for
+    its progress deadline (:func:`progress_deadline_s`), counted from rank 0's last report of a
+    new step (or its first report since the job became Running): every node pod is deleted
+    (the store stays) and recreated. Until a report comes after the job became Running, it is
+    starting (loading data, compiling), not stalled. The first stall at a step is a disruption;
+    another at the same step (it hangs where it hung) is a failure, against backoffLimit. Not
+    while held or after the last step."""
+    s = st.job.spec
+    progress = st.new.get("progress") or st.status.get("progress")
+    deadline = progress_deadline_s(s.progress_deadline_seconds, progress)
+    if not deadline or prev_phase != DDPJobPhase.RUNNING:
+        return None
+    if st.status.get("reason") != "AllNodesRunning":
+        return None
+    p = progress or {}
+    step, total = p.get("step"), p.get("totalSteps")
+    if p.get("heldAtStep") is not None or (
+        step is not None and total is not None and step >= total
+    ):
+        return None
+    workers = [x for x in st.workers if not x.deleting and not x.done]
+    if len([x for x in workers if x.ready and x.index < s.nodes]) < s.nodes:
+        return None
+    seen = {**st.status, "lastStepTime": st.new.get("lastStepTime", st.status.get("lastStepTime"))}
+    if not _stepped_since_running(seen):
+        return None
+    since = parse_rfc3339(seen["lastStepTime"])
+    assert since is not None  # _stepped_since_running said so
+    quiet_s = (st.now - since).total_seconds()
+    if quiet_s < deadline:
+        st.plan.requeue(deadline - quiet_s)
+        return None
+    st.delete(workers)
+    at = "before the first step" if step is None else f"at step {step}"
+    setting = "progressDeadlineSeconds" + (
+        " (default)" if s.progress_deadline_seconds is None else ""
+    )
+    what = (
+        f"no training step for {quiet_s:.0f}s {at} ({setting} {deadline:.0f}): deleting the"
+        " node pods and recreating them"
+    )
+    if render.reports_progress(st.job):  # the bundled trainer's workers (ddp_trainer.stacks)
+        what += " (each worker wrote every thread's stack to its log)"
+    again = step is not None and st.status.get("stalledAtStep") == step
+    st.new["stalledAtStep"] = step
+    if not again:
+        n = _count_disruption(st, STALLED)
+        message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
+        st.plan.warn(STALLED, message)
+        return st.result(DDPJobPhase.RESTARTING, STALLED, message)
+    st.restarts += 1
+    st.new["lastFailureTime"] = rfc3339(st.now)
+    _incident(st, STALLED)
+    if st.restarts > s.backoff_limit:
+        return st.finish(
+            DDPJobPhase.FAILED,
+            STALLED,
+            f"{what}; stalled at this step before, and the job already used its backoffLimit"
+            f" of {s.backoff_limit} restarts",
+        )
+    message = f"{what}; stalled at this step before: restart {st.restarts} of backoffLimit"
+    message += f" {s.backoff_limit}"
+    st.plan.warn(STALLED, message)
+    return st.result(DDPJobPhase.RESTARTING, STALLED, message)
 
 
 def _all_present(workers: list[PodView], nodes: int) -> bool:
@@ -798,6 +913,9 @@ def _converge(
     what ``found`` is while pods show it."""
     wait, extra = _create_and_scale(st, cfg, backoff_base_s)
     phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
+    resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
+    if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and resized:
+        _incident(st, "Resize")  # torchrun restarts every worker for the new membership
     if found is not None:
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
@@ -861,7 +979,7 @@ def _progress_phase(
             reason, message = st.cause[0], f"{st.cause[1]}; {message}"
         elif "lastFailureTime" not in st.new:  # still restarting: what was said stays
             said = _condition(st.status, DDPJobPhase.RESTARTING)
-            if said.get("reason") in diagnosis.COUNTED_REASONS:
+            if said.get("reason") in diagnosis.COUNTED_REASONS or said.get("reason") == STALLED:
                 reason, message = said["reason"], said.get("message") or message
         return DDPJobPhase.RESTARTING, reason, message
     if len(running) == s.nodes and not scaling_down:

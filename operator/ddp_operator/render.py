@@ -25,9 +25,10 @@ PET_LOCAL_ADDR                  the pod IP (fieldRef): pod hostnames may not res
 PET_MAX_RESTARTS                ``workerRestarts``: worker restarts inside one pod, and restarts
                                 of torchrun after losing the store (``ddp_trainer.node``)
 PET_MONITOR_INTERVAL            how often the agent checks its workers and the rendezvous
-DDPJOB_NAME/_NAMESPACE          whose progress rank 0 reports, into the ConfigMap
-                                ``<job>-progress``: the only object the pod's ServiceAccount
-                                ``<job>-trainer`` may change (see "Identity" below)
+DDPJOB_NAME/_NAMESPACE          whose progress rank 0 reports (see "Identity" below)
+DDPJOB_PROGRESS_INTO            ``pod``: rank 0 writes its record into its own pod's annotation
+                                ``ddp.dev/progress``; ``configmap``: into the ConfigMap
+                                ``<job>-progress`` (bundled trainer only)
 DDPJOB_NODE_INDEX               this pod's index (0-based)
 POD_NAME, POD_IP                the pod's name and IP (fieldRef); the trainer's metrics endpoint
                                 listens on IPv6 too when the IP is IPv6
@@ -61,12 +62,16 @@ The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
 ``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out
 when it sets them.
 
-Identity: a pod of the bundled trainer runs as the job's own ServiceAccount ``<job>-trainer``,
-whose Role may patch the ConfigMap ``<job>-progress`` and nothing else; the operator validates
-what rank 0 writes there and copies it into ``status.progress`` (it is the only writer of a
-DDPJob's status). A pod running the user's own command gets no Kubernetes credential at all
-(``automountServiceAccountToken: false``), nor does the store pod; ``spec.template``'s
-``serviceAccountName`` replaces all this with the user's own account.
+Identity: a pod of the bundled trainer runs as its namespace's ServiceAccount
+``ddp-trainer-progress``, which may patch pods, narrowed by the chart's ValidatingAdmissionPolicy
+to one change: the annotation ``ddp.dev/progress`` of the pod its token is bound to. Where the
+operator does not see that policy (``OperatorConfig.progress_in_pod`` false), it runs as the
+job's own account ``<job>-trainer``, whose Role may patch the ConfigMap ``<job>-progress`` and
+nothing else. Either way the operator validates what rank 0 writes and copies it into
+``status.progress`` (it is the only writer of a DDPJob's status). A pod running the user's own
+command gets no Kubernetes credential at all (``automountServiceAccountToken: false``), nor does
+the store pod; ``spec.template``'s ``serviceAccountName`` replaces all this with the user's own
+account.
 
 Container ports of a worker: ``c10d`` (29400), and ``metrics`` (``spec.trainer.metricsPort``,
 default 9400) where the bundled trainer's first process serves Prometheus metrics; not declared
@@ -100,6 +105,14 @@ STORE_CONTAINER = "store"
 # The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
 # of its namespace: its pods keep it until they end (see TrainerObjects.retire_legacy).
 LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
+# The trainer pods' account in each namespace, made at the namespace's first bundled-trainer job
+# and bound to the chart's ClusterRole ``<release>-trainer-progress`` (``patch`` on pods); the
+# chart's ValidatingAdmissionPolicy and its binding of that name let it change nothing but the
+# progress annotation of the pod its token is bound to.
+PROGRESS_ACCOUNT = "ddp-trainer-progress"
+# That ClusterRole's, policy's and binding's name in manifests/ (release ddp-operator); the
+# chart tells the operator its own (DDP_TRAINER_POLICY).
+DEFAULT_TRAINER_POLICY = "ddp-operator-trainer-progress"
 SHM_SIZE = "2Gi"
 HOSTNAME_KEY = "kubernetes.io/hostname"  # the well-known label naming a node's machine
 
@@ -116,6 +129,10 @@ class OperatorConfig:
     default_image: str = DEFAULT_IMAGE
     monitor_interval_s: float = 1.0  # how soon a lost store or worker is noticed
     termination_grace_s: int = 60
+    # Trainer pods run as the namespace's PROGRESS_ACCOUNT and report into their own pod: the
+    # controller sets it false while it does not see the admission policy that confines that
+    # account (then: the job's own account and ConfigMap, as before).
+    progress_in_pod: bool = True
 
 
 def worker_name(job: str, index: int) -> str:
@@ -236,6 +253,10 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _or_empty(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
 def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, Any]]:
     s = job.spec
     ns, name, uid = job_key(job)
@@ -259,13 +280,18 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         {"name": contract.ENV_JOB_NAME, "value": name},
         {"name": contract.ENV_JOB_NAMESPACE, "value": ns},
         {"name": contract.ENV_NODE_INDEX, "value": str(index)},
-        _field_env("POD_NAME", "metadata.name"),
+        {"name": contract.ENV_PROGRESS_DEADLINE, "value": _or_empty(s.progress_deadline_seconds)},
+        _field_env(contract.ENV_POD_NAME, "metadata.name"),
         _field_env(contract.ENV_POD_IP, "status.podIP"),
     ]
     if s.checkpoint is not None:
         env.append({"name": contract.ENV_CHECKPOINT_DIR, "value": s.checkpoint.path})
     if s.command is None:
         env.append({"name": contract.ENV_TRAINER_CONFIG, "value": trainer_config_json(job)})
+        into = (
+            contract.PROGRESS_INTO_POD if cfg.progress_in_pod else contract.PROGRESS_INTO_CONFIGMAP
+        )
+        env.append({"name": contract.ENV_PROGRESS_INTO, "value": into})
     user_env = [dict(e) for e in (s.template.env if s.template and s.template.env else [])]
     defaults = {
         "LOGLEVEL": "INFO",  # torchrun's agent logs each rendezvous and restart
@@ -415,7 +441,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
             "hostname": worker_name(name, index),
             "subdomain": name,
             "restartPolicy": "Never",  # torchrun restarts workers; the operator, pods
-            **_identity(job),
+            **_identity(job, cfg),
             "terminationGracePeriodSeconds": cfg.termination_grace_s,
             "securityContext": dict(RESTRICTED_POD),
             "containers": [container],
@@ -455,32 +481,61 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     }
 
 
-def _identity(job: DDPJob) -> dict[str, Any]:
+def _identity(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     """Who a worker pod is to the API server: the user's account when ``spec.template`` names
-    one; the job's own trainer account when rank 0 reports progress; else no credential."""
+    one; a trainer account when rank 0 reports progress (the namespace's, or the job's own
+    where the admission policy is not seen); else no credential."""
     t = job.spec.template
     if t is not None and t.service_account_name:
         return {"serviceAccountName": t.service_account_name}
     if uses_trainer_account(job):
-        return {"serviceAccountName": trainer_account(job_key(job)[1])}
+        account = PROGRESS_ACCOUNT if cfg.progress_in_pod else trainer_account(job_key(job)[1])
+        return {"serviceAccountName": account}
     return {"automountServiceAccountToken": False}
 
 
-# -- the trainer's narrow permission: rank 0 patches its own job's progress ConfigMap ------------
+# -- the trainer's narrow permission: rank 0 reports its own job's progress ----------------------
 def reports_progress(job: DDPJob) -> bool:
     """Whether the job's pods run the bundled trainer, whose rank 0 reports progress."""
     return job.spec.command is None
 
 
 def uses_trainer_account(job: DDPJob) -> bool:
-    """Whether the job's pods run as its own trainer account (rank 0 reports progress, and
-    ``spec.template`` names no account of the user's)."""
+    """Whether the job's pods run as a trainer account of ours, the namespace's or the job's own
+    (rank 0 reports progress, and ``spec.template`` names no account of the user's)."""
     t = job.spec.template
     return reports_progress(job) and not (t is not None and t.service_account_name)
 
 
+def render_namespace_trainer(
+    namespace: str, cluster_role: str = DEFAULT_TRAINER_POLICY
+) -> list[dict[str, Any]]:
+    """The namespace's trainer account and the RoleBinding that gives it the chart's
+    ``cluster_role`` (``patch`` on pods) in this namespace; the chart's admission policy narrows
+    that to the progress annotation of the account's own pod. Owned by no job: made once, at the
+    namespace's first bundled-trainer job, and kept."""
+    rbac = "rbac.authorization.k8s.io"
+    meta = {
+        "name": PROGRESS_ACCOUNT,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/managed-by": "ddp-operator"},
+    }
+    subject = {"kind": "ServiceAccount", "name": PROGRESS_ACCOUNT, "namespace": namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [subject],
+        },
+    ]
+
+
 def render_progress_configmap(job: DDPJob) -> dict[str, Any]:
-    """The ConfigMap that rank 0 writes its progress record to (empty until it does)."""
+    """The ConfigMap that rank 0 writes its progress record to (empty until it does), where
+    the admission policy is not seen (``OperatorConfig.progress_in_pod`` false)."""
     _, name, _ = job_key(job)
     return {
         "apiVersion": "v1",
@@ -491,7 +546,8 @@ def render_progress_configmap(job: DDPJob) -> dict[str, Any]:
 
 def render_trainer_identity(job: DDPJob) -> list[dict[str, Any]]:
     """The job's trainer ServiceAccount, and the Role and RoleBinding that let it patch the
-    job's progress ConfigMap and nothing else (``resourceNames``: not even another job's)."""
+    job's progress ConfigMap and nothing else (``resourceNames``: not even another job's): the
+    identity of its pods where the admission policy is not seen."""
     _, name, _ = job_key(job)
     account = trainer_account(name)
     rbac = "rbac.authorization.k8s.io"

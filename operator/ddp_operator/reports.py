@@ -1,5 +1,6 @@
 """Progress records written by training pods, read as untrusted input: what the operator keeps of
-a job's progress ConfigMap, and the checks a record passes before it reaches ``status.progress``.
+a record (in a pod's annotation, or a job's progress ConfigMap), the checks a record passes
+before it reaches ``status.progress``, and which of a job's records is the newest.
 
 The record comes from code the operator does not control (the user's script, any library it
 imports), so it is bounded before it is parsed, parsed strictly (no NaN, no unknown fields), and
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_api.contract import PROGRESS_KEY, PROGRESS_SUFFIX, parse_rfc3339
+from ddp_api.contract import PROGRESS_ANNOTATION, PROGRESS_KEY, PROGRESS_SUFFIX, parse_rfc3339
 
 MAX_RECORD_CHARS = 4096  # a real record is about 250; the ConfigMap itself may hold 1 MiB
 MAX_COUNT = 2**53  # the largest integer a JSON number carries exactly
@@ -24,27 +25,42 @@ MAX_TEXT = 253
 INTEGERS = ("epoch", "step", "totalSteps", "worldSize", "heldAtStep")
 NUMBERS = ("loss", "samplesPerSecond")
 TEXTS = ("lastCheckpoint", "updatedAt")
-FIELDS = INTEGERS + NUMBERS + TEXTS  # the fields of api.Progress, and no others
+FIELDS = INTEGERS + NUMBERS + TEXTS  # the fields of api.Progress that a record may carry
+ETA = "estimatedRemainingSeconds"  # the field of api.Progress that the operator computes
 
 
 @dataclass(frozen=True)
 class Record:
-    """What the operator's cache keeps of one progress ConfigMap."""
+    """What the operator's caches keep of one record (a pod's annotation, a ConfigMap's key)."""
 
-    owner: str  # the uid of the DDPJob that owns it ("" when none does)
-    text: str | None  # data.progress; None when absent
+    owner: str  # the uid of the DDPJob that owns the pod or ConfigMap ("" when none does)
+    text: str | None  # the record; None when absent
     chars: int  # its length, kept when the text is too long to keep
 
 
-def record_of(configmap: Mapping[str, Any]) -> Record:
-    meta = configmap.get("metadata") or {}
-    owner = next(
-        (r.get("uid", "") for r in meta.get("ownerReferences") or [] if r.get("controller")), ""
-    )
-    text = (configmap.get("data") or {}).get(PROGRESS_KEY)
+def _owner(meta: Mapping[str, Any]) -> str:
+    refs = meta.get("ownerReferences") or []
+    return next((r.get("uid", "") for r in refs if r.get("controller")), "")
+
+
+def _record(owner: str, text: Any) -> Record:
     if not isinstance(text, str):
         return Record(owner, None, 0)
     return Record(owner, text if len(text) <= MAX_RECORD_CHARS else None, len(text))
+
+
+def record_of(configmap: Mapping[str, Any]) -> Record:
+    """A job's progress ConfigMap (where trainer pods run as the job's own account)."""
+    meta = configmap.get("metadata") or {}
+    return _record(_owner(meta), (configmap.get("data") or {}).get(PROGRESS_KEY))
+
+
+def record_of_pod(pod: Mapping[str, Any]) -> Record | None:
+    """The record in a pod's progress annotation (None: it has none). The pod may change that
+    annotation and nothing else of itself (the admission policy), so its owner is the job's."""
+    meta = pod.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(PROGRESS_ANNOTATION)
+    return None if text is None else _record(_owner(meta), text)
 
 
 def job_of(configmap: Mapping[str, Any]) -> str | None:
@@ -91,14 +107,14 @@ def parse(record: Record) -> dict[str, Any]:
     the status by the merge patch); raises :class:`Rejected` naming the first problem."""
     if record.text is None:
         if record.chars:
-            raise Rejected(f"{PROGRESS_KEY} is {record.chars} characters, over {MAX_RECORD_CHARS}")
+            raise Rejected(f"the record is {record.chars} characters, over {MAX_RECORD_CHARS}")
         raise Rejected(f"data.{PROGRESS_KEY} is missing")
     try:
         raw = json.loads(record.text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        raise Rejected(f"{PROGRESS_KEY} is not JSON: {e.msg} at character {e.pos}") from e
+        raise Rejected(f"the record is not JSON: {e.msg} at character {e.pos}") from e
     if not isinstance(raw, dict):
-        raise Rejected(f"{PROGRESS_KEY} must be a JSON object, not {type(raw).__name__}")
+        raise Rejected(f"the record must be a JSON object, not {type(raw).__name__}")
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         what = "is not a field" if len(unknown) == 1 else "are not fields"
@@ -128,6 +144,42 @@ def parse(record: Record) -> dict[str, Any]:
     return out
 
 
+def order(progress: Mapping[str, Any]) -> tuple[str, int]:
+    """How new a valid record is: its ``updatedAt`` (the reporting pod's clock, whole seconds,
+    which sorts as text), then its step. Rank 0 may move to another pod (an elastic job), and
+    the pod that held it keeps its last record: the newest of a job's records is its progress."""
+    step = progress.get("step")
+    return (progress.get("updatedAt") or "", -1 if step is None else int(step))
+
+
+def older(progress: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether ``progress`` was reported before ``than`` (status.progress): a record left in a
+    pod that is no longer rank 0 must not replace a newer one whose pod has gone. Records
+    without ``updatedAt`` are never older."""
+    mine, theirs = progress.get("updatedAt"), (than or {}).get("updatedAt")
+    return bool(mine and theirs and mine < theirs)
+
+
 def without_unset(progress: Mapping[str, Any] | None) -> dict[str, Any]:
     """Progress as the API server stores it: unset fields absent."""
     return {k: v for k, v in (progress or {}).items() if v is not None}
+
+
+def remaining_seconds(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> int | None:
+    """The seconds a run needs until ``totalSteps`` at the pace between two reports (``previous``,
+    what ``status.progress`` holds, and ``new``, a parsed record): None where they give no pace
+    (no previous report, the step or the time did not advance: a hold, a resume from a
+    checkpoint, a report repeated), or no total. The same report seen again keeps its value."""
+    previous = previous or {}
+    step, total, at = new.get("step"), new.get("totalSteps"), new.get("updatedAt")
+    before, then = previous.get("step"), previous.get("updatedAt")
+    if (step, at) == (before, then):
+        value = previous.get(ETA)
+        return value if isinstance(value, int) else None
+    now_at, then_at = parse_rfc3339(at), parse_rfc3339(then)
+    if step is None or total is None or before is None or now_at is None or then_at is None:
+        return None
+    seconds = (now_at - then_at).total_seconds()
+    if new.get("heldAtStep") is not None or step <= before or seconds <= 0:
+        return None
+    return round((total - step) * seconds / (step - before))

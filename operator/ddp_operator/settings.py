@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .leadership import Durations
 from .plan import COMPLETION_GRACE_S, NODE_LOST_GRACE_S
-from .render import OperatorConfig
+from .render import DEFAULT_TRAINER_POLICY, OperatorConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class Settings:
     # Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission (needs the chart's
     # kueue.enabled RBAC); off, the operator never reads or writes Kueue's objects.
     kueue: bool = False
+    # The chart's ClusterRole for the namespaces' trainer account, and the admission policy
+    # (and its binding) that confines it: all three share this name, the release's.
+    trainer_policy: str = DEFAULT_TRAINER_POLICY
     # Leader election (docs/design.md, "The operator's own failures"): the replica that holds
     # the Lease lease_namespace/lease_name acts; off, this process acts alone (one replica only).
     leader_election: bool = True
@@ -88,6 +91,7 @@ class Settings:
             workers=int(number("DDP_WORKERS", defaults.workers, 1)),
             metrics_port=int(number("DDP_METRICS_PORT", defaults.metrics_port, 0)),
             kueue=flag("DDP_KUEUE"),
+            trainer_policy=environ.get("DDP_TRAINER_POLICY") or defaults.trainer_policy,
             leader_election=flag("DDP_LEADER_ELECTION", "true"),
             lease_name=environ.get("DDP_LEASE_NAME") or defaults.lease_name,
             lease_namespace=environ.get("DDP_LEASE_NAMESPACE") or defaults.lease_namespace,

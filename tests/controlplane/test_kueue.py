@@ -63,8 +63,9 @@ def operator(
             "DDP_KUEUE": "true",
             "DDP_RESYNC_S": "2",
             "DDP_DEFAULT_IMAGE": "trainer:test",
-            "DDP_LEASE_NAME": RELEASE,
-        },  # the release's Lease, as its chart names it
+            "DDP_TRAINER_POLICY": f"{RELEASE}-trainer-progress",  # as the chart sets it
+            "DDP_LEASE_NAME": RELEASE,  # the release's Lease, as its chart names it
+        },
         service_account=RELEASE,
     )
     with op:
@@ -350,8 +351,14 @@ def test_the_operator_used_exactly_the_rbac_of_the_kueue_value(
     """Runs last in this module: every rule kueue.enabled adds was used, and no more."""
     used, refused = q2.cp.requests_of(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
     assert not refused, f"the operator was refused: {sorted(set(refused))}"
-    rbac = chart_rbac()  # the ClusterRole, and the Role of the release's Lease
-    granted = {rule for d in rbac if d["kind"] in ("ClusterRole", "Role") for rule in role_rules(d)}
+    # The release's own ClusterRole, and the Role of its Lease (leader election).
+    lease_role = f"{RELEASE}-leader-election"
+    granted = {
+        rule
+        for d in chart_rbac()
+        if (d["kind"], d["metadata"]["name"]) in (("ClusterRole", RELEASE), ("Role", lease_role))
+        for rule in role_rules(d)
+    }
     kueue_rules = {x for x in granted if x[0] in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert used <= granted
     assert kueue_rules - used == set(), "rules of kueue.enabled that nothing used"

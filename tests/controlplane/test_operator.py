@@ -24,6 +24,7 @@ import pytest
 import yaml
 from kwok_harness import KwokNamespace
 
+from ddp_api.contract import PROGRESS_ANNOTATION, pod_path
 from ddp_api.ddpjob import DDPJob
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane, role_rules
@@ -33,6 +34,8 @@ from ddp_trainer.progress import InClusterProgressWriter
 
 pytestmark = pytest.mark.controlplane
 RBAC_FILE = Path(__file__).resolve().parents[2] / "manifests" / "rbac" / "operator.yaml"
+TRAINER_FILE = RBAC_FILE.parent / "trainer-progress.yaml"  # ClusterRole, policy and binding
+POLICY = render.DEFAULT_TRAINER_POLICY  # their name, as manifests/ (the chart's defaults) has it
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,12 @@ class Account:
 
     def call(self, method: str, path: str, body: Any = None, merge: bool = False) -> int:
         """The HTTP status of one request."""
+        return self.answer(method, path, body, merge)[0]
+
+    def answer(
+        self, method: str, path: str, body: Any = None, merge: bool = False
+    ) -> tuple[int, str]:
+        """The HTTP status of one request, and the API server's message when it refused."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"{self.cp.server}{path}", data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
@@ -66,22 +75,31 @@ class Account:
         context = ssl.create_default_context(cafile=str(self.cp.ca_file))
         try:
             with urllib.request.urlopen(req, context=context, timeout=30) as r:
-                return int(r.status)
+                return int(r.status), ""
         except urllib.error.HTTPError as e:
-            return int(e.code)
+            return int(e.code), str(json.loads(e.read() or b"{}").get("message", ""))
 
-    def report(self, ns: str, job: str, text: str) -> bool | None:
-        """``text`` as the progress record, sent by the trainer's client; None if refused."""
+    def report(self, ns: str, job: str, text: str, pod: str | None = None) -> bool | None:
+        """``text`` as the progress record, sent by the trainer's client into the job's
+        ConfigMap, or into the annotation of ``pod`` (its own); None if refused."""
         sa = Path(tempfile.mkdtemp())
         (sa / "token").write_text(self.token)
         (sa / "ca.crt").write_bytes(self.cp.ca_file.read_bytes())
         host, port = urllib.parse.urlsplit(self.cp.server).netloc.rsplit(":", 1)
-        client = InClusterProgressWriter(host, port, sa)
+        client = InClusterProgressWriter(host, port, sa, pod=pod)
         try:
-            client.patch_configmap(ns, job, {"data": {"progress": text}})
+            if pod is None:
+                client.patch_configmap(ns, job, {"data": {"progress": text}})
+            else:
+                client.patch(pod_path(ns, pod), annotated(text))
         except urllib.error.HTTPError:
             return None
         return True
+
+
+def annotated(text: str) -> dict[str, Any]:
+    """The merge patch that puts ``text`` into a pod's progress annotation, as rank 0 does."""
+    return {"metadata": {"annotations": {PROGRESS_ANNOTATION: text}}}
 
 
 class Cluster(KwokNamespace):
@@ -94,12 +112,50 @@ class Cluster(KwokNamespace):
         )
         return Account(self.cp, token.strip())
 
+    def pod_account(self, pod: str) -> Account:
+        """A token of the namespace's trainer account bound to ``pod``, as the kubelet mounts
+        it into that pod: the API server then knows the pod (``userInfo.extra``)."""
+        uid = self.get("pod", pod, check=True)["metadata"]["uid"]
+        token = self.until(
+            f"a token bound to {pod}",
+            lambda: self.k(
+                "create", "token", render.PROGRESS_ACCOUNT, "--bound-object-kind=Pod",
+                f"--bound-object-name={pod}", f"--bound-object-uid={uid}", check=False,
+            ),
+        )  # fmt: skip
+        return Account(self.cp, token.strip())
+
     def report(self, job: str, record: Any) -> None:
         """Writes a progress record as rank 0 of ``job`` does, with the trainer's own client and
         a token of the job's ServiceAccount, once the operator has made the ConfigMap."""
         text = record if isinstance(record, str) else json.dumps(record)
         trainer = self.account(f"{job}-trainer")
         self.until(f"{job}'s progress reported", lambda: trainer.report(self.ns, job, text))
+
+    def report_in_pod(self, pod: str, record: Any) -> None:
+        """Writes a progress record as rank 0 does from ``pod``: into that pod's annotation,
+        with the trainer's own client and a token bound to the pod, once the operator has
+        granted the namespace's account."""
+        text = record if isinstance(record, str) else json.dumps(record)
+        trainer = self.pod_account(pod)
+        job = pod.rsplit("-node-", 1)[0]
+        self.until(f"{pod}'s progress reported", lambda: trainer.report(self.ns, job, text, pod))
+
+    def policy(self, present: bool) -> None:
+        """Deletes the binding of the trainers' admission policy, or applies it again, and
+        waits until the operator has seen it (its log says so each time)."""
+        said = "in force: trainer pods report" if present else "not in force"
+        before = self.op.log.read_text().count(f"admission policy {POLICY} {said}")
+        if present:
+            self.k("apply", "--server-side", "--force-conflicts", "-f", str(TRAINER_FILE), ns="")
+        else:
+            self.k("delete", "validatingadmissionpolicybinding", POLICY, ns="")
+        self.until(
+            f"the operator to see the policy {'back' if present else 'gone'}",
+            lambda: (
+                self.op.log.read_text().count(f"admission policy {POLICY} {said}") > before or None
+            ),
+        )
 
     def reason(self, job: str, reason: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Waits until ``status.reason`` (the reason of the phase's condition) is ``reason``."""
@@ -167,7 +223,7 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in ctr["volumeMounts"]
-    assert spec["serviceAccountName"] == "digits-trainer"  # the job's own, owned by it
+    assert spec["serviceAccountName"] == render.PROGRESS_ACCOUNT  # the namespace's
 
     # `kubectl get ddpj` shows the phase and ready/desired nodes.
     table = c.k("get", "ddpj", "digits")
@@ -175,20 +231,41 @@ def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluste
     assert table.split("\n")[1].split()[:3] == ["digits", "Running", "2/2"]
     assert any(r == "CreatingPods" for _, r, _ in c.events("digits"))
 
-    # The trainer's ServiceAccount may patch the job's progress ConfigMap, and nothing else.
-    who = f"--as=system:serviceaccount:{c.ns}:digits-trainer"
-    yes = c.k("auth", "can-i", "patch", "configmaps/digits-progress", who)
-    assert yes.strip() == "yes"
+    # The trainers' ServiceAccount may patch pods (the admission policy narrows that to its own
+    # pod's progress annotation: test_a_pods_token_...), and nothing else.
+    who = f"--as=system:serviceaccount:{c.ns}:{render.PROGRESS_ACCOUNT}"
+    assert c.k("auth", "can-i", "patch", "pods", who).strip() == "yes"
     for verb, what in (
         ("patch", "ddpjobs.ddp.dev"),
         ("patch", "ddpjobs.ddp.dev/digits --subresource=status"),
+        ("patch", "pods/digits-node-0 --subresource=status"),
         ("get", "configmaps/digits-progress"),
         ("create", "configmaps"),
-        ("patch", "configmaps/other-progress"),
         ("get", "pods"),
+        ("delete", "pods"),
+        ("create", "pods"),
         ("get", "secrets"),
     ):
         assert c.k("auth", "can-i", verb, *what.split(), who, check=False).strip() == "no"
+    # The job made nothing but its pods and Services: the account and its RoleBinding are the
+    # namespace's, made at its first job (the ConfigMap is every namespace's CA bundle).
+    expected = sorted(
+        [
+            "configmap/kube-root-ca.crt",
+            f"rolebinding.rbac.authorization.k8s.io/{render.PROGRESS_ACCOUNT}",
+            "serviceaccount/default",
+            f"serviceaccount/{render.PROGRESS_ACCOUNT}",
+        ]
+    )
+
+    def made() -> list[str]:
+        return sorted(
+            c.k("get", "serviceaccounts,roles,rolebindings,configmaps", "-o", "name").split()
+        )
+
+    c.until("the namespace's objects", lambda: made() == expected or None)
+    time.sleep(1)  # nothing more comes
+    assert made() == expected
 
 
 def test_user_overrides_and_own_command_are_merged_into_the_pods(c: Cluster) -> None:
@@ -300,6 +377,48 @@ def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
         t == "Warning" and r == "Disruption" and "EvictionByEvictionAPI" in m
         for t, r, m in c.events("evicted")
     )
+
+
+def test_a_job_whose_step_stops_moving_is_restarted_as_stalled_then_counted(c: Cluster) -> None:
+    """The deadline is turned on once a step has been reported, so the stall begins at a known
+    moment: the first stall at step 5 is a disruption; after each restart rank 0 reports step 5
+    again and hangs there: that stall is a restart, and the next spends backoffLimit 1."""
+    c.submit("hung", {"nodes": 2, "backoffLimit": 1, "progressDeadlineSeconds": 0})
+    c.running("hung", 2)
+    reports = iter(f"2026-11-26T10:00:0{i}Z" for i in range(5))
+
+    def report_step_5() -> None:  # as a fresh rank 0 that resumed and hangs after step 5
+        c.report_in_pod("hung-node-0", {"step": 5, "totalSteps": 100, "updatedAt": next(reports)})
+
+    def recreated(before: dict[str, str]) -> dict[str, str]:
+        def now() -> dict[str, str] | None:
+            uids = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
+            fresh = uids.keys() == before.keys() and not set(before.values()) & set(uids.values())
+            return uids if fresh else None
+
+        uids = c.until("both node pods recreated", now)
+        c.running("hung", 2)
+        return uids
+
+    report_step_5()
+    c.until("step 5", lambda: c.status("hung").get("progress", {}).get("step") == 5 or None)
+    first = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
+    c.k("patch", "ddpjob", "hung", "--type=merge", "-p", '{"spec":{"progressDeadlineSeconds":2}}')
+    status = c.reason("hung", "Stalled")
+    assert status["disruptions"] == 1 and status["restarts"] == 0 and status["stalledAtStep"] == 5
+    second = recreated(first)
+    assert c.status("hung")["restarts"] == 0  # no report since Running: starting, not stalled
+    report_step_5()
+    c.until("a restart for the second stall", lambda: c.status("hung").get("restarts") == 1 or None)
+    recreated(second)
+    report_step_5()
+    done = c.until("Failed", lambda: (s := c.status("hung")).get("phase") == "Failed" and s)
+    assert done["reason"] == "Stalled" and done["restarts"] == 2
+    stalls = [m for t, r, m in c.events("hung") if t == "Warning" and r == "Stalled"]
+    assert len(stalls) == 3 and all(
+        "no training step for" in m and "at step 5" in m for m in stalls
+    )
+    assert [i["kind"] for i in done["incidents"]] == ["Stalled"] * 3
 
 
 def test_a_node_lost_after_its_peer_finished_is_not_replaced(c: Cluster) -> None:
@@ -665,11 +784,26 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.running("metered", 2)
     running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
     assert scrape(c.op.metrics_url)[running] == 1
-    c.report("metered", {"step": 1, "totalSteps": 10})  # rank 0's first step, as it reports it
+    c.report_in_pod("metered-node-0", {"step": 1, "totalSteps": 10})  # rank 0's first step
     c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
     c.k("delete", "pod", "metered-node-1")
     c.until("a restart", lambda: c.status("metered").get("restarts") == 1 or None)
     c.running("metered", 2)
+    (incident,) = c.status("metered")["incidents"]
+    assert incident["kind"] == "Failure" and incident["atStep"] == 1 and "resumedAt" not in incident
+    # Rank 0's first report after the restart closes it with what it cost.
+    detected = dt.datetime.strptime(incident["detectedAt"], "%Y-%m-%dT%H:%M:%SZ")
+    resumed = (detected + dt.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    c.report_in_pod("metered-node-0", {"step": 1, "totalSteps": 10, "updatedAt": resumed})
+    closed = c.until(
+        "the incident closed",
+        lambda: (i := c.status("metered")["incidents"][0]).get("resumedAt") == resumed and i,
+    )
+    assert closed["seconds"] == 2.0 and closed["stepsRedone"] == 1
+    c.until(
+        "its cost observed", lambda: delta("ddp_operator_recovery_seconds_count", kind="Failure")
+    )
+    assert delta("ddp_operator_steps_redone_sum", kind="Failure") == 1
     c.exit("metered-node-0", 0)
     c.exit("metered-node-1", 0)
     c.phase("metered", "Succeeded")
@@ -684,7 +818,8 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     assert delta("ddp_operator_reconcile_duration_seconds_count") >= 3
     assert ("ddp_operator_workqueue_depth", ()) in after
     assert all(
-        set(dict(labels)) <= {"namespace", "phase", "reason", "code", "le"} for _, labels in after
+        set(dict(labels)) <= {"namespace", "phase", "reason", "code", "kind", "le"}
+        for _, labels in after
     )
 
 
@@ -694,6 +829,18 @@ GOOD_PROGRESS = {
 }  # fmt: skip
 
 
+@pytest.fixture
+def without_policy(c: Cluster) -> Iterator[None]:
+    """The trainers' admission policy not in force (its binding deleted) while a test runs:
+    the operator gives each job's pods an account and a ConfigMap of their own, as before."""
+    c.policy(present=False)
+    try:
+        yield
+    finally:
+        c.policy(present=True)
+
+
+@pytest.mark.usefixtures("without_policy")
 def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: Cluster) -> None:
     for name in ("a", "b"):
         c.submit(name, {"nodes": 1})
@@ -746,6 +893,162 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
     assert pod_a.call("PATCH", f"{maps}/a-progress", relabel, merge=True) == 200
     c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 77 or None)
     assert "progress" not in c.status("b")
+
+
+def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Cluster) -> None:
+    """The pods of the bundled trainer run as the namespace's account. With a token bound to
+    its pod, as the kubelet mounts it, rank 0 may write its progress into its own pod's
+    annotation; the admission policy refuses any other change, naming its rule."""
+    for name in ("a", "b"):
+        c.submit(name, {"nodes": 2})
+        c.running(name, 2)
+    pod_a = c.pod_account("a-node-0")
+    jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
+    pods = f"/api/v1/namespaces/{c.ns}/pods"
+    own = f"{pods}/a-node-0"
+    forged = {"status": {"phase": "Succeeded"}}
+    job_b, record = c.job("b"), json.dumps(GOOD_PROGRESS)
+    for method, path, body in (  # RBAC: nothing but patch on pods
+        ("PATCH", f"{jobs}/b/status", forged),
+        ("PATCH", f"{jobs}/a/status", forged),
+        ("PATCH", f"{jobs}/a", {"spec": {"nodes": 1}}),
+        ("PUT", f"{jobs}/b", job_b),
+        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+        ("GET", f"{jobs}/a", None),
+        ("GET", own, None),
+        ("DELETE", f"{pods}/b-node-0", None),
+        ("POST", pods, c.get("pod", "a-node-1")),
+        ("PATCH", f"{own}/status", {"status": {"phase": "Succeeded"}}),
+        ("GET", f"/api/v1/namespaces/{c.ns}/configmaps", None),
+    ):
+        assert pod_a.call(method, path, body, merge=method == "PATCH") == 403, (method, path)
+    # The policy: no pod but its own, nothing of it but the progress annotation.
+    bound, unchanged = "only the pod its token is bound to", "spec, labels, owners or finalizers"
+    for path, body, rule in (
+        (f"{pods}/a-node-1", annotated(record), bound),  # its own job's other pod
+        (f"{pods}/a-rdzv", annotated(record), bound),
+        (f"{pods}/b-node-0", annotated(record), bound),  # another job's
+        (own, {"metadata": {"labels": {"ddp.dev/job-name": "b"}}}, unchanged),
+        (own, {"metadata": {"ownerReferences": None}}, unchanged),
+        (own, {"metadata": {"finalizers": ["example.com/keep"]}}, unchanged),
+        (own, {"spec": {"activeDeadlineSeconds": 5}}, unchanged),
+        (own, {"metadata": {"annotations": {"ddp.dev/attempt": "7"}}}, "no annotation"),
+        (own, annotated("x" * 10_000), "at most 4096 characters"),
+    ):
+        code, message = pod_a.answer("PATCH", path, body, merge=True)
+        assert code == 403 and f"ValidatingAdmissionPolicy '{POLICY}'" in message, message
+        assert rule in message, (path, body, message)
+    # A token of the account not bound to a pod (not what a kubelet mounts) changes no pod.
+    unbound = c.account(render.PROGRESS_ACCOUNT)
+    code, message = unbound.answer("PATCH", own, annotated(record), merge=True)
+    assert code == 403 and bound in message, message
+    assert c.status("b")["phase"] == "Running"
+
+    # A valid record reaches status.progress (and `kubectl get`); job B's stays empty.
+    assert pod_a.call("PATCH", own, annotated(record), merge=True) == 200
+    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 30 or None)
+    assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
+
+    # Forged or malformed records change nothing but an Event each, naming the pod and rule.
+    for forgery, why in (
+        ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
+        ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
+        ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
+    ):
+        c.report_in_pod("a-node-1", forgery)  # rank 0 may be any of the job's pods
+
+        def rejected(why: str = why) -> bool | None:
+            return (
+                any(
+                    r == "ProgressRejected" and why in m and "pod a-node-1" in m
+                    for _, r, m in c.events("a")
+                )
+                or None
+            )
+
+        c.until(f"an Event: {why}", rejected)
+    status = c.status("a")
+    assert status["phase"] == "Running" and status["progress"]["step"] == 30
+
+    # Rank 0 moved (an elastic round): the newest record of the job's pods is its progress,
+    # and a pod's older record never replaces it.
+    c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 40, "updatedAt": "2026-11-24T10:00:09Z"})
+    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 40 or None)
+    c.report_in_pod("a-node-0", {**GOOD_PROGRESS, "step": 35, "updatedAt": "2026-11-24T10:00:05Z"})
+    c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 41, "updatedAt": "2026-11-24T10:00:09Z"})
+    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 41 or None)
+
+    # The final record of a pod deleted right after it is kept.
+    c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 42, "updatedAt": "2026-11-24T10:00:10Z"})
+    c.k("delete", "pod", "a-node-1", "--wait=false")
+    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 42 or None)
+
+
+def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_their_own(
+    c: Cluster,
+) -> None:
+    """Fail closed: where the operator does not see the admission policy in force, it deletes
+    the namespace's RoleBinding (the account could patch any pod) and gives new jobs an
+    account and ConfigMap of their own. Once the policy is back, pods that run as the job's own
+    account (as a previous release made them) keep reporting through it until replaced, and
+    its objects go with the job."""
+    c.submit("a", {"nodes": 1})
+    c.running("a", 1)
+    grant = ("get", "rolebinding", render.PROGRESS_ACCOUNT, "-o", "name")
+    c.until("the namespace's grant", lambda: c.k(*grant, check=False).strip() or None)
+    pod_a, own = c.pod_account("a-node-0"), f"/api/v1/namespaces/{c.ns}/pods/a-node-0"
+
+    def step(job: str, n: int) -> Any:
+        return lambda: c.status(job).get("progress", {}).get("step") == n or None
+
+    def report_a(n: int) -> int:
+        return pod_a.call("PATCH", own, annotated(json.dumps({**GOOD_PROGRESS, "step": n})), True)
+
+    assert report_a(31) == 200
+    c.until("a's progress", step("a", 31))
+    c.policy(present=False)
+    try:
+        c.until("the grant withdrawn", lambda: not c.k(*grant, check=False).strip() or None)
+        assert report_a(32) == 403  # RBAC refuses it now, before any policy is asked
+        c.submit("b", {"nodes": 2})
+        c.running("b", 2)
+        assert {p["spec"]["serviceAccountName"] for p in c.workers("b").values()} == {"b-trainer"}
+        why = f"there is no ValidatingAdmissionPolicyBinding {POLICY}"
+        c.until(
+            "an Event saying why",
+            lambda: (
+                any(r == "TrainerPolicyMissing" and why in m for _, r, m in c.events("b")) or None
+            ),
+        )
+        c.report("b", GOOD_PROGRESS)
+        c.until("b's progress", step("b", 30))
+    finally:
+        c.policy(present=True)
+
+    # Back: a's pod may report again (the grant is made again at a's next reconcile) ...
+    c.until("a's grant again", lambda: report_a(33) == 200 or None)
+    c.until("a's progress", step("a", 33))
+    # ... b's pods keep their own account and ConfigMap until each is replaced ...
+    c.report("b", {**GOOD_PROGRESS, "step": 50})
+    c.until("b's progress", step("b", 50))
+    uid = c.workers("b")["b-node-1"]["metadata"]["uid"]
+    c.k("delete", "pod", "b-node-1")
+    new = c.until(
+        "b-node-1 replaced",
+        lambda: (
+            ((p := c.workers("b").get("b-node-1")) and p["metadata"]["uid"] != uid and p) or None
+        ),
+    )
+    assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
+    assert env_of(new)["DDPJOB_PROGRESS_INTO"] == "pod"
+    c.report_in_pod("b-node-1", {**GOOD_PROGRESS, "step": 60, "updatedAt": "2026-11-24T10:01:00Z"})
+    c.until("b's progress", step("b", 60))
+    # ... and b's objects go with b, by the garbage collector.
+    kinds = "serviceaccount,role,rolebinding,configmap"
+    per_job = ("get", kinds, "-l", f"{render.LABEL_JOB}=b", "-o", "name")
+    assert len(c.k(*per_job).split()) == 4
+    c.k("delete", "ddpjob", "b")
+    c.until("b's objects collected", lambda: not c.k(*per_job).strip() or None, timeout_s=60)
 
 
 # What release 0.1.0 made in a namespace: one ServiceAccount for every job, whose Role could patch
@@ -808,7 +1111,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
         return pod if pod and pod["metadata"]["uid"] != uids[name] else None
 
     new = c.until("node-1 replaced", lambda: replaced("old-node-1"))
-    assert new["spec"]["serviceAccountName"] == "old-trainer"
+    assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
     assert c.workers("old")["old-node-0"]["metadata"]["uid"] == uids["old-node-0"]
     # node-0 still runs as the old account: its path stays open
     assert old_pod.call("PATCH", status, old_report, merge=True) == 200
@@ -826,7 +1129,8 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     )
     c.until("the old account deleted", lambda: not c.k(*legacy, "-o", "name").strip() or None)
     assert old_pod.call("PATCH", status, old_report, merge=True) in (401, 403)
-    c.report("old", {**GOOD_PROGRESS, "step": 40})  # the new path
+    c.until("node-0 replaced", lambda: replaced("old-node-0"))
+    c.report_in_pod("old-node-0", {**GOOD_PROGRESS, "step": 40})  # the new path
     c.until("the new report", lambda: c.status("old")["progress"].get("step") == 40 or None)
     assert c.status("old")["phase"] in ("Running", "Restarting")
 
@@ -841,6 +1145,10 @@ def test_the_operator_used_exactly_the_rbac_in_manifests(
     # The ClusterRole, and the Role of its Lease in its own namespace (leader election).
     granted = {rule for d in docs if d["kind"] in ("ClusterRole", "Role") for rule in role_rules(d)}
     assert used <= granted
-    # Held only to be granted: RBAC lets the operator give a trainer's Role only what it holds.
-    held_to_grant = {("", "configmaps", "patch")}
+    # Held only to be granted: RBAC lets the operator give a trainer's Role only what it holds,
+    # and bind a ClusterRole only that it may `bind` (which no request of its own uses).
+    held_to_grant = {
+        ("", "configmaps", "patch"),
+        ("rbac.authorization.k8s.io", "clusterroles", "bind"),
+    }
     assert granted - used == held_to_grant, "rules in manifests/rbac/operator.yaml nothing used"

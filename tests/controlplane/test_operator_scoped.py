@@ -80,7 +80,15 @@ def test_an_operator_bound_in_one_namespace_runs_jobs_there_and_nowhere_else(
             detail=lambda: op.tail(20),
         )
         assert pods(other) == []  # never touched: outside the operator's namespaces
+        # It may not read the cluster's admission policy for the trainers' account, so it never
+        # grants that account: the job's pods run as an account of their own (fail closed).
+        pod = json.loads(
+            cp.kubectl("get", "pod", "scoped-node-0", "-n", watched, "-o", "json").stdout
+        )
+        assert pod["spec"]["serviceAccountName"] == "scoped-trainer"
         log = op.log.read_text()
         assert "watching the namespaces of DDPJobs one by one" in log
         assert f"watching pods and Services of namespace {watched}" in log
         assert "Traceback" not in log
+        policy = "admission policy ddp-operator-trainer-progress not in force"
+        assert f"{policy}: the operator cannot read it" in log

@@ -322,14 +322,20 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
         "readyNodes": 1,
         "ready": "1/2",
         "selector": "ddp.dev/job-name=digits",
-        "progress": {"epoch": 3, "step": 120, "loss": 0.25, "lastCheckpoint": "step-100"},
+        "progress": {
+            "epoch": 3,
+            "step": 120,
+            "loss": 0.25,
+            "lastCheckpoint": "step-100",
+            "estimatedRemainingSeconds": 42,
+        },
     }
     patch = json.dumps({"status": status})
     cp.kubectl(
         "patch", "ddpjob/digits", "-n", ns, "--subresource=status", "--type=merge", "-p", patch
     )
     row = cp.kubectl("get", "ddpj", "digits", "-n", ns, "-o", "wide").stdout.splitlines()[1]
-    assert row.split()[:7] == ["digits", "Running", "1/2", "3", "120", "0.25", "step-100"]
+    assert row.split()[:8] == ["digits", "Running", "1/2", "3", "120", "0.25", "step-100", "42"]
     scale = cp.request("GET", f"/apis/ddp.dev/v1alpha1/namespaces/{ns}/ddpjobs/digits/scale")
     assert scale["spec"]["replicas"] == 2
     assert scale["status"] == {"replicas": 2, "selector": "ddp.dev/job-name=digits"}

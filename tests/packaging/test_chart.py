@@ -12,9 +12,20 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_api.contract import PROGRESS_ANNOTATION
 from ddp_devcluster.plane import binary
 from ddp_operator.crd import crd_yaml
-from ddp_operator.render import LABEL_JOB, LABEL_ROLE, ROLE_WORKER, OperatorConfig
+from ddp_operator.progress_policy import binding_in_force, policy_in_force
+from ddp_operator.render import (
+    DEFAULT_TRAINER_POLICY,
+    LABEL_JOB,
+    LABEL_ROLE,
+    PROGRESS_ACCOUNT,
+    ROLE_WORKER,
+    OperatorConfig,
+    render_namespace_trainer,
+)
+from ddp_operator.reports import MAX_RECORD_CHARS
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "ddp-operator"
@@ -32,8 +43,10 @@ def render(*values: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [d for d in docs if d["kind"] == kind]
+def one(docs: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any]:
+    (found,) = [
+        d for d in docs if d["kind"] == kind and (not name or d["metadata"]["name"] == name)
+    ]
     return found
 
 
@@ -64,6 +77,7 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
     docs = render()
     assert sorted(d["kind"] for d in docs) == [
         "ClusterRole",
+        "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
         "PodDisruptionBudget",
@@ -71,9 +85,11 @@ def test_defaults_watch_all_namespaces_with_a_cluster_role_binding() -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     binding = one(docs, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == "ddp-operator"
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ddp-operator", "namespace": "ddp-system"}
     ]
@@ -251,3 +267,37 @@ def test_two_replicas_on_two_machines_elect_one_through_a_lease() -> None:
     ):
         proc = helm("template", "x", str(CHART), *bad, check=False)
         assert proc.returncode != 0 and why in proc.stderr, proc.stderr
+
+
+def test_the_trainers_policy_speaks_the_operators_names_and_fails_closed() -> None:
+    """The chart's ClusterRole, policy and binding for the namespaces' trainer account, and
+    what the operator renders and reads, agree (names, the annotation, the record's bound)."""
+    for values in ([], ["--set", "watchNamespaces={team-a}"]):
+        docs = render(*values)
+        name = DEFAULT_TRAINER_POLICY  # the release ddp-operator's, as in manifests/
+        role = one(docs, "ClusterRole", name)
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+        policy = one(docs, "ValidatingAdmissionPolicy", name)
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        (who,) = policy["spec"]["matchConditions"]
+        assert f"':{PROGRESS_ACCOUNT}'" in who["expression"]
+        rules = yaml.safe_dump(policy["spec"]["validations"], width=1000)
+        assert f"'{PROGRESS_ANNOTATION}'" in rules and f"<= {MAX_RECORD_CHARS}" in rules
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        assert policy_in_force(policy) and binding_in_force(binding)  # as the operator sees them
+        # The operator may grant that one ClusterRole (bind) and read the policy, not patch pods.
+        operator = one(docs, "ClusterRole", "ddp-operator")["rules"]
+        bind = {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"],
+            "resourceNames": [name],
+            "verbs": ["bind"],
+        }
+        assert bind in operator
+        assert not [r for r in operator if "pods" in r["resources"] and "patch" in r["verbs"]]
+        (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        assert {e["name"]: e["value"] for e in c["env"]}["DDP_TRAINER_POLICY"] == name
+    assert render_namespace_trainer("team")[1]["roleRef"]["name"] == name
+    other = render("--set", "fullnameOverride=ddp-b")  # a second release: names of its own
+    assert one(other, "ValidatingAdmissionPolicy")["metadata"]["name"] == "ddp-b-trainer-progress"

@@ -1,10 +1,13 @@
 """Test plugins: `padded_workload:build`, a tiny next-token model on sequences padded with -100
 in varying amounts (token-weighted loss); `padded_workload:nan_at_steps`, the spirals plugin
-whose loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS``."""
+whose loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS``;
+`padded_workload:hang_at_step`, the spirals plugin whose loss never returns at step ``HANG_STEP``
+on the ranks in ``HANG_RANKS`` (the others wait for them in the step's collectives)."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -48,5 +51,22 @@ def nan_at_steps(config) -> Workload:
         calls[0] += 1
         loss = F.cross_entropy(outputs, targets)
         return loss * float("nan") if poisoned and calls[0] in steps else loss
+
+    return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)
+
+
+def hang_at_step(config) -> Workload:
+    """One micro-batch per step and no evaluation: the n-th loss computed is step n's."""
+    workload = spirals(config)
+    step = int(os.environ.get("HANG_STEP", "0"))
+    ranks = {int(r) for r in os.environ.get("HANG_RANKS", "0").split(",") if r}
+    hangs = int(os.environ.get("RANK", "0")) in ranks
+    calls = [0]
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if hangs and calls[0] == step:
+            threading.Event().wait()  # a deadlock of the user's code: nothing ends it
+        return F.cross_entropy(outputs, targets)
 
     return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 from torch.utils.data import TensorDataset
+from trainer_harness import subprocess_env
 
 from ddp_trainer.batching import Position, batch_share, position_after
 from ddp_trainer.loader import StepBatches, resolve_workers, steps_from
@@ -110,6 +111,7 @@ def test_data_workers_survive_a_sigterm_to_the_process_group() -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # as torchrun starts its workers
+        env=subprocess_env(),  # the sources on its path, however pytest was started
     )
     try:
         assert reader.stdout is not None

@@ -157,3 +157,16 @@ def test_in_cluster_writer_needs_the_service_account_token(tmp_path: Path, monke
     assert progress.InClusterProgressWriter.from_env({}) is None
     with pytest.raises(RuntimeError, match="KUBECONFIG is not set"):
         progress.progress_writer({})
+
+
+def test_rank_0_writes_into_its_own_pod_when_the_operator_says_so() -> None:
+    pod = {"DDPJOB_PROGRESS_INTO": "pod", "POD_NAME": "j-node-1", "HOSTNAME": "j-node-1"}
+    assert progress.progress_pod(pod) == "j-node-1"
+    assert progress.progress_pod({**pod, "POD_NAME": ""}) == "j-node-1"  # the hostname
+    assert progress.progress_pod({**pod, "DDPJOB_PROGRESS_INTO": "configmap"}) is None
+    assert progress.progress_pod({"POD_NAME": "j-node-1"}) is None  # an earlier operator's pod
+    record = {"step": 3, "loss": None}
+    # One annotation and nothing else: the admission policy refuses a patch of anything more.
+    assert progress.pod_patch(record) == {
+        "metadata": {"annotations": {"ddp.dev/progress": '{"step":3,"loss":null}'}}
+    }

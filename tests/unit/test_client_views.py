@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddp_api.contract import parse_run_log
 from ddp_client.curves import curves
-from ddp_client.live import LiveView, exit_code, progress_line
+from ddp_client.live import LiveView, duration, exit_code, progress_line
 from ddp_client.loglines import (
     LiveMerge,
     LogLine,
@@ -34,6 +34,10 @@ def test_progress_line_and_live_view_come_from_status_progress() -> None:
     assert line.startswith("[" + "#" * 15 + "-" * 15 + "]")
     assert "epoch 1 step 33/66 loss 0.5123    140 samples/s (world size 2)" in line
     assert progress_line({}) == "[" + "-" * 30 + "] epoch ? step 0/? (world size ?)"
+    assert progress_line({**progress, "estimatedRemainingSeconds": 307}).endswith(
+        "(world size 2) ETA 5m07s"
+    )
+    assert [duration(s) for s in (42, 60, 11045)] == ["42s", "1m00s", "3h04m"]
 
     out: list[str] = []
     view = LiveView(out.append)
@@ -181,3 +185,18 @@ def test_curves_take_loss_and_lr_by_step_the_last_line_of_a_replayed_step_winnin
     assert c.loss == [(1, 2.3), (2, 2.0), (3, 1.8), (4, 1.7)]
     assert c.lr == [(1, 0.001), (2, 0.002), (3, 0.003)]
     assert not c.empty and curves([{"event": "start"}]).empty
+
+
+def test_the_live_view_says_each_incident_once_when_it_closes() -> None:
+    out: list[str] = []
+    view = LiveView(out.append)
+    lost = {"kind": "NodeLost", "detectedAt": "2026-11-26T10:05:10Z", "atStep": 40}
+    view({"phase": "Restarting", "incidents": [lost]})  # open: nothing yet
+    closed = {**lost, "resumedAt": "2026-11-26T10:05:41Z", "seconds": 31.0}
+    closed |= {"resumedStep": 36, "stepsRedone": 5}
+    view({"phase": "Running", "incidents": [closed]})
+    view({"phase": "Running", "incidents": [closed]})
+    said = [line.strip() for line in out if "incident" in line]
+    assert said == [
+        "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)"
+    ]

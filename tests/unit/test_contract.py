@@ -11,9 +11,15 @@ from pydantic import ValidationError
 from ddp_api import contract
 from ddp_api.ddpjob import DDPJob, Progress
 from ddp_api.trainer_config import load_settings
-from ddp_operator import kube, render, reports
+from ddp_operator import kube, plan, render, reports
 from ddp_trainer import node, rdzv_store
-from ddp_trainer.progress import configmap_patch, progress_record, reporting_target
+from ddp_trainer.progress import (
+    configmap_patch,
+    pod_patch,
+    progress_pod,
+    progress_record,
+    reporting_target,
+)
 
 CFG = render.OperatorConfig(default_image="trainer:test")
 JOB = DDPJob.model_validate(
@@ -42,8 +48,8 @@ def test_the_trainers_progress_record_is_what_the_api_declares_and_the_operator_
     )
     # Every key the trainer sends is a field of Progress (extra fields are refused) ...
     parsed = Progress.model_validate(sent)
-    # ... and every field of Progress is one the trainer sends: neither side has more.
-    declared = {f.alias for f in Progress.model_fields.values()}
+    # ... and every field of Progress but the operator's estimate is one the trainer sends.
+    declared = {f.alias for f in Progress.model_fields.values()} - {reports.ETA}
     assert set(sent) == declared
     assert parsed.held_at_step == 30 and parsed.updated_at == "1970-01-01T00:00:00Z"
     # The operator reads the ConfigMap the trainer patches, and keeps every value.
@@ -100,12 +106,53 @@ def test_both_sides_write_and_read_one_timestamp_format() -> None:
         contract.parse_rfc3339("22/11/2026")
 
 
-def test_the_trainer_patches_the_configmap_its_pod_may_patch() -> None:
+def test_the_trainer_patches_its_own_pods_annotation_which_the_operator_reads() -> None:
+    pod = render.render_worker(JOB, 0, 0, CFG)
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+    assert env[contract.ENV_PROGRESS_INTO] == contract.PROGRESS_INTO_POD
+    assert env[contract.ENV_POD_NAME] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # The kubelet resolves the downward API: the trainer then patches this very pod ...
+    resolved = {**env, contract.ENV_POD_NAME: pod["metadata"]["name"]}
+    assert progress_pod(resolved) == "digits-node-0"
+    no_name = {**resolved, contract.ENV_POD_NAME: "", "HOSTNAME": "digits-node-0"}
+    assert progress_pod(no_name) == "digits-node-0"  # the hostname the operator sets
+    assert contract.pod_path("team", "digits-node-0") == (
+        kube.path_of(pod) + "/" + pod["metadata"]["name"]
+    )
+    assert pod["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
+    # ... and the operator reads back what it wrote, from its cache's view of the pod.
+    sent = progress_record(
+        epoch=0, step=3, total_steps=9, loss=1.5, samples_per_second=2.0,
+        last_checkpoint=None, world_size=2, now=0.0,
+    )  # fmt: skip
+    pod["metadata"]["uid"] = "p-1"
+    pod["metadata"]["annotations"].update(pod_patch(sent)["metadata"]["annotations"])
+    record = plan.view(pod).progress
+    assert record is not None and record.owner == "u-1" and reports.parse(record) == sent
+    # The namespace's account is bound to the chart's ClusterRole (the release's name).
+    account, binding = render.render_namespace_trainer("team", "r-trainer-progress")
+    assert account["metadata"]["name"] == render.PROGRESS_ACCOUNT
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": render.PROGRESS_ACCOUNT, "namespace": "team"}
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "r-trainer-progress",
+    }
+
+
+def test_where_the_policy_is_not_seen_the_trainer_patches_the_configmap_its_pod_may_patch() -> None:
     configmap = render.render_progress_configmap(JOB)
     assert contract.progress_configmap_path("team", "digits") == (
         kube.path_of(configmap) + "/" + configmap["metadata"]["name"]
     )
-    pod = render.render_worker(JOB, 0, 0, CFG)
+    pod = render.render_worker(JOB, 0, 0, render.OperatorConfig(progress_in_pod=False))
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+    assert env[contract.ENV_PROGRESS_INTO] == contract.PROGRESS_INTO_CONFIGMAP
+    assert progress_pod({**env, contract.ENV_POD_NAME: "digits-node-0"}) is None
     account, role, binding = render.render_trainer_identity(JOB)
     assert pod["spec"]["serviceAccountName"] == account["metadata"]["name"]
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]

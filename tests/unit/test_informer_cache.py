@@ -53,6 +53,23 @@ def test_a_relist_reports_exactly_the_jobs_that_differ() -> None:
     assert c.replace(listed) == set()
 
 
+def test_a_pod_that_leaves_is_told_as_it_was_last() -> None:
+    gone: list[tuple[tuple[str, str], str, str]] = []
+    c = informer.Cache(
+        render.LABEL_JOB, plan.view, removed=lambda key, v: gone.append((key, v.name, v.phase))
+    )
+    for p in (pod("a-0"), pod("b-0", job="b"), pod("c-0", job="c")):
+        c.apply("ADDED", p)
+    c.apply("DELETED", pod("a-0", phase="Succeeded"))  # the deleted object's last state
+    c.apply("MODIFIED", pod("b-0", job=None))  # no longer any job's
+    c.replace([pod("d-0", job="d")])  # c-0 went during a gap in the watch
+    assert gone == [
+        (("ns", "a"), "a-0", "Succeeded"),
+        (("ns", "b"), "b-0", "Pending"),
+        (("ns", "c"), "c-0", "Pending"),
+    ]
+
+
 def test_progress_configmaps_belong_to_the_job_their_name_says_whatever_their_label() -> None:
     c = informer.Cache(render.LABEL_JOB, reports.record_of, reports.job_of)
 

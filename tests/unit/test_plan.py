@@ -529,3 +529,102 @@ def test_machine_view_reads_the_ready_condition() -> None:
     assert planner.machine_view({"metadata": {"name": "new"}}).ready == "Unknown"
     pod_body = {"metadata": {"name": "j-node-0"}, "spec": {"nodeName": "m1"}, "status": {}}
     assert planner.view(pod_body).machine == "m1"
+
+
+# A job Running with both nodes ready since 11:00, its step last seen moving at 11:50.
+RUNNING_SINCE = "2026-01-01T11:00:00Z"
+STEPPING = {
+    "phase": "Running",
+    "reason": "AllNodesRunning",
+    "startTime": RUNNING_SINCE,
+    "conditions": [
+        {"type": "Running", "status": "True", "lastTransitionTime": RUNNING_SINCE},
+    ],
+    "progress": {"step": 57, "totalSteps": 100, "updatedAt": "2026-01-01T11:50:00Z"},
+    "lastStepTime": "2026-01-01T11:50:00Z",
+}
+
+
+def stall_plan(status: dict[str, Any], at: dt.datetime = NOW, **spec: Any) -> planner.Plan:
+    return planner.plan(job(**spec), status, [STORE, pod(0), pod(1)], at, CFG)
+
+
+def test_a_job_whose_step_stops_moving_is_restarted_at_its_progress_deadline() -> None:
+    waiting = stall_plan(STEPPING, progressDeadlineSeconds=900)  # 600 s quiet of 900
+    assert waiting.delete == [] and waiting.status["phase"] == "Running"
+    assert waiting.requeue_after == 300  # looked at again when it is due
+    p = stall_plan(STEPPING, progressDeadlineSeconds=600)
+    assert p.delete == ["j-node-0", "j-node-1"]  # the nodes; the store stays
+    assert p.status["phase"] == "Restarting" and p.status["reason"] == "Stalled"
+    assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
+    assert p.status["stalledAtStep"] == 57
+    (message,) = [m for _, r, m in p.events if r == "Stalled"]
+    assert "no training step for 600s at step 57 (progressDeadlineSeconds 600)" in message
+    # Stalled again at the same step: that one counts against backoffLimit.
+    again = stall_plan({**STEPPING, "stalledAtStep": 57}, progressDeadlineSeconds=600)
+    assert again.status["restarts"] == 1 and "disruptions" not in again.status
+    spent = stall_plan(
+        {**STEPPING, "stalledAtStep": 57}, progressDeadlineSeconds=600, backoffLimit=0
+    )
+    assert spent.status["phase"] == "Failed" and spent.status["reason"] == "Stalled"
+
+
+def test_the_default_deadline_is_ten_minutes_or_ten_step_times() -> None:
+    assert planner.progress_deadline_s(None, None) == 600
+    slow = {"step": 50, "totalSteps": 100, "estimatedRemainingSeconds": 5000}  # 100 s a step
+    assert planner.progress_deadline_s(None, slow) == 1000
+    assert planner.progress_deadline_s(0, slow) == 0 and planner.progress_deadline_s(30, slow) == 30
+    assert stall_plan(STEPPING).status["reason"] == "Stalled"  # 600 s quiet: the default's floor
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"progressDeadlineSeconds": 0}, "the deadline is off"),
+        ({"progress": {**STEPPING["progress"], "heldAtStep": 57}}, "held"),
+        ({"progress": {**STEPPING["progress"], "step": 100}}, "past the last step"),
+        ({"lastStepTime": "2026-01-01T11:55:00Z"}, "the step moved 5 min ago"),
+        ({"reason": "NodesNotReady"}, "not every node ready"),
+        (
+            {
+                "conditions": [
+                    {
+                        "type": "Running",
+                        "status": "True",
+                        "lastTransitionTime": "2026-01-01T11:58:00Z",
+                    }
+                ]
+            },
+            "Running again for 2 min only",
+        ),
+    ],
+)
+def test_no_stall_is_said_where_no_step_is_due(change: dict[str, Any], why: str) -> None:
+    spec = {"progressDeadlineSeconds": change.pop("progressDeadlineSeconds", 600)}
+    p = stall_plan({**STEPPING, **change}, **spec)
+    assert p.delete == [] and p.status.get("reason") != "Stalled", why
+
+
+def test_a_job_without_a_report_since_it_became_running_is_starting_not_stalled() -> None:
+    silent = {k: v for k, v in STEPPING.items() if k not in ("progress", "lastStepTime")}
+    own = {"command": ["python", "train.py"], "progressDeadlineSeconds": 60}
+    assert stall_plan(silent, **own).delete == []
+    assert stall_plan(silent, progressDeadlineSeconds=60).delete == []  # loading its data
+    # The first report after a restart starts the clock even at the step it stalled at.
+    again = {**STEPPING, "lastStepTime": "2026-01-01T10:00:00Z"}  # before it became Running
+    assert stall_plan(again, progressDeadlineSeconds=60).delete == []
+    report = {**STEPPING["progress"], "updatedAt": "2026-01-01T11:59:00Z"}  # the same step 57
+    p = planner.plan(
+        job(progressDeadlineSeconds=60), again, [STORE, pod(0), pod(1)], NOW, CFG,
+        progress=report,
+    )  # fmt: skip
+    assert p.status["lastStepTime"] == "2026-01-01T12:00:00Z"
+
+
+def test_a_new_step_in_a_report_restarts_the_clock() -> None:
+    report = {**STEPPING["progress"], "step": 58, "updatedAt": "2026-01-01T12:00:00Z"}
+    p = planner.plan(
+        job(progressDeadlineSeconds=600), STEPPING, [STORE, pod(0), pod(1)], NOW, CFG,
+        progress=report,
+    )  # fmt: skip
+    assert p.status["lastStepTime"] == "2026-01-01T12:00:00Z" and p.delete == []

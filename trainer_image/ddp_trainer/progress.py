@@ -2,10 +2,13 @@
 which ``kubectl ddp plot`` draws), and rank 0's progress record for the DDPJob's status.
 The trainer's Prometheus metrics are another thing: :mod:`ddp_trainer.metrics`.
 
-Rank 0 writes the record into its job's progress ConfigMap (``contract.progress_configmap``),
-the one object its ServiceAccount may patch; the operator validates it and copies it into
-``status.progress``. Reporting is best effort: it runs in a background thread with short
-timeouts, logs its first failure once, and never fails or stalls training.
+Rank 0 writes the record where the operator told it (``DDPJOB_PROGRESS_INTO``): into the
+annotation ``ddp.dev/progress`` of its own pod, the one change the namespace's trainer account
+may make (an admission policy holds it to the pod its token is bound to), or into its job's
+progress ConfigMap (``contract.progress_configmap``), the one object a job's own account may
+patch. The operator validates it and copies it into ``status.progress``. Reporting is best
+effort: it runs in a background thread with short timeouts, logs its first failure once, and
+never fails or stalls training.
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ from typing import Any
 from ddp_api.contract import (
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
+    ENV_POD_NAME,
     ENV_PROGRESS_INTERVAL,
+    ENV_PROGRESS_INTO,
+    PROGRESS_ANNOTATION,
+    PROGRESS_INTO_POD,
     PROGRESS_KEY,
     RUN_LOG_FILE,
     parse_run_log,
+    pod_path,
     progress_configmap,
     progress_configmap_path,
     rfc3339,
@@ -95,9 +103,19 @@ def progress_record(
     }
 
 
+def _text(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), allow_nan=False)
+
+
 def configmap_patch(record: dict[str, Any]) -> dict[str, Any]:
     """The merge patch of the progress ConfigMap that carries ``record``."""
-    return {"data": {PROGRESS_KEY: json.dumps(record, separators=(",", ":"), allow_nan=False)}}
+    return {"data": {PROGRESS_KEY: _text(record)}}
+
+
+def pod_patch(record: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch of rank 0's own pod that carries ``record``: that one annotation, the
+    only change the admission policy allows (any other field in the patch is refused)."""
+    return {"metadata": {"annotations": {PROGRESS_ANNOTATION: _text(record)}}}
 
 
 def should_report(now: float, last_report: float | None, interval_s: float, final: bool) -> bool:
@@ -111,6 +129,14 @@ def reporting_target(environ: dict[str, str] | os._Environ[str]) -> tuple[str, s
     return (name, namespace) if name and namespace else None
 
 
+def progress_pod(environ: Mapping[str, str]) -> str | None:
+    """The pod whose annotation takes the record (this pod: the downward API's name, else the
+    hostname, which the operator sets to it); None: the job's ConfigMap takes it."""
+    if environ.get(ENV_PROGRESS_INTO) != PROGRESS_INTO_POD:
+        return None
+    return environ.get(ENV_POD_NAME) or environ.get("HOSTNAME") or None
+
+
 def interval_from_env(environ: dict[str, str] | os._Environ[str]) -> float:
     try:
         return max(0.0, float(environ.get(ENV_PROGRESS_INTERVAL, DEFAULT_INTERVAL_S)))
@@ -122,29 +148,38 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class InClusterProgressWriter:
-    """PATCHes the job's progress ConfigMap with the pod's ServiceAccount token, using only the
-    standard library: importing the `kubernetes` package takes seconds on a busy CPU, long
-    enough for a short run to end before its first report was sent."""
+    """PATCHes rank 0's own pod (``pod``), or else the job's progress ConfigMap, with the pod's
+    ServiceAccount token, using only the standard library: importing the `kubernetes` package
+    takes seconds on a busy CPU, long enough for a short run to end before its first report
+    was sent."""
 
-    def __init__(self, host: str, port: str, sa_dir: Path = SA_DIR):
+    def __init__(self, host: str, port: str, sa_dir: Path = SA_DIR, pod: str | None = None):
         self.base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
         self.token_file = sa_dir / "token"
         self.context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
+        self.pod = pod
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> InClusterProgressWriter | None:
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
         if not host or not port or not (SA_DIR / "token").exists():
             return None
-        return cls(host, port)
+        return cls(host, port, pod=progress_pod(environ))
 
     def patch_progress(self, namespace: str, job: str, record: dict[str, Any]) -> None:
-        self.patch_configmap(namespace, job, configmap_patch(record))
+        if self.pod:
+            self.patch(pod_path(namespace, self.pod), pod_patch(record))
+        else:
+            self.patch_configmap(namespace, job, configmap_patch(record))
 
     def patch_configmap(self, namespace: str, job: str, patch: dict[str, Any]) -> None:
         """A merge patch of the job's progress ConfigMap (raises on any refusal)."""
+        self.patch(progress_configmap_path(namespace, job), patch)
+
+    def patch(self, path: str, patch: dict[str, Any]) -> None:
+        """A merge patch of the object at ``path`` (raises on any refusal)."""
         request = urllib.request.Request(
-            self.base + progress_configmap_path(namespace, job),
+            self.base + path,
             data=json.dumps(patch).encode(),
             method="PATCH",
             headers={
@@ -162,16 +197,22 @@ class KubeconfigProgressWriter:
     """Out of a cluster: the `kubernetes` client on $KUBECONFIG (the trainer run by hand,
     reporting to a DDPJob of a cluster)."""
 
-    def __init__(self, kubeconfig: str):
+    def __init__(self, kubeconfig: str, pod: str | None = None):
         from kubernetes import client, config
 
         config.load_kube_config(config_file=kubeconfig)
         self.api = client.CoreV1Api()
+        self.pod = pod
 
     def patch_progress(self, namespace: str, job: str, record: dict[str, Any]) -> None:
-        self.api.patch_namespaced_config_map(
-            progress_configmap(job), namespace, configmap_patch(record), _request_timeout=5
-        )
+        if self.pod:
+            self.api.patch_namespaced_pod(
+                self.pod, namespace, pod_patch(record), _request_timeout=5
+            )
+        else:
+            self.api.patch_namespaced_config_map(
+                progress_configmap(job), namespace, configmap_patch(record), _request_timeout=5
+            )
 
 
 ProgressWriter = InClusterProgressWriter | KubeconfigProgressWriter
@@ -184,7 +225,7 @@ def progress_writer(environ: Mapping[str, str]) -> ProgressWriter:
         return writer
     kubeconfig = environ.get("KUBECONFIG")
     if kubeconfig:
-        return KubeconfigProgressWriter(kubeconfig)
+        return KubeconfigProgressWriter(kubeconfig, progress_pod(environ))
     raise RuntimeError("no in-cluster ServiceAccount token and KUBECONFIG is not set")
 
 

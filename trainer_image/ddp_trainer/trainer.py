@@ -35,6 +35,7 @@ from .loader import MicroBatches
 from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts, fit_to_run
 from .schedule import lr_at
+from .stacks import StackWatch
 from .state import gather, rng_fingerprint, rng_state
 from .tally import Tally
 from .weighting import empty_loss, loss_terms, loss_weight
@@ -68,6 +69,7 @@ class Trainer:
         self.checkpoints = Checkpoints(checkpoint_dir, keep, e, metrics, self.distributed)
         self.tally = Tally(config, e, self.parts, self.checkpoints, metrics, self.distributed)
         self.stop_requested = threading.Event()
+        self.stacks = StackWatch()  # every thread's stack in the log when a step hangs
         self.consistent = True  # model and optimizer hold the state of `position`
         self.non_finite_in_row = 0
 
@@ -132,7 +134,10 @@ class Trainer:
         self.resume()
         self.tally.started()
         try:
-            self._loop()
+            try:
+                self._loop()
+            finally:
+                self.stacks.disarm()
         except Interrupted as why:
             return ending.interrupted(self, why)
         except NonFiniteSteps as why:
@@ -147,14 +152,15 @@ class Trainer:
         the same step), a checkpoint, a hold, as due."""
         c, total = self.config, self.parts.total_steps
         self.tally.restart_clock()
-        first = True
+        first = True  # the stacks are armed after it: a first step may compile for minutes
         started = time.perf_counter()  # a step's time includes waiting for its data
         for micro_batches in self._input_steps():
             lr, grad_norm, agreement = self._train_step(micro_batches)
             if first:  # every rank is past its start: a silent peer is noticed sooner
                 self.timeout.set(c.steady_timeout_s)
-            step = self.position.step
-            self.tally.step_done(time.perf_counter() - started, lr, grad_norm)
+            step, step_s = self.position.step, time.perf_counter() - started
+            self.stacks.arm(step_s)  # a step that takes most of the deadline writes the stacks
+            self.tally.step_done(step_s, lr, grad_norm)
             if first or step % c.log_every_steps == 0 or step == total:
                 self.tally.progress()  # a collective: the loss of every rank
                 first = False
@@ -266,9 +272,11 @@ class Trainer:
         released = self._released(release)
         if not released:
             self.tally.held(step, release, at_end=False)
+            self.stacks.disarm()  # a hold is no hang
             while not released:
                 time.sleep(hold.POLL_S)
                 released = self._released(release)
+            self.stacks.arm()
             self.tally.released(step, at_end=False)
 
     def _released(self, release: Path) -> bool:

@@ -3,6 +3,12 @@
 {{- default .Release.Name .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The ClusterRole of the namespaces' trainer account, and the admission policy (and its
+binding) that confines it; the operator reads the name from DDP_TRAINER_POLICY. */}}
+{{- define "ddp-operator.trainerPolicy" -}}
+{{- include "ddp-operator.fullname" . | trunc 46 | trimSuffix "-" -}}-trainer-progress
+{{- end -}}
+
 {{- define "ddp-operator.serviceAccountName" -}}
 {{- default (include "ddp-operator.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}

@@ -1,0 +1,110 @@
+"""What each incident cost a job: pure bookkeeping of ``status.incidents`` and ``status.goodput``.
+
+An incident is opened when the planner counts something that stops training: a failure, a
+disruption, a lost machine, a stall, the store pod lost, a resize (``KINDS``). It holds when it
+was detected and the step the job had reported by then. It is closed by the first progress report
+written after it (``updatedAt`` later than ``detectedAt``): training went on from there, so
+``resumedAt`` is that report's time, ``seconds`` the time between, and ``stepsRedone`` the steps
+done again (a resume from the checkpoint of step C reports step C + 1 first: ``atStep + 1 -
+step``, never below 0). Several incidents open at once (a lost machine and its consequences)
+close together. The newest :data:`KEPT` are kept.
+
+``goodput`` is the time in steps that were kept over the wall time since the job started:
+``keptSeconds`` adds the time between consecutive reports that moved the step with no incident
+open between them, and loses the redone steps' time (at the pace before the incident) when an
+incident closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ddp_api.contract import parse_rfc3339
+
+KEPT = 10
+KINDS = ("Failure", "Disruption", "NodeLost", "Stalled", "StoreLost", "Resize")
+
+
+def opened(
+    incidents: Sequence[Mapping[str, Any]], kind: str, now: str, progress: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """``incidents`` with one more, open, detected ``now``."""
+    entry: dict[str, Any] = {"kind": kind, "detectedAt": now}
+    step = (progress or {}).get("step")
+    if step is not None:
+        entry["atStep"] = step
+    return [*map(dict, incidents), entry][-KEPT:]
+
+
+def is_open(incident: Mapping[str, Any]) -> bool:
+    return "resumedAt" not in incident
+
+
+def closing(
+    incidents: Sequence[Mapping[str, Any]], report: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every incident, those that ``report`` closes, closed)."""
+    at = parse_rfc3339(report.get("updatedAt"))
+    step = report.get("step")
+    out, closed = [], []
+    for incident in incidents:
+        entry = dict(incident)
+        detected = parse_rfc3339(entry.get("detectedAt"))
+        out.append(entry)
+        if not is_open(entry) or at is None or step is None or detected is None:
+            continue
+        if at > detected:
+            entry["resumedAt"] = report["updatedAt"]
+            entry["seconds"] = round((at - detected).total_seconds(), 1)
+            entry["resumedStep"] = step
+            if "atStep" in entry:
+                entry["stepsRedone"] = max(0, entry["atStep"] + 1 - step)
+            closed.append(entry)
+    return out, closed
+
+
+def step_seconds(progress: Mapping[str, Any] | None) -> float:
+    """The step time the last two reports showed (from the time they left), else 0."""
+    p = progress or {}
+    eta, step, total = p.get("estimatedRemainingSeconds"), p.get("step"), p.get("totalSteps")
+    if eta is None or step is None or total is None or total <= step:
+        return 0.0
+    return float(eta) / (total - step)
+
+
+def account(
+    status: Mapping[str, Any], previous: Mapping[str, Any] | None, report: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The status fields a new ``report`` changes (incidents, keptSeconds, goodput) given the
+    ``status`` and the ``previous`` report it holds, and the incidents it closed."""
+    incidents = status.get("incidents") or []
+    was_open = any(is_open(i) for i in incidents)
+    incidents, closed = closing(incidents, report)
+    kept = float(status.get("keptSeconds") or 0.0)
+    prev = previous or {}
+    now, then = parse_rfc3339(report.get("updatedAt")), parse_rfc3339(prev.get("updatedAt"))
+    step, before = report.get("step"), prev.get("step")
+    moved = step is not None and before is not None and step > before
+    if moved and not was_open and now is not None and then is not None and now > then:
+        kept += (now - then).total_seconds()
+    per_step = step_seconds(prev)
+    kept -= sum(i.get("stepsRedone", 0) for i in closed) * per_step
+    kept = max(0.0, kept)
+    out: dict[str, Any] = {"keptSeconds": round(kept, 1)}
+    if closed:
+        out["incidents"] = incidents
+    started = parse_rfc3339(status.get("startTime"))
+    if started is not None and now is not None and now > started:
+        out["goodput"] = round(min(1.0, kept / (now - started).total_seconds()), 3)
+    return out, closed
+
+
+def open_incident(
+    status: Mapping[str, Any], new: Mapping[str, Any], kind: str, now: str
+) -> list[dict[str, Any]]:
+    """The incidents after one of ``kind`` detected ``now`` (``new``: this plan's status so
+    far, whose incidents are newer than ``status``'s)."""
+    incidents = new.get("incidents", status.get("incidents") or [])
+    progress = new.get("progress") or status.get("progress")
+    return opened(incidents, kind, now, progress)

@@ -1,0 +1,124 @@
+"""What each incident cost: opened when the planner counts it, closed by the next report."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from ddp_api.ddpjob import DDPJob
+from ddp_operator import incidents, render
+from ddp_operator import plan as planner
+
+START = "2026-11-26T10:00:00Z"
+
+
+def report(step: int, at: str, eta: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": step, "totalSteps": 100, "updatedAt": at}
+    if eta is not None:
+        out["estimatedRemainingSeconds"] = eta
+    return out
+
+
+def test_a_report_after_the_incident_closes_it_with_its_cost() -> None:
+    before = report(40, "2026-11-26T10:05:00Z", eta=120)  # 2 s a step
+    open_ = incidents.opened([], "NodeLost", "2026-11-26T10:05:10Z", before)
+    assert open_ == [{"kind": "NodeLost", "detectedAt": "2026-11-26T10:05:10Z", "atStep": 40}]
+    status = {"startTime": START, "incidents": open_, "keptSeconds": 290.0}
+    stale = report(40, "2026-11-26T10:05:05Z")  # written before the loss, read after it
+    assert incidents.account(status, before, stale)[1] == []
+    resumed = report(36, "2026-11-26T10:05:41Z")  # from the checkpoint of step 35
+    changes, closed = incidents.account(status, before, resumed)
+    assert closed == [
+        {
+            "kind": "NodeLost",
+            "detectedAt": "2026-11-26T10:05:10Z",
+            "atStep": 40,
+            "resumedAt": "2026-11-26T10:05:41Z",
+            "seconds": 31.0,
+            "resumedStep": 36,
+            "stepsRedone": 5,
+        }
+    ]
+    assert changes["incidents"] == closed
+    assert changes["keptSeconds"] == 280.0  # 5 redone steps of 2 s no longer count
+    assert changes["goodput"] == round(280 / 341, 3)
+
+
+def test_time_between_reports_that_move_the_step_is_kept() -> None:
+    status = {"startTime": START, "keptSeconds": 100.0}
+    changes, closed = incidents.account(
+        status, report(10, "2026-11-26T10:02:00Z"), report(15, "2026-11-26T10:02:10Z")
+    )
+    assert closed == [] and changes["keptSeconds"] == 110.0 and "incidents" not in changes
+    assert changes["goodput"] == round(110 / 130, 3)
+    held = incidents.account(
+        status, report(15, "2026-11-26T10:02:10Z"), report(15, "2026-11-26T10:02:20Z")
+    )[0]
+    assert held["keptSeconds"] == 100.0  # no step, no kept time
+
+
+def test_the_newest_ten_are_kept() -> None:
+    many: list[dict[str, Any]] = []
+    for i in range(12):
+        many = incidents.opened(many, "Failure", f"2026-11-26T10:{i:02d}:00Z", None)
+    assert len(many) == incidents.KEPT and many[0]["detectedAt"] == "2026-11-26T10:02:00Z"
+
+
+JOB = DDPJob.model_validate(
+    {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": {"nodes": 2}}
+)
+NOW = dt.datetime(2026, 11, 26, 10, 5, 10, tzinfo=dt.UTC)
+
+
+def worker(index: int, phase: str = "Running") -> planner.PodView:
+    return planner.PodView(
+        name=render.worker_name("j", index),
+        uid=f"u-{index}-{phase}",
+        role=render.ROLE_WORKER,
+        index=index,
+        phase=phase,
+        ready=phase == "Running",
+        deleting=False,
+        exit_code=1 if phase == "Failed" else None,
+    )
+
+
+def test_the_planner_opens_an_incident_for_a_failure_and_a_report_closes_it() -> None:
+    status = {
+        "phase": "Running",
+        "reason": "AllNodesRunning",
+        "startTime": START,
+        "progress": report(40, "2026-11-26T10:05:00Z", eta=120),
+    }
+    pods = [worker(0), worker(1, "Failed")]
+    failed = planner.plan(JOB, status, pods, NOW, render.OperatorConfig())
+    (incident,) = failed.status["incidents"]
+    assert incident == {"kind": "Failure", "detectedAt": "2026-11-26T10:05:10Z", "atStep": 40}
+    later = {**status, **failed.status, "phase": "Running"}
+    back = planner.plan(
+        JOB, later, [worker(0)], NOW + dt.timedelta(seconds=30), render.OperatorConfig(),
+        progress={**report(31, "2026-11-26T10:05:39Z"), "epoch": None},
+    )  # fmt: skip
+    (closed,) = back.closed
+    assert closed["seconds"] == 29.0 and closed["stepsRedone"] == 10
+    assert back.status["incidents"] == [closed]
+
+
+def test_kubectl_scale_opens_a_resize_and_a_lost_pod_only_its_own_incident() -> None:
+    status = {"phase": "Running", "reason": "AllNodesRunning", "startTime": START}
+    scaled = DDPJob.model_validate(
+        {
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 2},
+            "spec": {"nodes": 3, "minNodes": 1, "maxNodes": 4},
+        }
+    )
+    grown = planner.plan(
+        scaled, {**status, "observedGeneration": 1}, [worker(0), worker(1)], NOW,
+        render.OperatorConfig(),
+    )  # fmt: skip
+    assert [i["kind"] for i in grown.status["incidents"]] == ["Resize"]
+    evicted = dataclasses.replace(worker(1), disrupted="EvictionByEvictionAPI")
+    same = {**status, "observedGeneration": None}
+    lost = planner.plan(JOB, same, [worker(0), evicted], NOW, render.OperatorConfig())
+    assert [i["kind"] for i in lost.status["incidents"]] == ["Disruption"]
