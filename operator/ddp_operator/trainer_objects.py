@@ -187,7 +187,11 @@ class TrainerObjects:
         reach every pod of the namespace."""
         assert self.api is not None
         path = kube.group_path(RBAC, ns, "rolebindings", render.PROGRESS_ACCOUNT)
-        r = await self.api.call("DELETE", path)
+        try:
+            r = await self.api.call("DELETE", path)
+        except kube.NotLeading:  # the leader withdraws it; this replica, once it leads (settle)
+            self.withdrawn.discard(ns)
+            raise
         if r.ok or r.status == 404:
             self.granted.discard(ns)
             if r.ok:

@@ -297,7 +297,7 @@ def test_the_trainers_policy_speaks_the_operators_names_and_fails_closed() -> No
         assert bind in operator
         assert not [r for r in operator if "pods" in r["resources"] and "patch" in r["verbs"]]
         (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-        assert {e["name"]: e["value"] for e in c["env"]}["DDP_TRAINER_POLICY"] == name
+        assert {e["name"]: e.get("value") for e in c["env"]}["DDP_TRAINER_POLICY"] == name
     assert render_namespace_trainer("team")[1]["roleRef"]["name"] == name
     other = render("--set", "fullnameOverride=ddp-b")  # a second release: names of its own
     assert one(other, "ValidatingAdmissionPolicy")["metadata"]["name"] == "ddp-b-trainer-progress"
