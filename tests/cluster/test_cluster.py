@@ -31,17 +31,25 @@ pytestmark = pytest.mark.timeout(1500)
 
 
 def test_the_operator_is_ready_through_its_probes_and_logs_json(cluster: Cluster) -> None:
-    pods = json.loads(
-        cluster.k("get", "pods", "-n", "ddp-system", "-l", "app.kubernetes.io/name=ddp-operator",
-                  "-o", "json")
-    )["items"]  # fmt: skip
+    def replicas() -> list[dict]:  # not those of a release before, still going after an upgrade
+        items = json.loads(
+            cluster.k("get", "pods", "-n", "ddp-system", "-l",
+                      "app.kubernetes.io/name=ddp-operator", "-o", "json")
+        )["items"]  # fmt: skip
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def leading() -> list[dict] | None:
+        pods = replicas()
+        lease = json.loads(
+            cluster.k("get", "lease", "ddp-operator", "-n", "ddp-system", "-o", "json")
+        )
+        held = lease["spec"].get("holderIdentity") in [p["metadata"]["name"] for p in pods]
+        return pods if len(pods) == 2 and held else None
+
     # The chart's two replicas (spread over machines: a preference); the Lease names one of
-    # them as the leader.
-    assert len(pods) == 2, pods
+    # them as the leader (after an upgrade of a cluster made before, once the old one let go).
+    pods = cluster.until("two replicas, one of them leading", leading, 60)
     print(f"operator replicas on {sorted(p['spec']['nodeName'] for p in pods)}")
-    lease = json.loads(cluster.k("get", "lease", "ddp-operator", "-n", "ddp-system", "-o", "json"))
-    names = [p["metadata"]["name"] for p in pods]
-    assert lease["spec"]["holderIdentity"] in names, (lease["spec"], names)
     pod = pods[0]
     container = pod["spec"]["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
