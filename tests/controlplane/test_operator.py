@@ -404,7 +404,8 @@ def test_a_job_whose_step_stops_moving_is_restarted_as_stalled_then_counted(c: C
     c.until("step 5", lambda: c.status("hung").get("progress", {}).get("step") == 5 or None)
     first = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
     c.k("patch", "ddpjob", "hung", "--type=merge", "-p", '{"spec":{"progressDeadlineSeconds":2}}')
-    status = c.reason("hung", "Stalled")
+    # Durable fields, not the reason: on kwok the pods are back and Running within a poll.
+    status = c.until("the first stall", lambda: (s := c.status("hung")).get("stalledAtStep") and s)
     assert status["disruptions"] == 1 and status["restarts"] == 0 and status["stalledAtStep"] == 5
     second = recreated(first)
     assert c.status("hung")["restarts"] == 0  # no report since Running: starting, not stalled
