@@ -50,8 +50,10 @@ def stops(text: str) -> dict[int, int]:
 
 
 def exit_codes(text: str, round_: int) -> dict[int, int]:
-    """rank -> the exit code its trainer returned in ``round_`` (sigterm_rounds' lines)."""
-    pattern = re.compile(rf"^round {round_}: rank (\d+) exit code (\d+)$", re.MULTILINE)
+    """rank -> the exit code its trainer returned in ``round_`` (sigterm_rounds' lines). Not
+    anchored to lines: print writes its text and its newline apart, so two workers sharing the
+    agent's output can land on one line ("...exit code 143round 17: rank 3 ...")."""
+    pattern = re.compile(rf"round {round_}: rank (\d+) exit code (\d+)")
     return {int(rank): int(code) for rank, code in pattern.findall(text)}
 
 
