@@ -22,6 +22,8 @@ from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 
+from . import reports
+
 KEPT = 10
 KINDS = ("Failure", "Disruption", "NodeLost", "Stalled", "StoreLost", "Resize")
 
@@ -64,15 +66,6 @@ def closing(
     return out, closed
 
 
-def step_seconds(progress: Mapping[str, Any] | None) -> float:
-    """The step time the last two reports showed (from the time they left), else 0."""
-    p = progress or {}
-    eta, step, total = p.get("estimatedRemainingSeconds"), p.get("step"), p.get("totalSteps")
-    if eta is None or step is None or total is None or total <= step:
-        return 0.0
-    return float(eta) / (total - step)
-
-
 def account(
     status: Mapping[str, Any], previous: Mapping[str, Any] | None, report: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -88,7 +81,7 @@ def account(
     moved = step is not None and before is not None and step > before
     if moved and not was_open and now is not None and then is not None and now > then:
         kept += (now - then).total_seconds()
-    per_step = step_seconds(prev)
+    per_step = reports.step_seconds(prev)
     kept -= sum(i.get("stepsRedone", 0) for i in closed) * per_step
     kept = max(0.0, kept)
     out: dict[str, Any] = {"keptSeconds": round(kept, 1)}

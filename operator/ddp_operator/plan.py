@@ -815,12 +815,7 @@ def progress_deadline_s(spec_s: int | None, progress: Mapping[str, Any] | None) 
     time read from the time left for the steps left (the pace of the last two reports)."""
     if spec_s is not None:
         return float(spec_s)
-    p = progress or {}
-    eta, step, total = p.get(reports.ETA), p.get("step"), p.get("totalSteps")
-    step_s = 0.0
-    if eta is not None and step is not None and total is not None and total > step:
-        step_s = eta / (total - step)
-    return max(PROGRESS_DEADLINE_FLOOR_S, STEP_TIMES_PER_DEADLINE * step_s)
+    return max(PROGRESS_DEADLINE_FLOOR_S, STEP_TIMES_PER_DEADLINE * reports.step_seconds(progress))
 
 
 def _stepped_since_running(status: Mapping[str, Any]) -> bool:

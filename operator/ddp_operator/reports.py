@@ -183,3 +183,12 @@ def remaining_seconds(previous: Mapping[str, Any] | None, new: Mapping[str, Any]
     if new.get("heldAtStep") is not None or step <= before or seconds <= 0:
         return None
     return round((total - step) * seconds / (step - before))
+
+
+def step_seconds(progress: Mapping[str, Any] | None) -> float:
+    """The step time the last two reports showed (from the time they left), else 0."""
+    p = progress or {}
+    eta, step, total = p.get(ETA), p.get("step"), p.get("totalSteps")
+    if eta is None or step is None or total is None or total <= step:
+        return 0.0
+    return float(eta) / (total - step)
