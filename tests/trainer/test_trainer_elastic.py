@@ -9,14 +9,14 @@ from ddp_trainer.hold import release
 
 ELASTIC = {
     "workload": "digits",
-    "epochs": 25,
+    "epochs": 3,
     "globalBatchSize": 64,
     "amp": "off",
     "checkpointEverySteps": 25,
     "logEverySteps": 5,
     "pgTimeoutS": 30,
 }
-TOTAL = 25 * (1437 // 64)
+TOTAL = 3 * (1437 // 64)
 
 
 def steps_at_world(ckpt, world: int) -> list[dict]:

@@ -4,6 +4,8 @@ when the world shrinks, and a staticGraph that accumulation turns off instead of
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +30,31 @@ def checkpoint_files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "metrics.jsonl"}
 
 
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One 2-rank run of 4 steps, made once: the checkpoint folder that the resume tests
+    each copy and go on from (a torchrun start costs more than the steps)."""
+    launcher = Launcher(tmp_path_factory.mktemp("four-steps"))
+    ckpt = launcher.workdir / "ckpt"
+    try:
+        first = launcher.standalone(
+            "first", nproc=2, settings={**BASE, "maxSteps": 4}, checkpoint_dir=ckpt
+        )
+        assert first.wait(300) == 0, first.tail()
+        yield ckpt
+    finally:
+        launcher.kill_all()
+
+
+def copy_of(folder: Path, launcher: Launcher) -> Path:
+    return Path(shutil.copytree(folder, launcher.workdir / "ckpt"))
+
+
 @pytest.mark.timeout(900)
 def test_a_resume_keeps_the_runs_meaning_and_each_ranks_own_generators(
-    launcher: Launcher,
+    launcher: Launcher, four_steps: Path
 ) -> None:
-    ckpt = launcher.workdir / "ckpt"
-    first = launcher.standalone(
-        "first", nproc=2, settings={**BASE, "maxSteps": 4}, checkpoint_dir=ckpt
-    )
-    assert first.wait(300) == 0, first.tail()
+    ckpt = copy_of(four_steps, launcher)
     saved = torch.load(ckpt / "step-00000004.pt", weights_only=True)
     prints = [rng_fingerprint(state) for state in saved["rngByRank"]]
     assert len(prints) == 2 and prints[0] != prints[1]  # each rank's own, saved by rank 0
@@ -62,15 +80,11 @@ def test_a_resume_keeps_the_runs_meaning_and_each_ranks_own_generators(
 
 @pytest.mark.timeout(600)
 def test_a_shrunk_run_without_micro_batch_size_accumulates_instead_of_growing_its_batch(
-    launcher: Launcher,
+    launcher: Launcher, four_steps: Path
 ) -> None:
-    ckpt = launcher.workdir / "ckpt"
-    first = launcher.standalone(
-        "two", nproc=2, settings={**BASE, "maxSteps": 2}, checkpoint_dir=ckpt
-    )
-    assert first.wait(300) == 0, first.tail()
-    assert torch.load(ckpt / "step-00000002.pt", weights_only=True)["microBatchCap"] == 32
-    alone = launcher.alone("one", settings={**BASE, "maxSteps": 3}, checkpoint_dir=ckpt)
+    ckpt = copy_of(four_steps, launcher)
+    assert torch.load(ckpt / "step-00000004.pt", weights_only=True)["microBatchCap"] == 32
+    alone = launcher.alone("one", settings={**BASE, "maxSteps": 5}, checkpoint_dir=ckpt)
     assert alone.wait(300) == 0, alone.tail()
     two, one = events(ckpt, "start")
     assert (two["perRankBatch"], two["accumulation"]) == (32, 1)

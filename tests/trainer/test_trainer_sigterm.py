@@ -27,7 +27,9 @@ from trainer_harness import Launcher, Proc, events, wait_until
 from ddp_trainer.checkpoint import CheckpointStore, checkpoint_name
 from ddp_trainer.node import descendants
 
-ROUNDS = 20
+# Eight rounds in the suite (each a random moment per worker, 32 signals in all);
+# DDP_TEST_SIGTERM_ROUNDS=50 makes it a soak (rounds cost ~8 s each on this machine).
+ROUNDS = int(os.environ.get("DDP_TEST_SIGTERM_ROUNDS", "8"))
 SETTINGS = {
     "workload": "digits",
     "epochs": 100,  # never reached: every round is stopped by SIGTERM
