@@ -1,6 +1,7 @@
 """``kubectl ddp`` (installed from the built wheel) on real training runs: a script submitted
-and watched to Succeeded with both ranks in its merged logs, and the digits example watched,
-its logs read and its loss and learning rate plotted from the checkpoint volume.
+and watched to Succeeded with both ranks in its merged logs, and the digits example watched
+(what it leaves: status, the final checkpoint, `kubectl get`'s columns), its logs read and its
+loss and learning rate plotted from the checkpoint volume.
 
 Logs come through the kubelets' pods/log (``kubectl logs``), as does the output of
 ``plot``'s reader pod.
@@ -8,6 +9,7 @@ Logs come through the kubelets' pods/log (``kubectl logs``), as does the output 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from e2e_scenario import CLAIMS, Scenario
 
 from ddp_client import DDPClient
 from ddp_client.loglines import parse_timestamp
+from ddp_trainer.progress import read_run_log
 from kubectl_plugin import KubectlDdp
 
 pytestmark = pytest.mark.e2e
@@ -110,6 +113,24 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     total = sc.progress("digits")["totalSteps"]
     assert bars[-1].startswith("[" + "#" * 30 + "]") and f"step {total}/{total}" in bars[-1]
     assert "phase Succeeded: all 2 nodes exited 0" in lines
+
+    # What Succeeded left: status, the final checkpoint on the volume, kubectl get's columns.
+    status = sc.status("digits")
+    progress = status["progress"]
+    assert progress["step"] == total and progress["worldSize"] == 2
+    assert status.get("restarts", 0) == 0
+    ckpt = sc.claim("digits-checkpoints")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert (ckpt / manifest["latest"]).is_file()
+    assert manifest["latest"] == f"step-{total:08d}.pt"
+    assert progress["lastCheckpoint"].endswith(manifest["latest"])
+    end = next(r for r in read_run_log(ckpt) if r.get("event") == "end")
+    assert end["testAccuracy"] >= 0.85
+    header, row = sc.k("get", "ddpj", "digits").splitlines()[:2]
+    table = dict(zip(header.split(), row.split(), strict=False))
+    assert table["PHASE"] == "Succeeded"
+    assert int(table["EPOCH"]) == progress["epoch"] and int(table["STEP"]) == total
+    assert float(table["LOSS"]) == pytest.approx(progress["loss"])
 
     logs = ddp("logs", "digits", "-n", sc.ns, "--rank", "0")
     assert logs.returncode == 0, logs.stderr

@@ -17,84 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_scenario import CLAIMS, Scenario, resumed_at, resumes
+from e2e_scenario import CLAIMS, Scenario, resumed_at
 
 from ddp_devcluster.harness import EXAMPLES, holding_at
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.e2e
-
-
-def test_digits_succeeds_with_checkpoints_and_progress_in_kubectl_get(sc: Scenario) -> None:
-    sc.apply_example(CLAIMS, "digits.yaml")
-    status = sc.phase("digits", "Succeeded", 300)
-    progress = status["progress"]
-    assert progress["step"] == progress["totalSteps"] and progress["worldSize"] == 2
-    assert status["restarts"] == 0
-
-    ckpt = sc.claim("digits-checkpoints")
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    assert (ckpt / manifest["latest"]).is_file()
-    assert manifest["latest"] == f"step-{progress['step']:08d}.pt"
-    assert progress["lastCheckpoint"].endswith(manifest["latest"])
-    end = next(r for r in read_run_log(ckpt) if r.get("event") == "end")
-    assert end["testAccuracy"] >= 0.85
-
-    header, row = sc.k("get", "ddpj", "digits").splitlines()[:2]
-    table = dict(zip(header.split(), row.split(), strict=False))
-    assert table["PHASE"] == "Succeeded"
-    assert int(table["EPOCH"]) == progress["epoch"] and int(table["STEP"]) == progress["step"]
-    assert float(table["LOSS"]) == pytest.approx(progress["loss"])
-
-
-def test_elastic_scale_up_and_down_mid_run_loses_at_most_one_checkpoint_interval(
-    sc: Scenario,
-) -> None:
-    every = 10  # the example's checkpoint.everySteps
-    # Paused after step 11 at world size 2, and after step 31 at world size 3: each resize
-    # happens there. A resize restarts the workers (SIGTERM: rank 0 saves the held step).
-    sc.apply_example(CLAIMS, "charlm-elastic.yaml", edit=holding_at(11, 31))
-    assert sc.held("charlm", 11)["progress"]["worldSize"] == 2
-    sc.k("scale", "ddpjob/charlm", "--replicas", "3")
-    assert sc.held("charlm", 31)["progress"]["worldSize"] == 3
-    sc.k("scale", "ddpjob/charlm", "--replicas", "2")
-    sc.until("world size 2 again", lambda: sc.progress("charlm").get("worldSize") == 2)
-    assert sc.status("charlm")["worldSize"] == 2
-    status = sc.phase("charlm", "Succeeded", 300)
-    assert status["progress"]["step"] == status["progress"]["totalSteps"] == 60
-
-    rows = read_run_log(sc.claim("charlm-checkpoints"))
-    sizes = [r["worldSize"] for r in rows if r.get("event") == "step"]
-    changes = [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]]
-    assert changes == [2, 3, 2]
-    restarts = resumes(rows)
-    assert len(restarts) == 2
-    for before, after in restarts:
-        assert after >= before - every + 1, f"lost steps {after}..{before}"
-    # Each resize stopped the held workers with SIGTERM: rank 0 saved the held step.
-    assert resumed_at(rows) == [11, 31]
-
-
-def test_losing_the_rank_0_pod_mid_run_recovers_and_counts_a_restart(sc: Scenario) -> None:
-    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(25))
-    sc.held("digits", 25)
-    rank0 = sc.until(
-        "the pod of rank 0",
-        lambda: next((p for p in sc.workers("digits") if "rank0 " in sc.logs(p, "trainer")), None),
-    )
-    sc.k("delete", "pod", rank0)  # returns once it is gone: the held step is behind us
-    sc.release("digits-checkpoints", 25)
-    status = sc.phase("digits", "Succeeded", 300)
-    assert status["restarts"] == 1
-    assert any(
-        "PodDisrupted" in line and rank0 in line
-        for line in sc.k(
-            "get", "events", "--field-selector", "involvedObject.name=digits"
-        ).splitlines()
-    )
-    rows = read_run_log(sc.claim("digits-checkpoints"))
-    ((step,),) = [resumed_at(rows)]
-    assert 25 - 20 < step <= 25  # held at 25: at most one checkpoint interval (20) lost
 
 
 # Stops the torchrun agent and its worker in this container (the processes of its cgroup but

@@ -3,7 +3,9 @@ one restart. (Losing the store pod alone, with no worker failing and no restart 
 shown across machines by tests/cluster/test_cluster.py.)
 
 The scenario holds the job at known steps (``spec.trainer.holdAtSteps``) and disrupt it there,
-so they act mid-run on any machine. The store pod is deleted as a user or a node drain would.
+so they act mid-run on any machine. The store pod is deleted as a user or a node drain would;
+so are the node pods, both of them in turn, so that rank 0's pod is among the lost whichever
+pod it runs in: each loss is one restart and a resume from the newest checkpoint.
 """
 
 from __future__ import annotations
