@@ -35,13 +35,16 @@ T = TypeVar("T")
 EXAMPLES = REPO / "manifests" / "examples"
 
 
-def holding_at(*steps: int) -> Callable[[dict[str, Any]], None]:
+def holding_at(*steps: int, last: int | None = None) -> Callable[[dict[str, Any]], None]:
     """An edit of a DDPJob (``apply_example``'s ``edit``) that makes it pause after ``steps``
     until released (spec.trainer.holdAtSteps): a test acts at a known step, however fast or
-    slow the machine trains."""
+    slow the machine trains. ``last``: its training ends there (spec.trainer.maxSteps), for a
+    test whose scene is over a few steps after its holds."""
 
     def edit(job: dict[str, Any]) -> None:
         job["spec"]["trainer"]["holdAtSteps"] = list(steps)
+        if last is not None:
+            job["spec"]["trainer"]["maxSteps"] = last
 
     return edit
 

@@ -82,7 +82,7 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_then_down_to_2_losing_no_
     spread = cluster.provider == "kind"  # four machines; the local cluster has one
 
     def edit(job: dict[str, Any]) -> None:
-        holding_at(11, 21, 31)(job)
+        holding_at(11, 21, 31, last=40)(job)  # the resizes, then the end
         job["spec"]["trainer"]["logEverySteps"] = 1  # a line per step: none lost or redone
         if spread:
             job["spec"]["spread"] = "Required"
@@ -103,7 +103,7 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_then_down_to_2_losing_no_
         cluster.k("scale", "-n", ns, "ddpjob/charlm", "--replicas", str(then))
 
     done = cluster.phase("charlm", "Succeeded", ns=ns)
-    assert done["progress"]["step"] == done["progress"]["totalSteps"] == 60
+    assert done["progress"]["step"] == done["progress"]["totalSteps"] == 40
     assert done["progress"]["worldSize"] == 2 and done.get("restarts", 0) == 0, done
     rows = read_run_log(kind.claim_folder(cluster, "charlm-checkpoints", ns=ns))
     sizes = [r["worldSize"] for r in rows if r.get("event") == "step"]
@@ -111,7 +111,7 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_then_down_to_2_losing_no_
     starts = [r for r in rows if r.get("event") == "start" and r.get("resumedFrom")]
     assert [r["step"] for r in starts] == [11, 21, 31], starts  # each resize: the held step
     steps = [r["step"] for r in rows if r.get("event") == "step"]
-    assert steps == list(range(1, 61)), steps  # every step once: none lost, none redone
+    assert steps == list(range(1, 41)), steps  # every step once: none lost, none redone
 
 
 def test_own_torchrun_script_from_a_configmap_succeeds(cluster: Cluster, ns: str) -> None:
@@ -123,7 +123,7 @@ def test_own_torchrun_script_from_a_configmap_succeeds(cluster: Cluster, ns: str
 
 
 def test_losing_the_rendezvous_store_pod_mid_run_fails_nothing(cluster: Cluster, ns: str) -> None:
-    cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(25), ns=ns)
+    cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(25, last=30), ns=ns)
     cluster.held("digits", 25, ns=ns)
     # Every pod the operator made was admitted by the restricted namespace, and their
     # processes run as the trainer image's user.
@@ -176,7 +176,7 @@ def test_kubectl_drain_of_a_node_pod_s_machine_is_a_disruption_and_the_job_succe
     ``backoffLimit``; the pod is made again on another machine and the job Succeeds."""
     if cluster.provider != "kind":
         unavailable("one machine only: a drained pod would have nowhere to go (DDP_CLUSTER=kind)")
-    cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(25), ns=ns)
+    cluster.apply_example(cluster.claims, "digits.yaml", edit=holding_at(25, last=30), ns=ns)
     cluster.held("digits", 25, ns=ns)
     target = machines(cluster, ns, "digits")["digits-node-1"]
     old = cluster.worker_uids("digits", ns=ns)["digits-node-1"]
@@ -242,7 +242,7 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
         unavailable("one machine only: rank 0 cannot move to another (DDP_CLUSTER=kind)")
 
     def edit(job: dict[str, Any]) -> None:
-        holding_at(30)(job)
+        holding_at(30, last=32)(job)
         job["spec"]["trainer"]["logEverySteps"] = 1  # a loss line per step, to compare
 
     cluster.apply_example(cluster.claims, "digits.yaml", edit=edit, ns=ns)

@@ -45,9 +45,12 @@ def every_step_logged(job: dict[str, Any]) -> None:
 
 
 def renamed(name: str, claim: str) -> Any:
+    """Another job of the example, on its own claim, and short: only its arrival matters."""
+
     def edit(job: dict[str, Any]) -> None:
         job["metadata"]["name"] = name
         job["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = claim
+        job["spec"]["trainer"]["maxSteps"] = 10
 
     return edit
 
@@ -59,7 +62,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     sc.apply_example(
         CLAIMS,
         "digits.yaml",
-        edit=queued("ddp-low", holding_at(HELD), every_step_logged),
+        edit=queued("ddp-low", holding_at(HELD, last=HELD + 5), every_step_logged),
     )
     sc.held("digits", HELD)
     assert sc.status("digits")["admissions"] == 1

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_operator_and_every_trainer_pod_serve_metrics_while_training(sc: Scenario) -> None:
-    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(20))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(20, last=22))
     sc.held("digits", 20)
 
     assert sc.s.operator is not None

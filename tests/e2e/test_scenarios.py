@@ -41,19 +41,24 @@ for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
 """
 
 
+LAST = 20
+
+
 def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc: Scenario) -> None:
     """As seen on a real kubelet: one node finishes, its peer is lost at the last step."""
-    sc.apply_example(CLAIMS, "charlm-elastic.yaml", edit=holding_at(60))  # its last step
-    sc.held("charlm", 60)  # training complete: every rank waits on its own
+
+    # Its last step (the scene is its end: 20 steps, not the example's 60).
+    sc.apply_example(CLAIMS, "charlm-elastic.yaml", edit=holding_at(LAST, last=LAST))
+    sc.held("charlm", LAST)  # training complete: every rank waits on its own
     ckpt = sc.claim("charlm-checkpoints")
-    assert json.loads((ckpt / "complete.json").read_text())["step"] == 60
+    assert json.loads((ckpt / "complete.json").read_text())["step"] == LAST
     lost = sc.worker_uids("charlm")["charlm-node-1"]
     out = sc.s.kubectl("exec", "charlm-node-1", "-n", sc.ns, "--", "python", "-c", FREEZE,
                        check=False)  # fmt: skip
     frozen = [line for line in out.stdout.splitlines() if not line.startswith("skipped")]
     assert out.returncode == 0 and len(frozen) >= 2, (out.stdout, out.stderr)
     released = time.monotonic()
-    sc.release("charlm-checkpoints", 60)
+    sc.release("charlm-checkpoints", LAST)
 
     def phase(pod: str) -> str:
         return sc.k("get", "pod", pod, "-o", "jsonpath={.status.phase}")
@@ -72,7 +77,7 @@ def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc:
 
 
 def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario) -> None:
-    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(25))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(25, last=30))
     sc.held("digits", 25)
     sc.k("patch", "ddpjob", "digits", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     sc.until("Suspended", lambda: sc.status("digits").get("phase") == "Suspended")
@@ -92,7 +97,7 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(sc: Scenario)
 def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) -> None:
     op = sc.s.operator
     assert op is not None
-    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(10))
+    sc.apply_example(CLAIMS, "digits.yaml", edit=holding_at(10, last=15))
     sc.held("digits", 10)
     before = sc.worker_uids("digits")
     op.kill()
