@@ -101,6 +101,7 @@ from ddp_api.pods import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     ROLE_WORKER,
+    worker_name,
 )
 
 ANNOTATION_ATTEMPT = f"{contract.LABEL_PREFIX}attempt"
@@ -137,10 +138,6 @@ class OperatorConfig:
     # controller sets it false while it does not see the admission policy that confines that
     # account (then: the job's own account and ConfigMap, as before).
     progress_in_pod: bool = True
-
-
-def worker_name(job: str, index: int) -> str:
-    return f"{job}-node-{index}"
 
 
 def store_name(job: str) -> str:

@@ -1,19 +1,25 @@
 """A node's log kept on the checkpoint volume (``ddp_trainer.keptlog``, ``ddp_trainer.node``):
 relayed unchanged, each line timed as the kubelet times it, bounded and rotated; a failing or
-slow volume never holds training up. Read back by the client's own parser."""
+slow volume never holds training up. Read back as the client does: its reader pod's program
+run here on the kept files, its output merged in time order by the client's pure parts."""
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ddp_api.contract import ENV_LOG_FILE_MIB, ENV_LOG_FILES, kept_log_name, parse_kept_log_name
-from ddp_client.loglines import parse_pod_log, parse_timestamp
+from ddp_client.kept_logs import node_logs, omitted_note, parse_dump
+from ddp_client.log_dump import encoded
+from ddp_client.loglines import merge_logs, parse_pod_log, parse_timestamp
+from ddp_client.objects import InvalidJob, logs_reader_pod
 from ddp_trainer import keptlog, node
 from ddp_trainer.keptlog import (
     KeptLog,
@@ -189,3 +195,99 @@ def test_the_wrapper_keeps_torchruns_output_and_its_own_records(
     lines = [line.text for line in parse_pod_log(text, "j-node-1", 1)]
     assert lines[:2] == ["WARNING the wrapper says", "in two lines"]
     assert sorted(lines[2:]) == ["agent: to stderr", "to stdout"]
+
+
+# -- read back: the reader pod's program, what the client makes of its output --------------------
+def keep_lines(folder: Path, pod: str, settings: Settings, *texts: str) -> None:
+    kept = KeptLog(folder, pod, settings)
+    for text in texts:
+        kept.put(text.encode())
+    kept.close()
+
+
+def run_reader_pod(folder: Path, budget: int) -> str:
+    """The reader pod's command, as logs_reader_pod renders it, run here."""
+    pod = logs_reader_pod(JOB, "trainer:1", budget)
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[0] == "python" and command[3:] == ["/ckpt/logs", "j-node-", str(budget)]
+    out = subprocess.run(
+        [sys.executable, *command[1:3], str(folder / "logs"), *command[4:]],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return out.stdout
+
+
+JOB: dict[str, Any] = {
+    "metadata": {"name": "j", "namespace": "team", "uid": "uid-1"},
+    "spec": {
+        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ck"}}, "path": "/ckpt"}
+    },
+}
+
+
+def test_the_logs_reader_pod_runs_pythons_reader_on_the_volume_read_only_and_restricted() -> None:
+    pod = logs_reader_pod(JOB, "trainer:1", 1000)
+    (c,) = pod["spec"]["containers"]
+    assert pod["metadata"]["generateName"] == "j-logs-" and c["name"] == "logs"
+    assert c["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/ckpt", "readOnly": True}]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    with pytest.raises(InvalidJob, match=r"ddpjob j has no checkpoint volume .* no logs to read"):
+        logs_reader_pod({**JOB, "spec": {}}, "i", 1000)
+
+
+def test_every_nodes_kept_files_come_back_merged_in_time_order_oldest_part_first(
+    tmp_path: Path,
+) -> None:
+    small = Settings(files=3, file_bytes=120)
+    keep_lines(tmp_path, "j-node-0", small, *(f"[rank0]: a{i}" for i in range(6)))
+    keep_lines(tmp_path, "j-node-1", small, "[rank1]: b0", "agent: b1")
+    keep_lines(tmp_path, "other-node-0", small, "another job's line")
+    dump = parse_dump(run_reader_pod(tmp_path, 10**6))
+    assert sorted(dump.files) == [
+        "j-node-0.log",
+        "j-node-0.log.1",
+        "j-node-0.log.2",
+        "j-node-1.log",
+    ]
+    assert not dump.omitted
+    logs = node_logs(dump.files, "j")
+    assert [[line.text for line in log] for log in logs] == [
+        [f"a{i}" for i in range(6)][-len(logs[0]) :],
+        ["b0", "agent: b1"],
+    ]
+    assert [line.show() for line in merge_logs(logs)][-2:] == [
+        "[node-1 rank1] b0",
+        "[node-1] agent: b1",
+    ]
+    assert node_logs(dump.files, "j", since_ns=logs[1][0].at) == [[], logs[1]]
+
+
+def test_what_does_not_fit_the_reader_pods_log_is_left_out_oldest_first_and_said(
+    tmp_path: Path,
+) -> None:
+    small = Settings(files=3, file_bytes=2000)
+    keep_lines(
+        tmp_path, "j-node-0", small, *(f"[rank0]: {os.urandom(40).hex()}" for _ in range(90))
+    )
+    keep_lines(tmp_path, "j-node-1", small, "[rank1]: one line")
+    whole = parse_dump(run_reader_pod(tmp_path, 10**6))
+    assert len(whole.files) == 4
+    first_two = sum(
+        len(encoded(whole.files[n])) for n in ("j-node-0.log", "j-node-1.log")
+    )  # each node's newest part fits; node 0's older parts do not
+    dump = parse_dump(run_reader_pod(tmp_path, first_two + 10))
+    assert sorted(dump.files) == ["j-node-0.log", "j-node-1.log"]
+    assert sorted(dump.omitted) == ["j-node-0.log.1", "j-node-0.log.2"]
+    note = omitted_note(dump.omitted, "j")
+    assert note is not None and note.startswith("2 older kept files of node-0 (")
+
+
+def test_a_reader_output_cut_short_loses_only_the_file_it_cut() -> None:
+    whole = f"ddp-kept-log j-node-0.log\n{encoded(b'x').decode()}ddp-kept-log-end\n"
+    cut = f"ddp-kept-log j-node-1.log\n{encoded(b'y' * 100).decode()[:10]}\nddp-kept-log-end\n"
+    dump = parse_dump(whole + cut)
+    assert dump.files == {"j-node-0.log": b"x"} and dump.omitted == {"j-node-1.log": 0}
