@@ -59,10 +59,11 @@ class Logs(VolumeReader):
         (:meth:`LogLine.show` prints ``[node-0 rank1] text``); only rank ``rank``'s when given.
         ``follow`` streams until the job has finished and its pods' logs have ended.
 
-        From the pods' logs while the job has pods; once it has none (or with ``from_volume``:
-        every attempt of every node, also of pods replaced since), from the logs its nodes kept
-        on the checkpoint volume (:meth:`kept_logs`; ``image`` and ``timeout_s`` are its reader
-        pod's). ``on_note`` is told where the lines come from when that is not the pods."""
+        From the pods' logs while the job has pods (a replaced pod's log has only its own
+        attempt); once it has none (or with ``from_volume``: every attempt of every node, also
+        of pods replaced since), from the logs its nodes kept on the checkpoint volume
+        (:meth:`kept_logs`; ``image`` and ``timeout_s`` are its reader pod's). ``on_note`` is
+        told where the lines come from when that is not the pods."""
         job = self.get(name)  # JobNotFound before anything else
         note = on_note or (lambda text: None)
         if from_volume:

@@ -163,6 +163,8 @@ class KeptLog:
 
     def close(self, timeout_s: float = DRAIN_S) -> None:
         """Writes what still waits (for at most ``timeout_s``) and closes the file."""
+        if not self._writer.is_alive():  # it failed: nothing waits for it
+            return
         with contextlib.suppress(queue.Full):
             self._lines.put(None, timeout=timeout_s)
         self._writer.join(timeout_s)
