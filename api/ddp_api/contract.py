@@ -1,6 +1,7 @@
 """The contract between the operator, its trainer pods and the user's client, written once and
 imported by all three: the API's names and label prefix, the rendezvous port, the environment
-the operator sets, the timestamp format of status fields, and the run log rank 0 writes.
+the operator sets, the timestamp format of status fields, the run log rank 0 writes and the
+nodes' kept logs.
 
 Torch-free, like all of ``ddp_api``: the operator and the client import it without torch.
 ``tests/unit/test_contract.py`` fails when either side drifts from it.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 
 GROUP = "ddp.dev"
@@ -87,6 +89,30 @@ def parse_run_log(text: str) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             lines.append(row)
     return lines
+
+
+# The kept logs: each node pod's wrapper (``ddp_trainer.node``) copies its pod's log, each line
+# after its RFC 3339 time as ``pods/log?timestamps=true`` gives it, into ``<pod>.log`` in this
+# folder of the checkpoint folder, rotated to ``<pod>.log.1`` (the newest older part) up to
+# ``<pod>.log.<files - 1>``; ``kubectl ddp logs`` reads them back once the pods are gone.
+LOGS_DIR = "logs"
+ENV_LOG_FILES = "DDPJOB_LOG_FILES"  # how many files of a pod's log are kept; 0: none
+ENV_LOG_FILE_MIB = "DDPJOB_LOG_FILE_MIB"  # each file's size in MiB before it is rotated
+_KEPT_LOG = re.compile(r"^(?P<pod>[a-z0-9]([-.a-z0-9]*[a-z0-9])?)\.log(?:\.(?P<part>[1-9]\d*))?$")
+
+
+def kept_log_name(pod: str, part: int = 0) -> str:
+    """The file of ``pod``'s kept log: ``<pod>.log`` (part 0, the one written to), or its
+    ``part``-th older rotated file ``<pod>.log.<part>``."""
+    return f"{pod}.log" if part == 0 else f"{pod}.log.{part}"
+
+
+def parse_kept_log_name(name: str) -> tuple[str, int] | None:
+    """(pod, part) of a kept log's file name; None for any other file."""
+    found = _KEPT_LOG.match(name)
+    if not found:
+        return None
+    return found.group("pod"), int(found.group("part") or 0)
 
 
 # Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.

@@ -1,7 +1,7 @@
 """What a job's pods are called and carry, where the operator that renders them and the client
-that reads them must agree: their labels and selector, the trainer container's name, its log
-line prefix, the restricted Pod Security settings, and the trainer image used when a spec names
-none. The rest of a pod is the operator's alone (``ddp_operator.render``).
+that reads them must agree: their names, labels and selector, the trainer container's name, its
+log line prefix, the restricted Pod Security settings, and the trainer image used when a spec
+names none. The rest of a pod is the operator's alone (``ddp_operator.render``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ RESTRICTED_POD = {
     "fsGroup": 1000,  # the checkpoint volume is writable by the trainer's user
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+
+
+def worker_name(job: str, index: int) -> str:
+    """The name of node ``index``'s pod (every attempt of it: a recreated pod keeps it)."""
+    return f"{job}-node-{index}"
+
+
+def worker_index(job: str, pod: str) -> int | None:
+    """The node index of ``job``'s pod named ``pod``; None for a name of no node of ``job``."""
+    prefix = worker_name(job, 0)[:-1]
+    rest = pod[len(prefix) :] if pod.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() and rest == str(int(rest)) else None
 
 
 def selector(job: str) -> str:

@@ -97,11 +97,23 @@ def parser() -> argparse.ArgumentParser:
         "logs",
         parents=[common],
         help="every node's log merged in time order, each line with its node and rank",
+        description="From the pods' logs while the job has pods; once it has none (after a"
+        " TTL, a deletion, a lost machine), or with --from-volume, from the logs its nodes kept"
+        " on the checkpoint volume, which a short-lived pod reads.",
     )
     logs.add_argument("job", metavar="JOB")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
     logs.add_argument("--rank", type=int, metavar="R", help="only global rank R's lines")
-    logs.add_argument("--timestamps", action="store_true", help="the kubelet's time first")
+    logs.add_argument("--timestamps", action="store_true", help="the time of each line first")
+    logs.add_argument(
+        "--from-volume",
+        action="store_true",
+        help="the logs kept on the checkpoint volume: every attempt of every node",
+    )
+    logs.add_argument("--image", help="image of the volume's reader pod; default: the job's")
+    logs.add_argument(
+        "--timeout", type=float, default=180.0, metavar="S", help="for the reader pod (180)"
+    )
 
     plot = commands.add_parser(
         "plot",
@@ -167,7 +179,16 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    for line in _client(args).logs(args.job, follow=args.follow, rank=args.rank):
+    lines = _client(args).logs(
+        args.job,
+        follow=args.follow,
+        rank=args.rank,
+        from_volume=args.from_volume,
+        image=args.image,
+        timeout_s=args.timeout,
+        on_note=lambda note: print(f"{PROG}: {note}", file=sys.stderr, flush=True),
+    )
+    for line in lines:
         print(line.show(args.timestamps), flush=args.follow)
     return 0
 

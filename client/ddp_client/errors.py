@@ -23,6 +23,10 @@ class NoMetrics(DDPError):
     pass
 
 
+class NoKeptLogs(DDPError):
+    pass
+
+
 class WaitTimeout(DDPError, TimeoutError):
     pass
 

@@ -1,29 +1,38 @@
-"""A job's merged logs, whole or followed while its pods run (``kubectl ddp logs [-f]``)."""
+"""A job's merged logs, whole or followed while its pods run (``kubectl ddp logs [-f]``), or
+read from what its nodes kept on the checkpoint volume once the pods are gone."""
 
 from __future__ import annotations
 
+import posixpath
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_api.contract import LOGS_DIR, parse_rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES
 from ddp_api.pods import CONTAINER, selector
 
 from .connection import REQUEST_TIMEOUT
-from .errors import ClusterUnreachable, DDPError
-from .jobs import Jobs
+from .errors import DDPError, NoKeptLogs
+from .jobs import status_of
+from .kept_logs import node_logs, omitted_note, parse_dump
 from .loglines import LiveMerge, LogLine, merge_logs, parse_line, parse_pod_log, pick_rank
+from .objects import InvalidJob, checkpoint_path, logs_reader_pod, reader_image
 from .pod_state import node_index, started, terminated
+from .volume import VolumeReader
 
 POD_LIST_INTERVAL_S = 2.0  # how often `logs -f` looks for new pods
 FOLLOW_HOLD_S = 1.0  # how long `logs -f` holds a line for earlier ones of other pods
+# What one reader pod prints of the kept logs, compressed: the API returns only the kubelet's
+# newest file of a container's log, 10 MiB unless the cluster's containerLogMaxSize says less.
+READ_BUDGET_BYTES = 8 * 2**20
 
 
-class Logs(Jobs):
+class Logs(VolumeReader):
     """The logs of a job's node pods, each line knowing its node and global rank."""
 
     def _workers(self, name: str) -> list[dict[str, Any]]:
@@ -35,42 +44,90 @@ class Logs(Jobs):
         items = self._api.sanitize_for_serialization(pods).get("items") or []
         return sorted(items, key=lambda p: (node_index(p) is None, node_index(p) or 0))
 
-    def _pod_log(self, pod: Mapping[str, Any], container: str, timestamps: bool) -> str:
-        """A container's whole log; "" when it has not started yet."""
-        meta = pod["metadata"]
-        try:
-            with self._calls():
-                return str(
-                    self._core.read_namespaced_pod_log(
-                        meta["name"],
-                        meta.get("namespace", self.namespace),
-                        container=container,
-                        timestamps=timestamps,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-                )
-        except ClusterUnreachable:
-            raise
-        except DDPError as error:
-            if not started(pod, container):
-                return ""
-            raise DDPError(f"cannot read the log of pod {meta['name']}: {error}") from None
-
     def logs(
-        self, name: str, *, follow: bool = False, rank: int | None = None
+        self,
+        name: str,
+        *,
+        follow: bool = False,
+        rank: int | None = None,
+        from_volume: bool = False,
+        image: str | None = None,
+        timeout_s: float = 180.0,
+        on_note: Callable[[str], object] | None = None,
     ) -> Iterator[LogLine]:
         """The lines of every node's log in time order, each knowing its node and global rank
         (:meth:`LogLine.show` prints ``[node-0 rank1] text``); only rank ``rank``'s when given.
-        ``follow`` streams until the job has finished and its pods' logs have ended."""
-        self.get(name)  # JobNotFound before anything else
+        ``follow`` streams until the job has finished and its pods' logs have ended.
+
+        From the pods' logs while the job has pods (a replaced pod's log has only its own
+        attempt); once it has none (or with ``from_volume``: every attempt of every node, also
+        of pods replaced since), from the logs its nodes kept on the checkpoint volume
+        (:meth:`kept_logs`; ``image`` and ``timeout_s`` are its reader pod's). ``on_note`` is
+        told where the lines come from when that is not the pods."""
+        job = self.get(name)  # JobNotFound before anything else
+        note = on_note or (lambda text: None)
+        if from_volume:
+            if follow:
+                raise DDPError(
+                    "logs: --follow streams the pods' logs; --from-volume reads what"
+                    " they kept: give one of them"
+                )
+            yield from pick_rank(
+                self.kept_logs(name, image=image, timeout_s=timeout_s, on_note=note, job=job), rank
+            )
+            return
+        pods = self._workers(name)
+        if not pods and (not follow or status_of(job).phase in TERMINAL_PHASES):
+            if not (job.get("spec") or {}).get("checkpoint"):
+                note(f"ddpjob {name} has no pods, and no checkpoint volume that kept their logs")
+                return
+            note(f"ddpjob {name} has no pods: reading the logs its nodes kept on its volume")
+            yield from pick_rank(
+                self.kept_logs(name, image=image, timeout_s=timeout_s, on_note=note, job=job), rank
+            )
+            return
         if follow:
             yield from self._follow(name, rank)
             return
         logs = [
             parse_pod_log(self._pod_log(p, CONTAINER, True), p["metadata"]["name"], node_index(p))
-            for p in self._workers(name)
+            for p in pods
         ]
         yield from pick_rank(merge_logs(logs), rank)
+
+    def kept_logs(
+        self,
+        name: str,
+        *,
+        image: str | None = None,
+        timeout_s: float = 180.0,
+        on_note: Callable[[str], object] | None = None,
+        job: Mapping[str, Any] | None = None,
+    ) -> list[LogLine]:
+        """Every node's log as its pods kept it on the checkpoint volume (``<path>/logs/``,
+        ``ddp_trainer.keptlog``), merged in time order, read by a short-lived pod
+        (:func:`~ddp_client.objects.logs_reader_pod`); only lines since the job was created.
+        NoKeptLogs when there are none. ``on_note`` is told of files too large to carry."""
+        job = job if job is not None else self.get(name)
+        try:
+            image = image or reader_image(job, self._workers(name))
+            manifest = logs_reader_pod(job, image, READ_BUDGET_BYTES)
+            folder = posixpath.join(checkpoint_path(job, "logs"), LOGS_DIR)
+        except InvalidJob as error:
+            raise NoKeptLogs(str(error)) from None
+        dump = parse_dump(self._read_volume(name, manifest, "kept logs", NoKeptLogs, timeout_s))
+        created = parse_rfc3339((job.get("metadata") or {}).get("creationTimestamp"))
+        since = int(created.timestamp()) * 1_000_000_000 if created else None
+        logs = node_logs(dump.files, name, since)
+        if not any(logs) and not dump.omitted:
+            raise NoKeptLogs(
+                f"ddpjob {name} kept no logs in {folder} on its checkpoint volume: only pods that"
+                " run the bundled trainer's node wrapper (ddp_trainer.node) keep them"
+            )
+        said = omitted_note(dump.omitted, name)
+        if said and on_note is not None:
+            on_note(said)
+        return merge_logs(logs)
 
     def _follow(self, name: str, rank: int | None) -> Iterator[LogLine]:
         lines: queue.Queue[LogLine | None] = queue.Queue()

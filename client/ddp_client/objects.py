@@ -1,8 +1,10 @@
 """The objects the client creates, built without I/O: a script's ConfigMap and DDPJob, and the
-short-lived pod that prints a job's ``metrics.jsonl`` from its checkpoint volume."""
+short-lived pods that print a job's ``metrics.jsonl`` or its nodes' kept logs from its
+checkpoint volume."""
 
 from __future__ import annotations
 
+import inspect
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -11,10 +13,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddp_api.contract import API_VERSION, KIND, RUN_LOG_FILE
+from ddp_api.contract import API_VERSION, KIND, LOGS_DIR, RUN_LOG_FILE
 from ddp_api.ddpjob import MAX_NAME_LENGTH, CheckpointSpec, DDPJob
 from ddp_api.metav1 import owner_reference
-from ddp_api.pods import CONTAINER, DEFAULT_IMAGE, RESTRICTED_CONTAINER, RESTRICTED_POD
+from ddp_api.pods import (
+    CONTAINER,
+    DEFAULT_IMAGE,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    worker_name,
+)
 from ddp_api.trainer_config import validation_message
 
 SCRIPT_DIR = "/scripts"  # where a submitted script's ConfigMap is mounted
@@ -23,6 +31,7 @@ SCRIPT_VOLUME = "script"
 MAX_SCRIPT_BYTES = 1_000_000
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kubectl-ddp"}
 READER_CONTAINER = "metrics"
+LOGS_READER_CONTAINER = "logs"
 READER_DEADLINE_S = 600  # a reader pod left behind by a killed client ends by itself
 
 
@@ -127,34 +136,69 @@ def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> s
     return DEFAULT_IMAGE
 
 
-def metrics_path(job: Mapping[str, Any]) -> str:
-    """Where metrics.jsonl is in the job's pods; raises InvalidJob without a checkpoint volume."""
+def checkpoint_path(job: Mapping[str, Any], keeps: str) -> str:
+    """Where the job's pods mount its checkpoint volume; raises InvalidJob without one, saying
+    that the job ``keeps`` nothing there to read."""
     raw = (job.get("spec") or {}).get("checkpoint")
     if not raw:
         name = job["metadata"]["name"]
         raise InvalidJob(
-            f"ddpjob {name} has no checkpoint volume (spec.checkpoint), so it keeps no"
-            " metrics.jsonl to read"
+            f"ddpjob {name} has no checkpoint volume (spec.checkpoint), so it keeps no {keeps}"
         )
-    return posixpath.join(CheckpointSpec.model_validate(raw).path, RUN_LOG_FILE)
+    return CheckpointSpec.model_validate(raw).path
+
+
+def metrics_path(job: Mapping[str, Any]) -> str:
+    """Where metrics.jsonl is in the job's pods; raises InvalidJob without a checkpoint volume."""
+    return posixpath.join(checkpoint_path(job, "metrics.jsonl to read"), RUN_LOG_FILE)
 
 
 def metrics_reader_pod(job: Mapping[str, Any], image: str) -> dict[str, Any]:
-    """A pod that prints the job's metrics.jsonl and exits: the job's checkpoint volume
-    mounted read-only where its pods mount it, the restricted security context, owned by the
-    job. It carries none of the job's labels: the operator would count it among the job's pods.
-    It may run where the job's pods may (their node selector, tolerations, affinity, pull
-    secrets)."""
+    """A pod that prints the job's metrics.jsonl and exits (:func:`volume_reader_pod`)."""
+    command = ["cat", metrics_path(job)]
+    return volume_reader_pod(job, image, READER_CONTAINER, command, "plot", "64Mi")
+
+
+def logs_reader_pod(job: Mapping[str, Any], image: str, budget: int) -> dict[str, Any]:
+    """A pod that prints the logs the job's nodes kept (``<checkpoint path>/logs/``), at most
+    ``budget`` bytes, and exits: :mod:`ddp_client.log_dump` run by the image's ``python``
+    (:func:`volume_reader_pod`). Only pods that run the bundled trainer's node wrapper keep
+    logs, so the job's image has a ``python``."""
+    folder = posixpath.join(checkpoint_path(job, "logs to read"), LOGS_DIR)
+    prefix = worker_name(job["metadata"]["name"], 0)[:-1]
+    command = ["python", "-c", log_dump_source(), folder, prefix, str(budget)]
+    return volume_reader_pod(job, image, LOGS_READER_CONTAINER, command, "logs", "256Mi")
+
+
+def log_dump_source() -> str:
+    """The source of :mod:`ddp_client.log_dump`, which the reader pod runs."""
+    from . import log_dump
+
+    return inspect.getsource(log_dump)
+
+
+def volume_reader_pod(
+    job: Mapping[str, Any],
+    image: str,
+    container_name: str,
+    command: list[str],
+    purpose: str,
+    memory: str,
+) -> dict[str, Any]:
+    """A pod that runs ``command`` and exits, its output read through its log: the job's
+    checkpoint volume mounted read-only where its pods mount it, the restricted security
+    context, owned by the job, named ``<job>-<purpose>-``. It carries none of the job's labels:
+    the operator would count it among the job's pods. It may run where the job's pods may
+    (their node selector, tolerations, affinity, pull secrets)."""
     meta, spec = job["metadata"], job.get("spec") or {}
-    path = metrics_path(job)
     checkpoint = CheckpointSpec.model_validate(spec["checkpoint"])
     template = spec.get("template") or {}
     container: dict[str, Any] = {
-        "name": READER_CONTAINER,
+        "name": container_name,
         "image": image,
-        "command": ["cat", path],
+        "command": command,
         "volumeMounts": [{"name": "checkpoints", "mountPath": checkpoint.path, "readOnly": True}],
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": memory}},
         "securityContext": {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
     }
     if spec.get("imagePullPolicy"):
@@ -177,7 +221,7 @@ def metrics_reader_pod(job: Mapping[str, Any], image: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             # <= 50 + 6 + 5 characters: the API server appends five.
-            "generateName": f"{meta['name']}-plot-",
+            "generateName": f"{meta['name']}-{purpose}-",
             "namespace": meta.get("namespace", "default"),
             "labels": dict(MANAGED_BY),
             "ownerReferences": [owner_reference(meta, controller=False)],

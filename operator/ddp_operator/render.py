@@ -56,7 +56,11 @@ call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A si
 
 Read by the bundled trainer but not set by the operator (``spec.template.env`` may set it):
 ``DDPJOB_EXIT_BARRIER_S``, how long torchrun's agent waits at its exit barrier for the other
-nodes once its workers finished (``ddp_trainer.node``; default 30, torchrun's own is 300).
+nodes once its workers finished (``ddp_trainer.node``; default 30, torchrun's own is 300); and
+``DDPJOB_LOG_FILES``/``DDPJOB_LOG_FILE_MIB``, how much of each node's log is kept in
+``<DDPJOB_CHECKPOINT_DIR>/logs/`` (``ddp_trainer.keptlog``; default 5 files of 10 MiB, 0 files
+keeps none). Only a pod that runs ``ddp_trainer.node`` keeps its log: the bundled trainer's, or
+a user's command that runs it; a pod without a checkpoint volume keeps none.
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
 ``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out
@@ -97,6 +101,7 @@ from ddp_api.pods import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     ROLE_WORKER,
+    worker_name,
 )
 
 ANNOTATION_ATTEMPT = f"{contract.LABEL_PREFIX}attempt"
@@ -133,10 +138,6 @@ class OperatorConfig:
     # controller sets it false while it does not see the admission policy that confines that
     # account (then: the job's own account and ConfigMap, as before).
     progress_in_pod: bool = True
-
-
-def worker_name(job: str, index: int) -> str:
-    return f"{job}-node-{index}"
 
 
 def store_name(job: str) -> str:

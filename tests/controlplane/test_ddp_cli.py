@@ -275,3 +275,42 @@ def test_plot_reads_metrics_through_a_restricted_pod_that_it_deletes(ns: Namespa
         f"kubectl ddp: cannot read the log of pod {pod['metadata']['name']}: "
     )
     until("the reader pod deleted", lambda: reader() is None, 30)
+
+
+def test_logs_from_the_volume_go_through_a_restricted_pod_that_it_deletes(ns: Namespace) -> None:
+    spec = {"nodes": 1, "trainer": {"workload": "digits"}, "image": "mine:1"}
+    plain = ns.client.create_job({"metadata": {"name": "plain"}, "spec": spec})
+    out = ns.ddp("logs", plain, "--from-volume")
+    assert out.returncode == 2
+    assert out.stderr == (
+        "kubectl ddp: ddpjob plain has no checkpoint volume (spec.checkpoint), so it keeps no"
+        " logs to read\n"
+    )
+    out = ns.ddp("logs", plain, "--from-volume", "-f")
+    assert out.returncode == 2 and "--follow streams the pods' logs" in out.stderr
+
+    spec = {**spec, "checkpoint": {"volume": {"emptyDir": {}}, "path": "/ckpt"}}
+    name = ns.client.create_job({"metadata": {"name": "kept"}, "spec": spec})
+    ns.workers(name, 1)  # its pods run: only --from-volume reads the volume
+    logs = ns.plugin.start("logs", name, "--from-volume", "-n", ns.name, "--timeout", "60")
+
+    def reader() -> dict[str, Any] | None:
+        pods = json.loads(ns.k("get", "pods", "-l", "app.kubernetes.io/managed-by", "-o", "json"))
+        return next(iter(pods["items"]), None)
+
+    pod = until("the reader pod", reader, 30)
+    assert pod["metadata"]["name"].startswith("kept-logs-")
+    assert LABEL_JOB not in pod["metadata"]["labels"]
+    assert pod["metadata"]["ownerReferences"][0]["name"] == "kept"
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "mine:1"
+    assert container["command"][:2] == ["python", "-c"]
+    assert container["command"][3:] == ["/ckpt/logs", "kept-node-", str(8 * 2**20)]
+    assert container["volumeMounts"][0]["readOnly"] is True
+    ns.k("annotate", "pod", pod["metadata"]["name"], f"{EXIT}=0")
+    _, err = logs.communicate(timeout=60)
+    # kwok serves no logs: the error names the pod whose log could not be read.
+    assert logs.returncode == 2 and err.startswith(
+        f"kubectl ddp: cannot read the log of pod {pod['metadata']['name']}: "
+    )
+    until("the reader pod deleted", lambda: reader() is None, 30)

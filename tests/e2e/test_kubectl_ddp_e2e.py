@@ -1,7 +1,8 @@
 """``kubectl ddp`` (installed from the built wheel) on real training runs: a script submitted
 and watched to Succeeded with both ranks in its merged logs, and the digits example watched
 (what it leaves: status, the final checkpoint, `kubectl get`'s columns), its logs read and its
-loss and learning rate plotted from the checkpoint volume.
+loss and learning rate plotted from the checkpoint volume, and its logs read again from the
+volume once its pods are deleted.
 
 Logs come through the kubelets' pods/log (``kubectl logs``), as does the output of
 ``plot``'s reader pod.
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from e2e_scenario import CLAIMS, Scenario
 
+from ddp_api.pods import selector
 from ddp_client import DDPClient
 from ddp_client.loglines import parse_timestamp
 from ddp_trainer.progress import read_run_log
@@ -153,4 +155,25 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     assert steps[0] == 1 and steps[-1] == total and len(steps) > 2
     assert [s for s, _ in drawn.curves.lr] == steps
     assert drawn.curves.loss[-1][1] < drawn.curves.loss[0][1]  # it learned
+    assert sc.k("get", "pods", "-l", "app.kubernetes.io/managed-by=kubectl-ddp", "-o", "name") == ""
+
+    # Each node kept its log on the volume; once its pods are gone, `logs` reads those files,
+    # and every node's lines are those its pod's log had, in the same order.
+    kept = sorted(p.name for p in (ckpt / "logs").iterdir())
+    assert kept == ["digits-node-0.log", "digits-node-1.log"], kept
+    from_pods = ddp("logs", "digits", "-n", sc.ns)
+    assert from_pods.returncode == 0 and from_pods.stderr == "", from_pods.stderr
+    sc.k("delete", "pods", "-l", selector("digits"), "--wait=true")
+    from_volume = ddp("logs", "digits", "-n", sc.ns)
+    assert from_volume.returncode == 0, f"{from_volume.stderr}\n{sc.diagnostics()}"
+    assert "reading the logs its nodes kept on its volume" in from_volume.stderr
+
+    def by_node(text: str) -> dict[str, list[str]]:
+        nodes: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            nodes.setdefault(line.split()[0].strip("[]"), []).append(line)
+        return nodes
+
+    assert by_node(from_volume.stdout) == by_node(from_pods.stdout)
+    assert last in ddp("logs", "digits", "-n", sc.ns, "--rank", "0").stdout
     assert sc.k("get", "pods", "-l", "app.kubernetes.io/managed-by=kubectl-ddp", "-o", "name") == ""

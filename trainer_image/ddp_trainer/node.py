@@ -17,6 +17,10 @@ agent, once its workers finished, waits for the other agents at an exit barrier,
 default, which a peer lost at the last step never reaches; here it waits at most
 ``DDPJOB_EXIT_BARRIER_S`` (default :data:`DEFAULT_EXIT_BARRIER_S`), then exits 0 all the same.
 
+Its log is kept: torchrun's stdout and stderr pass through this process, unchanged, and each
+line is also kept, timed, in the checkpoint folder's ``logs/<pod>.log``, bounded and rotated
+(:mod:`ddp_trainer.keptlog`), for ``kubectl ddp logs`` once the pod is gone.
+
 torchrun runs in a child forked from this process, which has imported torch already (the
 store probe needs it): starting it costs no second torch import (2-3 s on two cores), on
 every start and in every store-loss recovery. Forking with torch imported is what
@@ -39,7 +43,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ddp_api.contract import ENV_CHECKPOINT_DIR, LABEL_PREFIX, RDZV_PORT
+from ddp_api.contract import ENV_CHECKPOINT_DIR, ENV_POD_NAME, LABEL_PREFIX, RDZV_PORT
+
+from .keptlog import KeptLog, Relay, keep
 
 if TYPE_CHECKING:
     from .checkpoint import Completion
@@ -57,6 +63,7 @@ STOP_GRACE_S = 45.0  # torchrun stopped for a replaced store: SIGTERM, then SIGK
 ENV_EXIT_BARRIER = "DDPJOB_EXIT_BARRIER_S"
 DEFAULT_EXIT_BARRIER_S = 30.0
 WORKER_STOP_S = 10.0  # how long workers stopped for a restart get before SIGKILL (torchrun: 30)
+RELAY_DRAIN_S = 2.0  # once torchrun exited: how long its last lines may take to pass through
 
 
 @dataclass(frozen=True)
@@ -271,21 +278,41 @@ def run_torchrun(args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S)
 
 
 class Torchrun:
-    """torchrun in a forked child of this (torch-importing) process."""
+    """torchrun in a forked child of this (torch-importing) process. With a kept log, the
+    child's stdout and stderr are pipes that this process relays to its own and keeps."""
 
-    def __init__(self, args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        barrier_s: float = DEFAULT_EXIT_BARRIER_S,
+        kept: KeptLog | None = None,
+    ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        pipes = [os.pipe(), os.pipe()] if kept is not None else []
         pid = os.fork()
         if pid == 0:
+            for target, (read, write) in zip((1, 2), pipes, strict=False):
+                os.dup2(write, target)
+                os.close(read)
+                os.close(write)
             run_torchrun(args, barrier_s)
         self.pid = pid
         self.code: int | None = None
+        self.relays: list[Relay] = []
+        for target, (read, write) in zip((1, 2), pipes, strict=False):
+            os.close(write)
+            assert kept is not None
+            self.relays.append(Relay(read, target, kept))
 
     def wait(self) -> int:
         while self.code is None:
             _, status = os.waitpid(self.pid, 0)  # PEP 475: retried after our handler ran
             self.code = os.waitstatus_to_exitcode(status)
+        # Its last lines; not longer: a worker left behind may hold the pipe open.
+        deadline = time.monotonic() + RELAY_DRAIN_S
+        for relay in self.relays:
+            relay.join(max(0.0, deadline - time.monotonic()))
         return self.code
 
     def send_signal(self, signum: int) -> None:
@@ -366,6 +393,16 @@ def restarts_allowed(args: Sequence[str], environ: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    kept = keep(checkpoint_folder(args, os.environ), os.environ.get(ENV_POD_NAME), os.environ)
+    try:
+        return supervise(args, kept)
+    finally:
+        if kept is not None:
+            kept.close()
+
+
+def supervise(args: list[str], kept: KeptLog | None) -> int:
+    """Runs torchrun, and again after losing the store, until an exit ends the pod."""
     endpoint = torchrun_setting(args, os.environ, "rdzv-endpoint") or ""
     left = restarts_allowed(args, os.environ)
     child: Torchrun | None = None
@@ -403,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if endpoint and joined is None:
             log.error("no rendezvous store answered at %s in %.0fs", endpoint, STORE_WAIT_S)
             return 1
-        child = Torchrun(args, barrier_s)
+        child = Torchrun(args, barrier_s, kept)
         if stopping:  # a signal between the fork and the line above found no child to pass on to
             child.send_signal(signal.SIGTERM)
         if endpoint:
