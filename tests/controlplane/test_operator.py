@@ -1015,10 +1015,17 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
         c.running("b", 2)
         assert {p["spec"]["serviceAccountName"] for p in c.workers("b").values()} == {"b-trainer"}
         why = f"there is no ValidatingAdmissionPolicyBinding {POLICY}"
+        # Once per namespace, on the namespace's first job reconciled since: b, or a when a
+        # resync of a came first (it does when the operator has other namespaces' jobs).
         c.until(
             "an Event saying why",
             lambda: (
-                any(r == "TrainerPolicyMissing" and why in m for _, r, m in c.events("b")) or None
+                any(
+                    r == "TrainerPolicyMissing" and why in m
+                    for job in ("a", "b")
+                    for _, r, m in c.events(job)
+                )
+                or None
             ),
         )
         c.report("b", GOOD_PROGRESS)
