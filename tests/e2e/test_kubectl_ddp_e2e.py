@@ -164,7 +164,10 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     from_pods = ddp("logs", "digits", "-n", sc.ns)
     assert from_pods.returncode == 0 and from_pods.stderr == "", from_pods.stderr
     sc.k("delete", "pods", "-l", selector("digits"), "--wait=true")
-    from_volume = ddp("logs", "digits", "-n", sc.ns)
+    # No pod is left to name the image that the operator gave the job (its default, not in
+    # the spec): the reader pod is told the cluster's, as a user of a private registry would.
+    image = ("--image", sc.s.refs["trainer"])
+    from_volume = ddp("logs", "digits", "-n", sc.ns, *image)
     assert from_volume.returncode == 0, f"{from_volume.stderr}\n{sc.diagnostics()}"
     assert "reading the logs its nodes kept on its volume" in from_volume.stderr
 
@@ -175,5 +178,5 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
         return nodes
 
     assert by_node(from_volume.stdout) == by_node(from_pods.stdout)
-    assert last in ddp("logs", "digits", "-n", sc.ns, "--rank", "0").stdout
+    assert last in ddp("logs", "digits", "-n", sc.ns, "--rank", "0", *image).stdout
     assert sc.k("get", "pods", "-l", "app.kubernetes.io/managed-by=kubectl-ddp", "-o", "name") == ""
