@@ -256,25 +256,9 @@ def test_plot_reads_metrics_through_a_restricted_pod_that_it_deletes(ns: Namespa
     spec = {**spec, "checkpoint": {"volume": {"emptyDir": {}}, "path": "/ckpt"}}
     name = ns.client.create_job({"metadata": {"name": "kept"}, "spec": spec})
     plot = ns.plugin.start("plot", name, "-o", "x.png", "-n", ns.name, "--timeout", "60")
-
-    def reader() -> dict[str, Any] | None:
-        pods = json.loads(ns.k("get", "pods", "-l", "app.kubernetes.io/managed-by", "-o", "json"))
-        return next(iter(pods["items"]), None)
-
-    pod = until("the reader pod", reader, 30)
-    assert pod["metadata"]["name"].startswith("kept-plot-")
-    assert LABEL_JOB not in pod["metadata"]["labels"]
-    assert pod["metadata"]["ownerReferences"][0]["name"] == "kept"
-    container = pod["spec"]["containers"][0]
-    assert container["image"] == "mine:1"
+    container = reader_container(ns, "kept-plot-")
     assert container["command"] == ["cat", "/ckpt/metrics.jsonl"]
-    ns.k("annotate", "pod", pod["metadata"]["name"], f"{EXIT}=0")
-    _, err = plot.communicate(timeout=60)
-    # kwok serves no logs: the error names the pod whose log could not be read.
-    assert plot.returncode == 2 and err.startswith(
-        f"kubectl ddp: cannot read the log of pod {pod['metadata']['name']}: "
-    )
-    until("the reader pod deleted", lambda: reader() is None, 30)
+    reader_ends_and_goes(ns, plot)
 
 
 def test_logs_from_the_volume_go_through_a_restricted_pod_that_it_deletes(ns: Namespace) -> None:
@@ -293,24 +277,40 @@ def test_logs_from_the_volume_go_through_a_restricted_pod_that_it_deletes(ns: Na
     name = ns.client.create_job({"metadata": {"name": "kept"}, "spec": spec})
     ns.workers(name, 1)  # its pods run: only --from-volume reads the volume
     logs = ns.plugin.start("logs", name, "--from-volume", "-n", ns.name, "--timeout", "60")
-
-    def reader() -> dict[str, Any] | None:
-        pods = json.loads(ns.k("get", "pods", "-l", "app.kubernetes.io/managed-by", "-o", "json"))
-        return next(iter(pods["items"]), None)
-
-    pod = until("the reader pod", reader, 30)
-    assert pod["metadata"]["name"].startswith("kept-logs-")
-    assert LABEL_JOB not in pod["metadata"]["labels"]
-    assert pod["metadata"]["ownerReferences"][0]["name"] == "kept"
-    container = pod["spec"]["containers"][0]
-    assert container["image"] == "mine:1"
+    container = reader_container(ns, "kept-logs-")
     assert container["command"][:2] == ["python", "-c"]
     assert container["command"][3:] == ["/ckpt/logs", "kept-node-", str(8 * 2**20)]
     assert container["volumeMounts"][0]["readOnly"] is True
+    reader_ends_and_goes(ns, logs)
+
+
+def reader_pod(ns: Namespace) -> dict[str, Any] | None:
+    """The short-lived pod that `plot` or `logs --from-volume` made, if any."""
+    pods = json.loads(ns.k("get", "pods", "-l", "app.kubernetes.io/managed-by", "-o", "json"))
+    return next(iter(pods["items"]), None)
+
+
+def reader_container(ns: Namespace, prefix: str) -> dict[str, Any]:
+    """The reader pod's container, once the pod shows up: owned by job ``kept``, not one of its
+    pods (no job label), running the job's image."""
+    pod = until("the reader pod", lambda: reader_pod(ns), 30)
+    assert pod["metadata"]["name"].startswith(prefix)
+    assert LABEL_JOB not in pod["metadata"]["labels"]
+    assert pod["metadata"]["ownerReferences"][0]["name"] == "kept"
+    container: dict[str, Any] = pod["spec"]["containers"][0]
+    assert container["image"] == "mine:1"
+    return container
+
+
+def reader_ends_and_goes(ns: Namespace, command: subprocess.Popen[str]) -> None:
+    """kwok ends the reader pod; ``command`` fails naming it (kwok serves no logs) and
+    deletes it."""
+    pod = reader_pod(ns)
+    assert pod is not None
     ns.k("annotate", "pod", pod["metadata"]["name"], f"{EXIT}=0")
-    _, err = logs.communicate(timeout=60)
+    _, err = command.communicate(timeout=60)
     # kwok serves no logs: the error names the pod whose log could not be read.
-    assert logs.returncode == 2 and err.startswith(
+    assert command.returncode == 2 and err.startswith(
         f"kubectl ddp: cannot read the log of pod {pod['metadata']['name']}: "
     )
-    until("the reader pod deleted", lambda: reader() is None, 30)
+    until("the reader pod deleted", lambda: reader_pod(ns) is None, 30)
