@@ -91,6 +91,32 @@ def parse_run_log(text: str) -> list[dict[str, Any]]:
     return lines
 
 
+# Per-step fault tolerance (``spec.faultTolerance.mode: PerStep``): each node pod is one torchft
+# replica group; the operator runs one lighthouse pod per job (``torchft_lighthouse``) behind the
+# Service ``<job>-lighthouse`` on LIGHTHOUSE_PORT, and no rendezvous store. The node pods get:
+ENV_FAULT_TOLERANCE = "DDPJOB_FAULT_TOLERANCE"  # "Restart" (also when unset) or "PerStep"
+FAULT_TOLERANCE_RESTART, FAULT_TOLERANCE_PER_STEP = "Restart", "PerStep"
+ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # torchft's own name: http://<job>-lighthouse.<ns>.svc:PORT
+ENV_REPLICA_GROUP = "REPLICA_GROUP_ID"  # this pod's group, = its node index (torchft's examples)
+ENV_GROUPS = "NUM_REPLICA_GROUPS"  # spec.nodes when the pod was made (a hint; the quorum decides)
+ENV_MIN_GROUPS = "DDPJOB_MIN_GROUPS"  # spec.faultTolerance.minGroups: the fewest that may step
+# spec.faultTolerance.groupTimeoutSeconds: the lighthouse drops a group silent this long, and a
+# collective that waits this long on a lost peer fails (the step is then redone, not the run)
+ENV_GROUP_TIMEOUT = "DDPJOB_GROUP_TIMEOUT_S"
+LIGHTHOUSE_PORT = 29510
+LIGHTHOUSE_SUFFIX = "-lighthouse"
+
+
+def lighthouse_name(job: str) -> str:
+    """The name of a PerStep job's lighthouse pod and of its Service."""
+    return f"{job}{LIGHTHOUSE_SUFFIX}"
+
+
+def lighthouse_address(job: str, namespace: str) -> str:
+    """``TORCHFT_LIGHTHOUSE`` of a PerStep job's node pods."""
+    return f"http://{lighthouse_name(job)}.{namespace}.svc:{LIGHTHOUSE_PORT}"
+
+
 # The kept logs: each node pod's wrapper (``ddp_trainer.node``) copies its pod's log, each line
 # after its RFC 3339 time as ``pods/log?timestamps=true`` gives it, into ``<pod>.log`` in this
 # folder of the checkpoint folder, rotated to ``<pod>.log.1`` (the newest older part) up to
