@@ -9,6 +9,11 @@ job has moved on, as a repaired machine would come back.
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from cluster_env import Cluster
 from test_cluster import machines, metrics
@@ -20,6 +25,40 @@ from ddp_devcluster.pytest_plugin import unavailable
 pytestmark = pytest.mark.timeout(1500)
 CONTROL_PLANE = "ddp-control-plane"
 EVERY = 20  # digits.yaml's checkpoint.everySteps
+OPERATOR = "ddp-operator"  # the chart's release: its Lease and its pods' label
+
+
+def operator_replicas(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The operator's leader (the pod the Lease names) and its standby, once both are Ready."""
+
+    def both() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        pods = cluster.pods(f"app.kubernetes.io/name={OPERATOR}", ns="ddp-system")
+        live = {n: p for n, p in pods.items() if not p["metadata"].get("deletionTimestamp")}
+        holder = lease_holder(cluster)
+        if len(live) != 2 or holder not in live:
+            return None
+        return live[holder], next(p for n, p in live.items() if n != holder)
+
+    return cluster.until("the operator's leader and standby", both, 120)
+
+
+def lease_holder(cluster: Cluster) -> str:
+    lease = json.loads(cluster.k("get", "lease", OPERATOR, "-n", "ddp-system", "-o", "json"))
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def spread_required(edit: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def both(job: dict[str, Any]) -> None:
+        edit(job)
+        job["spec"]["spread"] = "Required"
+
+    return both
+
+
+def release(cluster: Cluster, ns: str, step: int) -> None:
+    """Lets the digits job held after ``step`` go on (its release file on the volume)."""
+    folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
+    (folder / f"release-step-{step:08d}").touch()
 
 
 def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succeeds(
@@ -45,8 +84,7 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
             kind.freeze(machine)
             frozen.append(machine)
             lost.append(machine)
-            folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
-            (folder / f"release-step-{hold:08d}").touch()
+            release(cluster, ns, hold)
             if hold < 60:
                 cluster.held("digits", hold + 20, 900, ns=ns)  # past the loss of the machine
             else:
@@ -75,3 +113,68 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
             reached = max(reached, int(r["step"]))
     print(f"steps lost at each resume: {lost_steps}")
     assert lost_steps and max(lost_steps) <= EVERY, lost_steps
+
+
+def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_cost_under_45_s(
+    cluster: Cluster, ns: str
+) -> None:
+    """The machine of the operator replica that holds the Lease and the machine of a node pod
+    lose their power together (``podman stop --time 0``) while the job trains: the standby
+    replica takes the Lease over, a replacement pod is created on a healthy machine and
+    ``status.progress`` moves again, all within 45 s of the power-off (88 s with one operator
+    replica: the chart's before leader election). The job then Succeeds."""
+    if cluster.provider != "kind":
+        unavailable("one machine only: losing it loses the cluster (DDP_CLUSTER=kind)")
+    leader, standby = operator_replicas(cluster)
+    on_leader, on_standby = leader["spec"]["nodeName"], standby["spec"]["nodeName"]
+    if on_leader in (on_standby, CONTROL_PLANE):
+        pytest.skip(f"the chart's replicas share a machine or lead on the control plane"
+                    f" ({on_leader}, {on_standby}): nothing to power off alone")  # fmt: skip
+    nodes = cluster.get("nodes", ns="", check=True)["items"]
+    workers = sorted(n["metadata"]["name"] for n in nodes if n["metadata"]["name"] != CONTROL_PLANE)
+    worker = next(n for n in workers if n not in (on_leader, on_standby))
+    # The job's pods on `worker` and the control plane (one each), the standby's machine free:
+    # the lost pod's replacement has one healthy machine to go to.
+    for machine in (on_leader, on_standby):
+        cluster.k("cordon", machine)
+    powered_off: list[str] = []
+    try:
+        cluster.apply_example(cluster.claims, "digits.yaml", ns=ns,
+                              edit=spread_required(holding_at(20)))  # fmt: skip
+        cluster.held("digits", 20, 900, ns=ns)
+        cluster.k("uncordon", on_standby)
+        where = machines(cluster, ns, "digits")
+        lost = sorted(p for p, m in where.items() if m == worker)
+        assert any("-node-" in p for p in lost), where
+        uids = cluster.worker_uids("digits", ns=ns)
+        print(f"powering off {on_leader} (operator leader) and {worker} ({lost})")
+        t0 = time.time()
+        for machine in (on_leader, worker):
+            kind.power_off(machine)
+            powered_off.append(machine)
+        release(cluster, ns, 20)
+        seen: dict[str, float] = {}
+
+        def recovered() -> bool:
+            now = time.time() - t0
+            holder = lease_holder(cluster)
+            if holder == standby["metadata"]["name"]:
+                seen.setdefault("lease_taken", now)
+            if any(uids.get(p) not in (None, u)
+                   for p, u in cluster.worker_uids("digits", ns=ns).items()):  # fmt: skip
+                seen.setdefault("replaced", now)
+            progress = cluster.status("digits", ns=ns).get("progress") or {}
+            if int(progress.get("step") or 0) > 20:
+                seen.setdefault("progress", now)
+            return {"lease_taken", "replaced", "progress"} <= seen.keys()
+
+        cluster.until("leader taken over, pod replaced, progress moving", recovered, 300, ns=ns)
+        print("seconds after the power-off: " + ", ".join(f"{k} {v:.1f}" for k, v in seen.items()))
+        done = cluster.phase("digits", "Succeeded", 900, ns=ns)
+    finally:
+        for machine in powered_off:
+            kind.power_on(cluster.kubeconfig, machine)
+        for machine in (on_leader, on_standby):
+            cluster.k("uncordon", machine, check=False)
+    assert seen["replaced"] < 45 and seen["progress"] < 45, seen
+    assert done.get("restarts", 0) == 0, done

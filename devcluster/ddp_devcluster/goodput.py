@@ -1,0 +1,99 @@
+"""What incidents cost a run, from its run log alone (``metrics.jsonl``: one ``step`` row per
+optimizer step that the reporting rank logged, with its wall ``time``). Pure: rows in,
+numbers out; ``bench/goodput.py`` and the kind tests of per-step fault tolerance read them.
+
+- **steps redone**: step rows whose step index is logged again later (Restart mode resumes
+  from the newest checkpoint, so the steps after it are trained twice; per-step fault
+  tolerance never logs an uncommitted step, so none);
+- **stall** of an incident at time ``t``: the longest gap between two consecutive step rows
+  from the last row before ``t`` until the next incident (or the end): how long training
+  stopped for it, whatever the survivors did meanwhile;
+- **goodput**: time spent in steps that were kept (the last row of each step index), divided
+  by the wall time from the first step row to the last. A kept step's time is the gap since
+  the row before it, except where that gap spans an incident's stall (more than
+  ``STALL_FACTOR`` times the median gap): then it counts as one median step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+STALL_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class StepRow:
+    time: float
+    step: int
+
+
+def step_rows(rows: Iterable[Mapping[str, Any]]) -> list[StepRow]:
+    """The run log's step rows in time order."""
+    out = [
+        StepRow(float(r["time"]), int(r["step"]))
+        for r in rows
+        if r.get("event") == "step" and "time" in r and "step" in r
+    ]
+    return sorted(out, key=lambda r: r.time)
+
+
+def _gaps(rows: Sequence[StepRow]) -> list[float]:
+    return [b.time - a.time for a, b in itertools.pairwise(rows)]
+
+
+def steps_redone(rows: Sequence[StepRow]) -> int:
+    """Step rows whose step index appears again in a later row."""
+    last = {r.step: i for i, r in enumerate(rows)}
+    return sum(1 for i, r in enumerate(rows) if last[r.step] != i)
+
+
+def stalls(rows: Sequence[StepRow], incidents: Sequence[float]) -> list[float]:
+    """Each incident's stall (seconds): the longest gap between consecutive step rows from the
+    last row before it until the next incident; 0 when no row follows it."""
+    times = [r.time for r in rows]
+    out = []
+    ordered = sorted(incidents)
+    for k, at in enumerate(ordered):
+        until = ordered[k + 1] if k + 1 < len(ordered) else float("inf")
+        start = max(0, bisect.bisect_right(times, at) - 1)  # the last row before the incident
+        end = bisect.bisect_right(times, until)  # and the first row after the next one
+        gaps = _gaps(rows[start : end + 1])
+        out.append(max(gaps) if gaps else 0.0)
+    return out
+
+
+def goodput(rows: Sequence[StepRow]) -> float:
+    """Time in kept steps / wall time (1.0 for a run with no incident and even steps)."""
+    if len(rows) < 2:
+        return 0.0
+    gaps = _gaps(rows)
+    typical = statistics.median(gaps)
+    last = {r.step: i for i, r in enumerate(rows)}
+    kept_s = 0.0
+    for i in range(1, len(rows)):
+        if last[rows[i].step] != i:
+            continue
+        gap = gaps[i - 1]
+        kept_s += typical if gap > STALL_FACTOR * typical else gap
+    wall = rows[-1].time - rows[0].time
+    return min(1.0, kept_s / wall) if wall > 0 else 0.0
+
+
+def summary(rows: Iterable[Mapping[str, Any]], incidents: Sequence[float]) -> dict[str, Any]:
+    """The benchmark's figures of one run: stall p50/max over its incidents, steps redone,
+    goodput, and the steps logged."""
+    steps = step_rows(rows)
+    each = stalls(steps, incidents)
+    return {
+        "survivor_stall_p50_s": round(statistics.median(each), 2) if each else None,
+        "survivor_stall_max_s": round(max(each), 2) if each else None,
+        "stalls_s": [round(s, 2) for s in each],
+        "steps_redone": steps_redone(steps),
+        "goodput": round(goodput(steps), 3),
+        "steps_logged": len(steps),
+    }

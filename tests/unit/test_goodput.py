@@ -1,0 +1,42 @@
+"""The incident figures of bench/goodput.py and the per-step kind test, from run-log rows."""
+
+from __future__ import annotations
+
+from ddp_devcluster import goodput
+
+
+def rows(*pairs: tuple[float, int]) -> list[dict[str, object]]:
+    return [{"event": "start", "time": 0.0}] + [
+        {"event": "step", "time": t, "step": s} for t, s in pairs
+    ]
+
+
+def test_an_even_run_has_goodput_one_no_redone_steps_and_no_stall() -> None:
+    run = rows(*[(float(i), i) for i in range(1, 11)])
+    out = goodput.summary(run, [])
+    assert out["goodput"] == 1.0
+    assert out["steps_redone"] == 0
+    assert out["survivor_stall_p50_s"] is None
+
+
+def test_a_restart_redoes_the_steps_after_its_checkpoint_and_its_stall_is_the_gap() -> None:
+    # steps 1..6 a second apart, lost at 6.5 s, resumed from step 4 at 30 s
+    run = rows(*[(float(i), i) for i in range(1, 7)], (30.0, 5), (31.0, 6), (32.0, 7))
+    out = goodput.summary(run, [6.5])
+    assert out["steps_redone"] == 2  # the first 5 and 6
+    assert out["survivor_stall_max_s"] == 24.0  # 6 s -> 30 s
+    # kept: 1..4 (3 s of gaps), 5 (a stall: one median step), 6 and 7 (1 s each) = 6 s of 31
+    assert out["goodput"] == round(6.0 / 31.0, 3)
+
+
+def test_per_step_survivors_pause_only_for_the_lost_group_s_timeout() -> None:
+    steps = [(float(i), i) for i in range(1, 11)] + [(13.0, 11)]
+    steps += [(13.0 + i, 11 + i) for i in range(1, 10)]
+    out = goodput.summary(rows(*steps), [10.2, 15.5])
+    assert out["stalls_s"] == [3.0, 1.0]
+    assert out["steps_redone"] == 0
+    assert 0.95 <= out["goodput"] <= 1.0
+
+
+def test_stall_of_an_incident_after_the_last_row_is_zero() -> None:
+    assert goodput.stalls(goodput.step_rows(rows((1.0, 1))), [5.0]) == [0.0]
