@@ -145,7 +145,7 @@ def one_round(cl: Cluster, hold: int, victim_name: str, cap_s: float | None) -> 
     t0 = time.time()
     kind.freeze(machine)
     (folder / f"release-step-{hold:08d}").touch()
-    out: dict[str, Any] = {"hold": hold, "machine": machine, "pod": victim_name}
+    out: dict[str, Any] = {"hold": hold, "machine": machine, "pod": victim_name, "t0": t0}
     thawed_at: float | None = None
     try:
         while True:
@@ -178,7 +178,10 @@ def one_round(cl: Cluster, hold: int, victim_name: str, cap_s: float | None) -> 
         if thawed_at is None:
             kind.thaw(machine)
     cl.until(f"{machine} Ready again", lambda: node_ready(cl, machine)[0] == "True" or None, 300)
-    log("  " + ", ".join(f"{k} {v:.1f}s" for k, v in out.items() if isinstance(v, float)))
+    log(
+        "  "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in out.items() if k != "t0" and isinstance(v, float))
+    )
     return out
 
 
@@ -195,13 +198,31 @@ def run_mode(cl: Cluster, mode: str, rounds: int, cap_s: float | None) -> list[d
     for r in out:
         r["job_restarts"] = done.get("restarts", 0)
         r["job_disruptions"] = done.get("disruptions", 0)
+    add_incidents(out, done.get("incidents") or [])
     return out
+
+
+def add_incidents(rounds: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> None:
+    """What the operator recorded of each round (status.incidents, kind NodeLost, in order):
+    when it detected the loss and when training went on, as seconds since that round's
+    freeze, beside the bench's own measurements (rank 0's run log)."""
+    lost = [i for i in incidents if i.get("kind") == "NodeLost"]
+    for r, i in zip(rounds, lost, strict=False):
+        r["status_detected"] = _seconds(i["detectedAt"]) - r["t0"]
+        if i.get("resumedAt"):
+            r["status_resumed"] = _seconds(i["resumedAt"]) - r["t0"]
+            r["status_seconds"] = float(i.get("seconds") or 0.0)
+            r["status_steps_redone"] = i.get("stepsRedone")
 
 
 def summary(rounds: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
     firsts = [r["first_step"] for r in rounds]
     replaced = [r["replaced"] for r in rounds if "replaced" in r]
+    agree = [abs(r["status_resumed"] - r["first_step"]) for r in rounds if "status_resumed" in r]
     return {
+        # status.incidents against the run log: resumedAt is whole seconds of the operator's
+        # clock at rank 0's next report (its report interval), first_step rank 0's own time
+        f"status_resumed_vs_first_step_max_diff_s{suffix}": round(max(agree), 1) if agree else None,
         f"node_lost_to_first_step_p50_s{suffix}": round(statistics.median(firsts), 1),
         f"node_lost_to_first_step_max_s{suffix}": round(max(firsts), 1),
         f"pod_replaced_p50_s{suffix}": round(statistics.median(replaced), 1) if replaced else None,
@@ -291,7 +312,8 @@ def main() -> int:
         result |= summary(results["on"], "")
     if "default" in results:
         result |= summary(results["default"], "_default")
-    result["detail"] = {m: [{k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()}
+    result["detail"] = {m: [{k: round(v, 1) if isinstance(v, float) else v
+                             for k, v in r.items() if k != "t0"}
                             for r in rs] for m, rs in results.items()}  # fmt: skip
     result["plot"] = str(args.plot)
     print(json.dumps(result))
