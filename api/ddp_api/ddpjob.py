@@ -932,15 +932,17 @@ class DDPJobStatus(_Model):
     restarts: int | None = Field(
         default=None,
         description="Failures counted against spec.backoffLimit so far: node pods that exited"
-        " non-zero or were deleted while running, without a DisruptionTarget condition (one"
-        " lost node and the peers that fail with it count once).",
+        " non-zero or (Restart mode) were deleted while running, without a DisruptionTarget"
+        " condition (one lost node and the peers that fail with it count once; in PerStep"
+        " mode each failed pod counts).",
     )
     disruptions: int | None = Field(
         default=None,
         description="Node pods lost to a disruption so far: pods with the condition"
         " DisruptionTarget (eviction API and kubectl drain, preemption, taint eviction), and"
-        " pods on a machine not Ready for longer than the operator's DDP_NODE_LOST_GRACE_S."
-        " Recreated at once; they never count against spec.backoffLimit.",
+        " pods on a machine not Ready for longer than the operator's DDP_NODE_LOST_GRACE_S;"
+        " in PerStep mode also node pods deleted by anyone while they run. Recreated at once;"
+        " they never count against spec.backoffLimit.",
     )
     world_size: int | None = Field(
         default=None, description="Workers (ranks) of the current rendezvous."

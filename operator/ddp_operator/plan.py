@@ -43,6 +43,17 @@ complete. Missing node pods are not recreated and the others' failures are not c
 pods still running get ``completion_grace_s`` (from the first success's ``finishedAt``) to
 finish, then are deleted; the job Succeeds, its message naming the nodes that did not finish.
 
+PerStep mode (``spec.faultTolerance.mode``): each node pod is a torchft replica group and the
+job's server pod is a lighthouse (``<job>-lighthouse``) instead of the store. The rules above
+hold, with these differences, because one group's loss stops no other: a node pod deleted while
+it runs, by anyone, is a disruption (rule 1), not a failure; no failure is the consequence of
+another (rule 2 is off), so each failed pod counts; a lost lighthouse is recreated at once, even
+during a backoff, and counts nothing (a ``LighthouseLost`` incident); a resize opens no
+``Resize`` incident; while ``minGroups`` groups are ready the job stays Running (reason
+``GroupsChanging``, or ``NodeLost``); and once rank 0 reported the last step no failure or loss
+is counted and no diagnosis fails the job (it completes when a group exits 0). Nothing is ever
+deleted but the pod that went: each replacement is of that one pod.
+
 What stops a pod (an image that cannot be pulled, a missing claim, no machine that fits, a
 missing command, the OOM killer) is read by :mod:`ddp_operator.diagnosis`; while pods show it,
 its reason and message replace those of the phase (one Event when the reason changes), and what

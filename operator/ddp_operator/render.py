@@ -54,6 +54,15 @@ trainer's ``stepTimeoutS`` (60 s) once every rank has taken its first step, ``pg
 (one of ``workerRestarts``), and the rendezvous completes without the lost node after the last
 call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A silent peer".
 
+PerStep mode (``spec.faultTolerance.mode: PerStep``): each pod is a torchft replica group of its
+own, torchrun's rendezvous is inside the pod (``PET_NNODES=1``, ``PET_STANDALONE=1``; none of
+``PET_RDZV_*``), and the job runs a lighthouse pod (:func:`render_lighthouse`) behind the
+ClusterIP Service ``<job>-lighthouse`` instead of the store. The pods also get
+``DDPJOB_FAULT_TOLERANCE`` (``PerStep``), ``TORCHFT_LIGHTHOUSE`` (that Service's URL),
+``REPLICA_GROUP_ID`` (the node index), ``NUM_REPLICA_GROUPS`` (``spec.nodes``),
+``DDPJOB_MIN_GROUPS`` and ``DDPJOB_GROUP_TIMEOUT_S`` (``ddp_api.contract``); everything else
+is as above.
+
 Read by the bundled trainer but not set by the operator (``spec.template.env`` may set it):
 ``DDPJOB_EXIT_BARRIER_S``, how long torchrun's agent waits at its exit barrier for the other
 nodes once its workers finished (``ddp_trainer.node``; default 30, torchrun's own is 300); and
