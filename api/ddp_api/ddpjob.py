@@ -21,7 +21,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
-from .contract import API_VERSION, KIND
+from .contract import API_VERSION, FAULT_TOLERANCE_PER_STEP, FAULT_TOLERANCE_RESTART, KIND
 from .trainer_config import BUILTIN_WORKLOADS, PLUGIN_PATTERN, TrainerConfig
 
 # What ``apiVersion`` and ``kind`` accept: the contract's values and nothing else. pydantic reads
@@ -36,8 +36,9 @@ SHORT_NAMES = ["ddpj"]
 # `kubectl get ddp` lists every kind of this project; DDPJobs stay out of `all` (see docs/api.md).
 CATEGORIES = ["ddp"]
 
-# Pods are named `<name>-node-<index>` and Services `<name>` and `<name>-rdzv`; all of them must
-# be DNS-1035 labels of at most 63 characters, which leaves 50 for the job's own name.
+# Pods are named `<name>-node-<index>` and Services `<name>`, `<name>-rdzv` and (PerStep)
+# `<name>-lighthouse`; all of them must be DNS-1035 labels of at most 63 characters, which leaves
+# 50 for the job's own name.
 MAX_NAME_LENGTH = 50
 DNS_1035_LABEL = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
@@ -94,10 +95,10 @@ class SpecRule:
     field: str
 
     def entry(self) -> JsonDict:
-        names = re.findall(r"\{(\w+)(?::d)?\}", self.message)
+        names = [name for name, _ in re.findall(_PLACEHOLDER, self.message)]
         if not names:
             return cel(self.cel, self.message, field_path=f".{self.field}")
-        text = re.sub(r"\{\w+:d\}", "%d", re.sub(r"\{\w+\}", "%s", self.message))
+        text = re.sub(_PLACEHOLDER, lambda m: "%d" if m.group(2) else "%s", self.message)
         args = ", ".join(f"self.{n}" for n in names)
         return cel(
             self.cel, message_expression=f"'{text}'.format([{args}])", field_path=f".{self.field}"
@@ -107,7 +108,19 @@ class SpecRule:
         """The message when ``values`` (the spec's camelCase dump) break the rule."""
         if self.holds is None or self.holds(values):
             return None
-        return self.message.format(**values)
+        return re.sub(_PLACEHOLDER, lambda m: str(_lookup(values, m.group(1))), self.message)
+
+
+# A field of the spec in a SpecRule's message, e.g. {nodes:d} or {faultTolerance.minGroups:d}.
+_PLACEHOLDER = r"\{([\w.]+)(:d)?\}"
+
+
+def _lookup(values: dict[str, Any], path: str) -> Any:
+    """The value at a dotted camelCase ``path`` of the spec's dump."""
+    value: Any = values
+    for part in path.split("."):
+        value = value[part]
+    return value
 
 
 # Core Kubernetes types (volume sources, tolerations, env vars...) are kept as objects the API
@@ -304,6 +317,63 @@ def _moved_message(name: str) -> str:
     )
 
 
+class FaultToleranceMode(StrEnum):
+    """How a job rides through a lost node (``spec.faultTolerance.mode``)."""
+
+    RESTART = FAULT_TOLERANCE_RESTART
+    PER_STEP = FAULT_TOLERANCE_PER_STEP
+
+
+DEFAULT_MIN_GROUPS = 1
+DEFAULT_GROUP_TIMEOUT_S = 5
+MAX_GROUP_TIMEOUT_S = 600
+
+
+class FaultTolerance(_Model):
+    """How the job rides through a lost, deleted or failed node pod."""
+
+    mode: FaultToleranceMode = Field(
+        default=FaultToleranceMode.RESTART,
+        description="Restart: one torchrun rendezvous over all node pods; a lost pod stops"
+        " every worker, which rendezvous again and resume from the newest checkpoint."
+        " PerStep: each node pod is a replica group of its own (torchft): a job-wide"
+        " lighthouse pod forms a quorum for every step, a lost pod is replaced alone while"
+        " the other groups keep training, and a new group heals from a live one;"
+        " `kubectl scale` adds or removes groups without restarting the others. The program"
+        " must use torchft (the bundled trainer does; docs/api.md shows the lines a script"
+        " adds). Default: Restart.",
+    )
+    min_groups: int | None = Field(
+        default=None,
+        ge=1,
+        description="PerStep only: the fewest replica groups (node pods) that may train a"
+        " step; with fewer the groups wait (the lighthouse's --min_replicas). At most"
+        " spec.minNodes (spec.nodes when not elastic). At least 1; default: 1.",
+    )
+    group_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GROUP_TIMEOUT_S,
+        description="PerStep only: seconds a replica group may go without a heartbeat before"
+        " the lighthouse drops it from the quorum and the others go on without it (the"
+        " lighthouse's --heartbeat_timeout_ms); also how long a step's collective waits for a"
+        f" lost peer. 1 to {MAX_GROUP_TIMEOUT_S}; default: {DEFAULT_GROUP_TIMEOUT_S}.",
+    )
+
+    @property
+    def per_step(self) -> bool:
+        return self.mode == FaultToleranceMode.PER_STEP
+
+    @property
+    def groups_min(self) -> int:
+        return DEFAULT_MIN_GROUPS if self.min_groups is None else self.min_groups
+
+    @property
+    def group_timeout_s(self) -> int:
+        t = self.group_timeout_seconds
+        return DEFAULT_GROUP_TIMEOUT_S if t is None else t
+
+
 class PodMetadata(_Model):
     """Labels and annotations added to every pod of the job."""
 
@@ -402,6 +472,10 @@ def _both_or_neither(v: dict[str, Any]) -> bool:
     return (v.get("minNodes") is None) == (v.get("maxNodes") is None)
 
 
+def _fault_tolerance(v: dict[str, Any]) -> dict[str, Any]:
+    return v.get("faultTolerance") or {}
+
+
 def _elastic(v: dict[str, Any]) -> bool:
     return v.get("minNodes") is not None and v.get("maxNodes") is not None
 
@@ -462,6 +536,48 @@ SPEC_RULES = (
         f" {DEFAULT_GLOBAL_BATCH}): every process needs a sample per step. Lower spec.maxNodes"
         " or spec.nprocPerNode, or raise spec.trainer.globalBatchSize",
         "nprocPerNode",
+    ),
+    SpecRule(
+        "!has(self.faultTolerance) || self.faultTolerance.mode == 'PerStep'"
+        " || (!has(self.faultTolerance.minGroups)"
+        " && !has(self.faultTolerance.groupTimeoutSeconds))",
+        lambda v: (
+            _fault_tolerance(v).get("mode") == FaultToleranceMode.PER_STEP
+            or (
+                _fault_tolerance(v).get("minGroups") is None
+                and _fault_tolerance(v).get("groupTimeoutSeconds") is None
+            )
+        ),
+        "spec.faultTolerance.minGroups and spec.faultTolerance.groupTimeoutSeconds apply to"
+        " mode PerStep only: set spec.faultTolerance.mode to PerStep, or remove them",
+        "faultTolerance",
+    ),
+    SpecRule(
+        "!has(self.faultTolerance) || !has(self.faultTolerance.minGroups)"
+        " || !has(self.minNodes) || self.faultTolerance.minGroups <= self.minNodes",
+        lambda v: (
+            _fault_tolerance(v).get("minGroups") is None
+            or v.get("minNodes") is None
+            or _fault_tolerance(v)["minGroups"] <= v["minNodes"]
+        ),
+        "spec.faultTolerance.minGroups ({faultTolerance.minGroups:d}) must not exceed"
+        " spec.minNodes ({minNodes:d}): the job may run with minNodes replica groups (scaled"
+        " down, or admitted so by Kueue), and then no step could train. Lower minGroups or"
+        " raise minNodes",
+        "faultTolerance.minGroups",
+    ),
+    SpecRule(
+        "!has(self.faultTolerance) || !has(self.faultTolerance.minGroups)"
+        " || has(self.minNodes) || self.faultTolerance.minGroups <= self.nodes",
+        lambda v: (
+            _fault_tolerance(v).get("minGroups") is None
+            or v.get("minNodes") is not None
+            or _fault_tolerance(v)["minGroups"] <= v["nodes"]
+        ),
+        "spec.faultTolerance.minGroups ({faultTolerance.minGroups:d}) must not exceed"
+        " spec.nodes ({nodes:d}): each node pod is one replica group, so no step could"
+        " train. Lower minGroups",
+        "faultTolerance.minGroups",
     ),
     *(
         SpecRule(
@@ -594,6 +710,14 @@ class DDPJobSpec(_Model):
         " torchrun again after losing the rendezvous store pod. At least 0; default: 3."
         "",
     )
+    fault_tolerance: FaultTolerance | None = Field(
+        json_schema_extra=IMMUTABLE,
+        default=None,
+        description="How the job rides through a lost, deleted or failed node pod: mode"
+        " Restart (the default: every worker restarts from the newest checkpoint) or PerStep"
+        " (each node pod is a torchft replica group; the others keep training), and"
+        " PerStep's knobs.",
+    )
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
@@ -670,6 +794,11 @@ class DDPJobSpec(_Model):
     def elastic(self) -> bool:
         return self.max_nodes is not None
 
+    @property
+    def per_step(self) -> bool:
+        """Whether the job runs in PerStep fault tolerance mode."""
+        return self.fault_tolerance is not None and self.fault_tolerance.per_step
+
     def node_range(self) -> tuple[int, int]:
         """torchrun's --nnodes bounds: (minNodes, maxNodes), or (nodes, nodes) when not elastic."""
         if self.min_nodes is None or self.max_nodes is None:
@@ -723,6 +852,10 @@ class Progress(_Model):
     world_size: int | None = Field(
         default=None, description="Workers (ranks) in the group that made this report."
     )
+    groups: int | None = Field(
+        default=None,
+        description="Replica groups that trained the last step (PerStep mode).",
+    )
     held_at_step: int | None = Field(
         default=None,
         description="Set while training is paused after this step by spec.trainer.holdAtSteps,"
@@ -741,8 +874,8 @@ class Incident(_Model):
     """Something that stopped training, and what it cost (status.incidents)."""
 
     kind: str = Field(
-        description="Failure, Disruption, NodeLost, Stalled, StoreLost or Resize: what the"
-        " operator counted (the Event of the same time says more)."
+        description="Failure, Disruption, NodeLost, Stalled, StoreLost, LighthouseLost or"
+        " Resize: what the operator counted (the Event of the same time says more)."
     )
     detected_at: str = Field(
         json_schema_extra={"format": "date-time"},
@@ -799,15 +932,17 @@ class DDPJobStatus(_Model):
     restarts: int | None = Field(
         default=None,
         description="Failures counted against spec.backoffLimit so far: node pods that exited"
-        " non-zero or were deleted while running, without a DisruptionTarget condition (one"
-        " lost node and the peers that fail with it count once).",
+        " non-zero or (Restart mode) were deleted while running, without a DisruptionTarget"
+        " condition (one lost node and the peers that fail with it count once; in PerStep"
+        " mode each failed pod counts).",
     )
     disruptions: int | None = Field(
         default=None,
         description="Node pods lost to a disruption so far: pods with the condition"
         " DisruptionTarget (eviction API and kubectl drain, preemption, taint eviction), and"
-        " pods on a machine not Ready for longer than the operator's DDP_NODE_LOST_GRACE_S."
-        " Recreated at once; they never count against spec.backoffLimit.",
+        " pods on a machine not Ready for longer than the operator's DDP_NODE_LOST_GRACE_S;"
+        " in PerStep mode also node pods deleted by anyone while they run. Recreated at once;"
+        " they never count against spec.backoffLimit.",
     )
     world_size: int | None = Field(
         default=None, description="Workers (ranks) of the current rendezvous."

@@ -30,6 +30,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from ddp_api import contract
 from ddp_api.ddpjob import DDPJob
 
 from . import bookkeeping, informer, kube, queueing, render
@@ -191,9 +192,9 @@ class Controller:
             for o in p.create
             if o["metadata"]["name"] not in (services if o["kind"] == "Service" else pods)
         ]
-        store = render.store_name(meta["name"])
+        servers = {render.store_name(meta["name"]), contract.lighthouse_name(meta["name"])}
         workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
-        workers_before |= {n for n in expected if n != store}
+        workers_before |= {n for n in expected if n not in servers}
         made = await self.actions.run(body, job, status, p, in_pod)
         for obj in made:
             if obj["kind"] == "Pod":

@@ -29,6 +29,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {
+        "name": "Groups",
+        "type": "integer",
+        "description": "Replica groups that trained the last step (PerStep mode)",
+        "jsonPath": ".status.progress.groups",
+    },
+    {
         "name": "Checkpoint",
         "type": "string",
         "jsonPath": ".status.progress.lastCheckpoint",

@@ -1,13 +1,15 @@
 """What each incident cost a job: pure bookkeeping of ``status.incidents`` and ``status.goodput``.
 
-An incident is opened when the planner counts something that stops training: a failure, a
-disruption, a lost machine, a stall, the store pod lost, a resize (``KINDS``). It holds when it
-was detected and the step the job had reported by then. It is closed by the first progress report
-written after it (``updatedAt`` later than ``detectedAt``): training went on from there, so
-``resumedAt`` is that report's time, ``seconds`` the time between, and ``stepsRedone`` the steps
-done again (a resume from the checkpoint of step C reports step C + 1 first: ``atStep + 1 -
-step``, never below 0). Several incidents open at once (a lost machine and its consequences)
-close together. The newest :data:`KEPT` are kept.
+An incident is opened when the planner counts something that stops training (in PerStep mode,
+something that stops one replica group, or stalls them all briefly): a failure, a disruption, a
+lost machine, a stall, the store pod or the lighthouse pod lost, a resize (``KINDS``). It holds
+when it was detected and the step the job had reported by then. It is closed by the first
+progress report written after it (``updatedAt`` later than ``detectedAt``): training went on
+from there, so ``resumedAt`` is that report's time, ``seconds`` the time between, and
+``stepsRedone`` the steps done again (a resume from the checkpoint of step C reports step C + 1
+first: ``atStep + 1 - step``, never below 0; 0 when the other PerStep groups trained on).
+Several incidents open at once (a lost machine and its consequences) close together. The newest
+:data:`KEPT` are kept.
 
 ``goodput`` is the time in steps that were kept over the wall time since the job started:
 ``keptSeconds`` adds the time between consecutive reports that moved the step with no incident
@@ -25,7 +27,15 @@ from ddp_api.contract import parse_rfc3339
 from . import reports
 
 KEPT = 10
-KINDS = ("Failure", "Disruption", "NodeLost", "Stalled", "StoreLost", "Resize")
+KINDS = (
+    "Failure",
+    "Disruption",
+    "NodeLost",
+    "Stalled",
+    "StoreLost",
+    "LighthouseLost",
+    "Resize",
+)
 
 
 def opened(

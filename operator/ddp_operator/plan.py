@@ -43,6 +43,17 @@ complete. Missing node pods are not recreated and the others' failures are not c
 pods still running get ``completion_grace_s`` (from the first success's ``finishedAt``) to
 finish, then are deleted; the job Succeeds, its message naming the nodes that did not finish.
 
+PerStep mode (``spec.faultTolerance.mode``): each node pod is a torchft replica group and the
+job's server pod is a lighthouse (``<job>-lighthouse``) instead of the store. The rules above
+hold, with these differences, because one group's loss stops no other: a node pod deleted while
+it runs, by anyone, is a disruption (rule 1), not a failure; no failure is the consequence of
+another (rule 2 is off), so each failed pod counts; a lost lighthouse is recreated at once, even
+during a backoff, and counts nothing (a ``LighthouseLost`` incident); a resize opens no
+``Resize`` incident; while ``minGroups`` groups are ready the job stays Running (reason
+``GroupsChanging``, or ``NodeLost``); and once rank 0 reported the last step no failure or loss
+is counted and no diagnosis fails the job (it completes when a group exits 0). Nothing is ever
+deleted but the pod that went: each replacement is of that one pod.
+
 What stops a pod (an image that cannot be pulled, a missing claim, no machine that fits, a
 missing command, the OOM killer) is read by :mod:`ddp_operator.diagnosis`; while pods show it,
 its reason and message replace those of the phase (one Event when the reason changes), and what
@@ -76,8 +87,17 @@ STALLED_S = 10.0  # the operator's own silence watch this late: it was stopped, 
 PROGRESS_DEADLINE_FLOOR_S = 600.0  # spec.progressDeadlineSeconds unset: at least this ...
 STEP_TIMES_PER_DEADLINE = 10  # ... or this many of the recent step time, whichever is longer
 STALLED = "Stalled"  # the reason of a restart for a job whose step stopped moving
+LIGHTHOUSE_LOST = "LighthouseLost"
+LIGHTHOUSE_GONE = (
+    "the replica groups wait for a quorum until it answers, then go on from the step they were"
+    " at: none is restarted"
+)
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 ADMITTED = "Admitted"  # the condition of a job queued by Kueue
+# The job's server pod: the rendezvous store (Restart mode) or the lighthouse (PerStep mode).
+SERVER_ROLES = (render.ROLE_STORE, render.ROLE_LIGHTHOUSE)
+CONTAINERS = (render.CONTAINER, render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
+GROUPS_CHANGING = "GroupsChanging"  # PerStep: enough groups train while others come or go
 
 
 @dataclass(frozen=True)
@@ -113,7 +133,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
     exit_code, reason, finished = None, "", ""
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
-        if term and cs.get("name") in (render.CONTAINER, render.STORE_CONTAINER):
+        if term and cs.get("name") in CONTAINERS:
             exit_code, reason = term.get("exitCode"), term.get("reason", "")
             finished = term.get("finishedAt") or ""
     conds = {c.get("type"): c for c in status.get("conditions") or []}
@@ -374,13 +394,17 @@ def plan(
         return stalled_
     found = _diagnosed(st)
     if found is not None and found.fails_in is not None:
-        if found.fails_in <= 0:
+        if found.fails_in > 0:
+            st.plan.requeue(found.fails_in)
+        elif not (job.spec.per_step and _trained(st)):  # PerStep: a group will exit 0
             return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
-        st.plan.requeue(found.fails_in)
     converged = _converge(st, prev_phase, cfg, backoff_base_s, found)
     _avoid_silent(st.plan.create, machines or {})
     if lost:  # the condition names the machine; _converge saw the pod still there
-        return st.result(DDPJobPhase.RESTARTING, "NodeLost", lost)
+        # PerStep: the groups left go on (_groups_phase said Running), the others restart.
+        training = job.spec.per_step and converged.status.get("phase") == DDPJobPhase.RUNNING
+        phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
+        return st.result(phase, "NodeLost", lost)
     return converged
 
 
@@ -608,7 +632,7 @@ def _new_failures(st: _State) -> list[tuple[PodView, bool]]:
     nodes = st.job.spec.nodes
     new: list[tuple[PodView, bool]] = []
     for x in st.pods:
-        in_job = x.role == render.ROLE_STORE or 0 <= x.index < nodes
+        in_job = x.role in SERVER_ROLES or 0 <= x.index < nodes
         failed = x.phase == "Failed" and not x.deleting
         # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
         disrupted = in_job and not x.done and (x.deleting or bool(x.disrupted))
@@ -621,7 +645,7 @@ def _new_failures(st: _State) -> list[tuple[PodView, bool]]:
     new.sort(
         key=lambda pair: (
             pair[1] and not pair[0].disrupted,
-            pair[0].role != render.ROLE_STORE,
+            pair[0].role not in SERVER_ROLES,
             pair[0].index,
         )
     )
@@ -734,6 +758,16 @@ def _lost_machines(st: _State, machines: Mapping[str, MachineView], grace_s: flo
         if x.role == render.ROLE_STORE:
             _incident(st, "StoreLost")
             st.plan.warn("StoreLost", f"{what} (no restart counted)")
+        elif x.role == render.ROLE_LIGHTHOUSE:
+            _incident(st, LIGHTHOUSE_LOST)
+            st.plan.warn(LIGHTHOUSE_LOST, f"{what} (no restart counted; {LIGHTHOUSE_GONE})")
+        elif st.job.spec.per_step:
+            n = _count_disruption(st, "NodeLost")
+            st.plan.warn(
+                "NodeLost",
+                f"{what}, alone: the other replica groups keep training (disruption {n}; not"
+                " against backoffLimit)",
+            )
         else:
             n = _count_disruption(st, "NodeLost")
             st.plan.warn("NodeLost", f"{what} (disruption {n}; not against backoffLimit)")
@@ -754,20 +788,36 @@ def _failures(st: _State) -> Plan | None:
     last = last_counted(st.status)
     for x, failed in _new_failures(st):
         st.handled.append(x.uid)
+        worker = x.role == render.ROLE_WORKER
+        if worker and s.per_step and _trained(st):  # training finished: the job cannot fail
+            if failed:
+                st.delete([x])
+            st.plan.info(
+                "LostAfterTraining",
+                f"{x.name} {_what(x, failed, s)} after training reached its last step: not"
+                " counted (the job completes once a replica group exits 0)",
+            )
+            continue
         found = diagnosis.finding(x, s) if failed and not x.disrupted else None
         if found is not None and found.outcome == diagnosis.Effect.FAILS:
             return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
         what = _what(x, failed, s, found)
         if found is not None and found.outcome == diagnosis.Effect.COUNTED:
             st.cause = (found.reason, f"{x.name} {what}")
-        if x.disrupted and x.role == render.ROLE_WORKER:
+        # PerStep: a pod deleted while it runs took nothing down with it, whoever deleted it.
+        if worker and (x.disrupted or (s.per_step and not failed)):
             if failed:
                 st.delete([x])
             disruptions = _count_disruption(st)
             last = st.now
+            alone = (
+                "replacing it alone: the other replica groups keep training"
+                if s.per_step
+                else "recreating it"
+            )
             st.plan.warn(
                 "Disruption",
-                f"{x.name} {what}; recreating it (disruption {disruptions}; disruptions do not"
+                f"{x.name} {what}; {alone} (disruption {disruptions}; disruptions do not"
                 f" count against backoffLimit {s.backoff_limit})",
             )
             continue
@@ -787,7 +837,16 @@ def _failures(st: _State) -> Plan | None:
                 " again and resume from the newest checkpoint (no restart counted)",
             )
             continue
-        if follows_disruption(x, failed, last, st.now):
+        if x.role == render.ROLE_LIGHTHOUSE:
+            _incident(st, LIGHTHOUSE_LOST)
+            st.plan.warn(
+                LIGHTHOUSE_LOST,
+                f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})",
+            )
+            continue
+        # PerStep: groups fail alone (a survivor never dies because a peer did), so no failure
+        # is another's consequence.
+        if not s.per_step and follows_disruption(x, failed, last, st.now):
             continue  # counted with the failure or disruption that began this
         st.restarts += 1
         last = st.now
@@ -838,7 +897,9 @@ def _stalled(st: _State, prev_phase: str) -> Plan | None:
     deadline = progress_deadline_s(s.progress_deadline_seconds, progress)
     if not deadline or prev_phase != DDPJobPhase.RUNNING:
         return None
-    if st.status.get("reason") != "AllNodesRunning":
+    # PerStep: the groups ready train without the others, so they may stall without them.
+    ft = s.fault_tolerance if s.per_step else None
+    if st.status.get("reason") not in ("AllNodesRunning", *([GROUPS_CHANGING] if ft else [])):
         return None
     p = progress or {}
     step, total = p.get("step"), p.get("totalSteps")
@@ -847,7 +908,9 @@ def _stalled(st: _State, prev_phase: str) -> Plan | None:
     ):
         return None
     workers = [x for x in st.workers if not x.deleting and not x.done]
-    if len([x for x in workers if x.ready and x.index < s.nodes]) < s.nodes:
+    if len([x for x in workers if x.ready and x.index < s.nodes]) < (
+        ft.groups_min if ft else s.nodes
+    ):
         return None
     seen = {**st.status, "lastStepTime": st.new.get("lastStepTime", st.status.get("lastStepTime"))}
     if not _stepped_since_running(seen):
@@ -909,8 +972,10 @@ def _converge(
     wait, extra = _create_and_scale(st, cfg, backoff_base_s)
     phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
     resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
-    if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and resized:
-        _incident(st, "Resize")  # torchrun restarts every worker for the new membership
+    # torchrun restarts every worker for the new membership (PerStep: groups come and go alone)
+    restarted = resized and not st.job.spec.per_step
+    if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and restarted:
+        _incident(st, "Resize")
     if found is not None:
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
@@ -923,7 +988,8 @@ def _create_and_scale(
 ) -> tuple[float, list[PodView]]:
     """The Services, the store and the missing node pods to create once the backoff after the
     last failure is over (seconds still to wait, else 0), and the node pods beyond spec.nodes
-    to delete (the highest indices go)."""
+    to delete (the highest indices go). A PerStep job's lighthouse, in place of the store, is
+    recreated at once, backoff or not: the groups still training need it."""
     s, p, workers = st.job.spec, st.plan, st.workers
     p.create += render.render_services(st.job)
     last_failure = parse_rfc3339(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
@@ -933,14 +999,17 @@ def _create_and_scale(
     # A pod being deleted keeps its name until it is gone: its successor waits for that.
     present = {x.index for x in workers}
     present |= {i for i in range(s.nodes) if render.worker_name(st.name, i) in st.pending}
-    has_store = render.store_name(st.name) in st.pending or any(
-        x.role == render.ROLE_STORE for x in st.pods
+    server, role = (
+        (render.render_lighthouse(st.job, cfg), render.ROLE_LIGHTHOUSE)
+        if s.per_step
+        else (render.render_store(st.job, cfg), render.ROLE_STORE)
     )
+    has_server = server["metadata"]["name"] in st.pending or any(x.role == role for x in st.pods)
+    if not has_server and (wait <= 0 or s.per_step):  # PerStep: the live groups need it now
+        p.create.append(server)
     if wait > 0:
         p.requeue(wait)
     else:
-        if not has_store:
-            p.create.append(render.render_store(st.job, cfg))
         for i in range(s.nodes):
             if i not in present:
                 p.create.append(render.render_worker(st.job, i, st.restarts, cfg))
@@ -963,6 +1032,9 @@ def _progress_phase(
     # Messages name the target, not the live count (status.ready has it), so that a pod coming
     # up changes only counts, which the operator writes at a bounded rate.
     target = f"{s.nodes} nodes"
+    groups = _groups_phase(st, prev_phase, len(running), wait, scaling_down)
+    if groups is not None:
+        return groups
     if "lastFailureTime" in st.new or (
         prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
     ):
@@ -986,6 +1058,40 @@ def _progress_phase(
     if prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
         return DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
     return DDPJobPhase.PENDING, "WaitingForNodes", f"starting {target}"
+
+
+def _groups_phase(
+    st: _State, prev_phase: str, running: int, wait: float, scaling_down: bool
+) -> tuple[str, str, str] | None:
+    """A PerStep job that has run, with at least minGroups groups ready but not all of the
+    spec.nodes: still Running (the ready groups train every step) while the others are
+    replaced, added or removed; None when another rule applies (all ready, or too few)."""
+    s = st.job.spec
+    ft = s.fault_tolerance
+    if ft is None or not ft.per_step or running < ft.groups_min:
+        return None
+    if running == s.nodes and not scaling_down:
+        return None
+    if prev_phase not in (DDPJobPhase.RUNNING, DDPJobPhase.RESTARTING, DDPJobPhase.SCALING):
+        return None
+    message = (
+        f"replica groups ready: at least {ft.groups_min} of {s.nodes} train each step while"
+        " the others start or stop"
+    )
+    if "lastFailureTime" in st.new:  # a failure counted now: say it here too
+        message += f"; restart {st.restarts} of backoffLimit {s.backoff_limit}"
+        if wait > 0:
+            message += f", recreating in {wait:.0f}s"
+        if st.cause is not None:
+            message = f"{st.cause[1]}; {message}"
+    return DDPJobPhase.RUNNING, GROUPS_CHANGING, message
+
+
+def _trained(st: _State) -> bool:
+    """Whether rank 0 reported the last step (status.progress.step at totalSteps)."""
+    p = st.new.get("progress") or st.status.get("progress") or {}
+    step, total = p.get("step"), p.get("totalSteps")
+    return step is not None and total is not None and step >= total
 
 
 def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:

@@ -54,6 +54,15 @@ trainer's ``stepTimeoutS`` (60 s) once every rank has taken its first step, ``pg
 (one of ``workerRestarts``), and the rendezvous completes without the lost node after the last
 call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A silent peer".
 
+PerStep mode (``spec.faultTolerance.mode: PerStep``): each pod is a torchft replica group of its
+own, torchrun's rendezvous is inside the pod (``PET_NNODES=1``, ``PET_STANDALONE=1``; none of
+``PET_RDZV_*``), and the job runs a lighthouse pod (:func:`render_lighthouse`) behind the
+ClusterIP Service ``<job>-lighthouse`` instead of the store. The pods also get
+``DDPJOB_FAULT_TOLERANCE`` (``PerStep``), ``TORCHFT_LIGHTHOUSE`` (that Service's URL),
+``REPLICA_GROUP_ID`` (the node index), ``NUM_REPLICA_GROUPS`` (``spec.nodes``),
+``DDPJOB_MIN_GROUPS`` and ``DDPJOB_GROUP_TIMEOUT_S`` (``ddp_api.contract``); everything else
+is as above.
+
 Read by the bundled trainer but not set by the operator (``spec.template.env`` may set it):
 ``DDPJOB_EXIT_BARRIER_S``, how long torchrun's agent waits at its exit barrier for the other
 nodes once its workers finished (``ddp_trainer.node``; default 30, torchrun's own is 300); and
@@ -107,6 +116,15 @@ from ddp_api.pods import (
 ANNOTATION_ATTEMPT = f"{contract.LABEL_PREFIX}attempt"
 ROLE_STORE = "rdzv-store"
 STORE_CONTAINER = "store"
+# A PerStep job's lighthouse pod (``contract.lighthouse_name``), in place of the store pod.
+ROLE_LIGHTHOUSE = "lighthouse"
+LIGHTHOUSE_CONTAINER = "lighthouse"
+LIGHTHOUSE_PORT_NAME = "lighthouse"
+# How long the lighthouse waits for groups that heartbeat but have not asked for this step's
+# quorum before it issues one without them (torchft's default is 60 s: survivors would wait
+# that long for a group still starting); how often it checks.
+LIGHTHOUSE_JOIN_TIMEOUT_MS = 1000
+LIGHTHOUSE_QUORUM_TICK_MS = 100
 # The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
 # of its namespace: its pods keep it until they end (see TrainerObjects.retire_legacy).
 LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
@@ -187,19 +205,36 @@ def _meta(job: DDPJob, name: str, role: str, extra: dict[str, str] | None = None
 
 
 def render_services(job: DDPJob) -> list[dict[str, Any]]:
-    """The rendezvous Service (published before any pod is ready) and the workers' Service."""
+    """The rendezvous Service (published before any pod is ready), or a PerStep job's
+    lighthouse Service, and the workers' Service."""
     _, name, _ = job_key(job)
     c10d = {"name": "c10d", "port": contract.RDZV_PORT, "targetPort": contract.RDZV_PORT}
+    lighthouse = {
+        "name": LIGHTHOUSE_PORT_NAME,
+        "port": contract.LIGHTHOUSE_PORT,
+        "targetPort": contract.LIGHTHOUSE_PORT,
+    }
+    # A ClusterIP, not headless: the name keeps resolving while the pod behind it is replaced
+    # (a headless name vanishes with the pod, and resolvers cache that for the zone's negative
+    # TTL, 5 to 30 s); kube-proxy refuses connections until the new pod has an IP, then routes
+    # to it.
+    beacon = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, contract.lighthouse_name(name), ROLE_LIGHTHOUSE),
+        "spec": {
+            "type": "ClusterIP",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_LIGHTHOUSE},
+            "ports": [lighthouse],
+        },
+    }
     rdzv = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(job, store_name(name), ROLE_STORE),
         "spec": {
-            # A ClusterIP, not headless: the name keeps resolving while the store pod is
-            # replaced (a headless name vanishes with the pod, and resolvers cache that for the
-            # zone's negative TTL, 5 to 30 s); kube-proxy refuses connections until the new pod
-            # has an IP, then routes to it.
-            "type": "ClusterIP",
+            "type": "ClusterIP",  # as the lighthouse's, above
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: name, LABEL_ROLE: ROLE_STORE},
             "ports": [dict(c10d)],
@@ -217,7 +252,7 @@ def render_services(job: DDPJob) -> list[dict[str, Any]]:
             "ports": [dict(c10d)],
         },
     }
-    return [rdzv, workers]
+    return [beacon if job.spec.per_step else rdzv, workers]
 
 
 def trainer_config_json(job: DDPJob) -> str:
@@ -262,16 +297,23 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
     s = job.spec
     ns, name, uid = job_key(job)
     lo, hi = s.node_range()
+    if s.per_step:  # a replica group of its own: a rendezvous inside the pod
+        rdzv: list[dict[str, Any]] = [
+            {"name": "PET_NNODES", "value": "1"},
+            {"name": "PET_NPROC_PER_NODE", "value": str(s.nproc_per_node)},
+            {"name": "PET_STANDALONE", "value": "1"},
+        ]
+    else:
+        rdzv = [
+            {"name": "PET_NNODES", "value": f"{lo}:{hi}"},
+            {"name": "PET_NPROC_PER_NODE", "value": str(s.nproc_per_node)},
+            {"name": "PET_RDZV_BACKEND", "value": "c10d"},
+            {"name": "PET_RDZV_ENDPOINT", "value": rdzv_endpoint(name, ns)},
+            {"name": "PET_RDZV_ID", "value": uid},
+            {"name": "PET_RDZV_CONF", "value": RDZV_CONF},
+        ]
     env: list[dict[str, Any]] = [
-        {"name": "PET_NNODES", "value": f"{lo}:{hi}"},
-        {"name": "PET_NPROC_PER_NODE", "value": str(s.nproc_per_node)},
-        {"name": "PET_RDZV_BACKEND", "value": "c10d"},
-        {
-            "name": "PET_RDZV_ENDPOINT",
-            "value": rdzv_endpoint(name, ns),
-        },
-        {"name": "PET_RDZV_ID", "value": uid},
-        {"name": "PET_RDZV_CONF", "value": RDZV_CONF},
+        *rdzv,
         _field_env("PET_LOCAL_ADDR", "status.podIP"),
         {"name": "PET_MAX_RESTARTS", "value": str(s.worker_restarts)},
         {"name": "PET_MONITOR_INTERVAL", "value": str(cfg.monitor_interval_s)},
@@ -287,6 +329,7 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
     ]
     if s.checkpoint is not None:
         env.append({"name": contract.ENV_CHECKPOINT_DIR, "value": s.checkpoint.path})
+    env += fault_tolerance_env(job, index)
     if s.command is None:
         env.append({"name": contract.ENV_TRAINER_CONFIG, "value": trainer_config_json(job)})
         into = (
@@ -312,6 +355,78 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
     env += [{"name": k, "value": v} for k, v in defaults.items() if k not in user_names]
     # The user's variables come last so that they can override ours deliberately.
     return env + user_env
+
+
+def fault_tolerance_env(job: DDPJob, index: int) -> list[dict[str, Any]]:
+    """What a PerStep node pod needs to join its job's quorum (nothing in Restart mode, whose
+    pods read ``DDPJOB_FAULT_TOLERANCE`` unset as Restart)."""
+    s = job.spec
+    ft = s.fault_tolerance
+    if ft is None or not ft.per_step:
+        return []
+    ns, name, _ = job_key(job)
+    return [
+        {"name": contract.ENV_FAULT_TOLERANCE, "value": contract.FAULT_TOLERANCE_PER_STEP},
+        {"name": contract.ENV_LIGHTHOUSE, "value": contract.lighthouse_address(name, ns)},
+        {"name": contract.ENV_REPLICA_GROUP, "value": str(index)},
+        {"name": contract.ENV_GROUPS, "value": str(s.nodes)},
+        {"name": contract.ENV_MIN_GROUPS, "value": str(ft.groups_min)},
+        {"name": contract.ENV_GROUP_TIMEOUT, "value": str(ft.group_timeout_s)},
+    ]
+
+
+def lighthouse_command(job: DDPJob) -> list[str]:
+    """``torchft_lighthouse`` for a PerStep job: a quorum needs ``minGroups`` groups; it is
+    issued once every group still heartbeating has asked, or :data:`LIGHTHOUSE_JOIN_TIMEOUT_MS`
+    after the first asked (a group still healing or starting joins the next step); a group
+    silent for ``groupTimeoutSeconds`` is dropped."""
+    ft = job.spec.fault_tolerance
+    assert ft is not None
+    return [
+        "torchft_lighthouse",
+        "--min_replicas",
+        str(ft.groups_min),
+        "--join_timeout_ms",
+        str(LIGHTHOUSE_JOIN_TIMEOUT_MS),
+        "--quorum_tick_ms",
+        str(LIGHTHOUSE_QUORUM_TICK_MS),
+        "--heartbeat_timeout_ms",
+        str(ft.group_timeout_s * 1000),
+        "--bind",
+        f"[::]:{contract.LIGHTHOUSE_PORT}",
+    ]
+
+
+def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
+    """A PerStep job's lighthouse pod: the torchft quorum server of its replica groups, shaped
+    like the store pod (restricted, no credential, the job's image, not spread). Its state is
+    the groups' heartbeats, which they send again to its successor."""
+    s, (_, name, _) = job.spec, job_key(job)
+    port = contract.LIGHTHOUSE_PORT
+    container: dict[str, Any] = {
+        "name": LIGHTHOUSE_CONTAINER,
+        "image": s.image or cfg.default_image,
+        "command": lighthouse_command(job),
+        "ports": [{"name": LIGHTHOUSE_PORT_NAME, "containerPort": port}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        "securityContext": dict(RESTRICTED_CONTAINER),
+    }
+    if s.image_pull_policy:
+        container["imagePullPolicy"] = s.image_pull_policy
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, contract.lighthouse_name(name), ROLE_LIGHTHOUSE),
+        "spec": {
+            "restartPolicy": "Always",  # the groups heartbeat to a restarted one at once
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": dict(RESTRICTED_POD),
+            "containers": [container],
+            **_pod_spec_overrides(job),
+        },
+    }
 
 
 def cpu_quantity(q: int | float | str) -> float:

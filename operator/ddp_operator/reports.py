@@ -22,7 +22,7 @@ MAX_RECORD_CHARS = 4096  # a real record is about 250; the ConfigMap itself may 
 MAX_COUNT = 2**53  # the largest integer a JSON number carries exactly
 MAX_WORLD_SIZE = 1_000_000
 MAX_TEXT = 253
-INTEGERS = ("epoch", "step", "totalSteps", "worldSize", "heldAtStep")
+INTEGERS = ("epoch", "step", "totalSteps", "worldSize", "groups", "heldAtStep")
 NUMBERS = ("loss", "samplesPerSecond")
 TEXTS = ("lastCheckpoint", "updatedAt")
 FIELDS = INTEGERS + NUMBERS + TEXTS  # the fields of api.Progress that a record may carry
@@ -124,8 +124,9 @@ def parse(record: Record) -> dict[str, Any]:
         if value is None:
             continue
         if key in INTEGERS:
-            high = MAX_WORLD_SIZE if key == "worldSize" else MAX_COUNT
-            out[key] = _integer(key, value, 1 if key == "worldSize" else 0, high)
+            counts_members = key in ("worldSize", "groups")  # at least one trained the step
+            high = MAX_WORLD_SIZE if counts_members else MAX_COUNT
+            out[key] = _integer(key, value, 1 if counts_members else 0, high)
         elif key in NUMBERS:
             out[key] = _number(key, value)
             if key == "samplesPerSecond" and value < 0:

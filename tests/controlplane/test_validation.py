@@ -246,6 +246,7 @@ IMMUTABLE_CHANGES: list[tuple[str, str, dict[str, Any]]] = [
     ("template", ELASTIC, {"template": {"nodeSelector": {"gpu": "a100"}}}),
     ("workerRestarts", ELASTIC, {"workerRestarts": 0}),
     ("spread", ELASTIC, {"spread": "Required"}),
+    ("faultTolerance", ELASTIC, {"faultTolerance": {"mode": "PerStep"}}),  # added is a change
 ]
 
 
@@ -328,6 +329,7 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
             "loss": 0.25,
             "lastCheckpoint": "step-100",
             "estimatedRemainingSeconds": 42,
+            "groups": 2,
         },
     }
     patch = json.dumps({"status": status})
@@ -335,7 +337,9 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
         "patch", "ddpjob/digits", "-n", ns, "--subresource=status", "--type=merge", "-p", patch
     )
     row = cp.kubectl("get", "ddpj", "digits", "-n", ns, "-o", "wide").stdout.splitlines()[1]
-    assert row.split()[:8] == ["digits", "Running", "1/2", "3", "120", "0.25", "step-100", "42"]
+    assert row.split()[:9] == [
+        "digits", "Running", "1/2", "3", "120", "0.25", "2", "step-100", "42"
+    ]  # fmt: skip
     scale = cp.request("GET", f"/apis/ddp.dev/v1alpha1/namespaces/{ns}/ddpjobs/digits/scale")
     assert scale["spec"]["replicas"] == 2
     assert scale["status"] == {"replicas": 2, "selector": "ddp.dev/job-name=digits"}
@@ -353,3 +357,51 @@ def test_a_progress_loss_may_be_null(ddpjob_crd: ControlPlane, ns: str) -> None:
     )  # fmt: skip
     accepted(result)
     assert get(cp, ns, "digits")["status"]["progress"] == {"step": 9, "loss": None}
+
+
+def test_fault_tolerance_per_step_is_accepted_and_its_rules_name_the_fix(
+    ddpjob_crd: ControlPlane, ns: str
+) -> None:
+    cp = ddpjob_crd
+    per_step = {"mode": "PerStep", "minGroups": 1, "groupTimeoutSeconds": 10}
+    accepted(apply(cp, ns, job(ELASTIC, faultTolerance=per_step)))
+    assert get(cp, ns, "digits")["spec"]["faultTolerance"] == per_step
+    accepted(apply(cp, ns, job(FIXED, faultTolerance={"mode": "PerStep"})))
+    assert get(cp, ns, "fixed")["spec"]["faultTolerance"] == {"mode": "PerStep"}  # knobs unset
+    for ft, base, fragments in [
+        (
+            {"minGroups": 2},
+            FIXED,
+            (
+                "spec.faultTolerance.minGroups and spec.faultTolerance.groupTimeoutSeconds apply to"
+                " mode PerStep only",
+                "set spec.faultTolerance.mode to PerStep",
+            ),
+        ),
+        (
+            {"mode": "PerStep", "minGroups": 2},
+            ELASTIC,  # minNodes 1
+            (
+                "spec.faultTolerance.minGroups (2) must not exceed spec.minNodes (1)",
+                "Lower minGroups or raise minNodes",
+            ),
+        ),
+        (
+            {"mode": "PerStep", "minGroups": 3},
+            FIXED,  # nodes 2
+            ("spec.faultTolerance.minGroups (3) must not exceed spec.nodes (2)",),
+        ),
+        (
+            {"mode": "PerStep", "groupTimeoutSeconds": 601},
+            FIXED,
+            ("spec.faultTolerance.groupTimeoutSeconds", "less than or equal to 600"),
+        ),
+        ({"mode": "Always"}, FIXED, ("spec.faultTolerance.mode", '"Restart", "PerStep"')),
+    ]:
+        refused(apply(cp, ns, job(base, name="bad", faultTolerance=ft)), *fragments)
+    # The mode cannot change under running pods.
+    result = apply(cp, ns, job(FIXED, faultTolerance={"mode": "Restart"}))
+    refused(result, "spec.faultTolerance is immutable")
+    explained = " ".join(cp.kubectl("explain", "ddpjob.spec.faultTolerance.mode").stdout.split())
+    assert "PerStep: each node pod is a replica group of its own" in explained
+    assert "Default: Restart." in explained

@@ -131,8 +131,8 @@ def test_names_subresources_and_printer_columns(schema: dict[str, Any]) -> None:
         resolve(schema, path)
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert list(columns) == [
-        "Phase", "Ready", "Reason", "Epoch", "Step", "Loss", "Checkpoint", "ETA", "Queue",
-        "ClusterQueue", "Age",
+        "Phase", "Ready", "Reason", "Epoch", "Step", "Loss", "Groups", "Checkpoint", "ETA",
+        "Queue", "ClusterQueue", "Age",
     ]  # fmt: skip
     for wide in ("Checkpoint", "ETA", "Queue", "ClusterQueue"):
         assert columns[wide]["priority"] == 1

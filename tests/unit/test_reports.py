@@ -23,6 +23,7 @@ GOOD = {
     "lastCheckpoint": "step-00000028.pt",
     "updatedAt": "2026-11-24T10:00:00Z",
     "worldSize": 2,
+    "groups": 2,
     "heldAtStep": None,
 }
 
@@ -58,6 +59,8 @@ def test_a_good_record_is_kept_whole_and_missing_fields_are_unset() -> None:
         ('{"step": true}', "step must be an integer, not bool"),
         ('{"step": "30"}', "step must be an integer, not str"),
         ('{"worldSize": 0}', "worldSize must be between 1"),
+        ('{"groups": 0}', "groups must be between 1"),  # a step is trained by some group
+        ('{"groups": 2.0}', "groups must be an integer, not float"),
         ('{"samplesPerSecond": -3}', "samplesPerSecond must not be negative"),
         ('{"step": 90, "totalSteps": 88}', "step 90 is beyond totalSteps 88"),
         ('{"heldAtStep": 90, "totalSteps": 88}', "heldAtStep 90 is beyond totalSteps 88"),
@@ -212,7 +215,8 @@ def test_a_refused_record_in_a_pod_is_said_once_naming_the_pod_and_the_rule() ->
     _, refused = records.latest(("ns", "j"), "u-1", bad, None)
     assert refused == [
         "ignored the progress in annotation ddp.dev/progress of pod j-node-1: phase is not a "
-        "field of status.progress (epoch, step, totalSteps, worldSize, heldAtStep, loss, "
-        "samplesPerSecond, lastCheckpoint, updatedAt); status.progress keeps the last valid report"
+        "field of status.progress (epoch, step, totalSteps, worldSize, groups, heldAtStep, "
+        "loss, samplesPerSecond, lastCheckpoint, updatedAt); status.progress keeps the last valid"
+        " report"
     ]
     assert records.latest(("ns", "j"), "u-1", bad, None) == (None, [])  # said once

@@ -1,0 +1,149 @@
+"""PerStep fault tolerance against a real API server (pods driven by kwok): the lighthouse pod
+and Service in place of the store, the node pods' torchft environment, a deleted group replaced
+alone, scaling without touching the other groups, and a lost lighthouse recreated with no group
+touched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kwok_harness import KwokNamespace
+
+from ddp_api import contract
+from ddp_devcluster.operator_process import OperatorProcess, install
+from ddp_devcluster.plane import ControlPlane
+from ddp_operator import render
+
+pytestmark = pytest.mark.controlplane
+PER_STEP = {"mode": "PerStep"}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    install(control_plane)
+    op = OperatorProcess(
+        control_plane,
+        tmp_path_factory.mktemp("operator"),
+        env={"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "2", "DDP_DEFAULT_IMAGE": "trainer:test"},
+    )
+    with op:
+        yield op
+    print(op.tail(30))
+
+
+@pytest.fixture
+def c(control_plane: ControlPlane, operator: OperatorProcess) -> KwokNamespace:
+    return KwokNamespace(control_plane, operator, prefix="ps")
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+
+
+def lighthouse(c: KwokNamespace, job: str) -> dict[str, Any]:
+    """The job's lighthouse pod, once it is Ready."""
+    name = contract.lighthouse_name(job)
+
+    def ready() -> dict[str, Any] | None:
+        pod = c.pods(f"ddp.dev/job-name={job},ddp.dev/role={render.ROLE_LIGHTHOUSE}").get(name)
+        conds = {
+            x["type"]: x["status"]
+            for x in ((pod or {}).get("status") or {}).get("conditions") or []
+        }
+        return pod if pod and conds.get("Ready") == "True" else None
+
+    return c.until(f"{name} Ready", ready)
+
+
+def test_a_deleted_group_and_a_lost_lighthouse_are_replaced_alone(c: KwokNamespace) -> None:
+    c.submit("ps", {"nodes": 3, "faultTolerance": {**PER_STEP, "minGroups": 2}})
+    c.running("ps", 3)
+    job_uid = c.job("ps")["metadata"]["uid"]
+
+    # The lighthouse pod and its Service, owned by the job; no rendezvous store.
+    beacon = lighthouse(c, "ps")
+    assert beacon["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    ctr = beacon["spec"]["containers"][0]
+    assert ctr["image"] == "trainer:test" and ctr["command"][0] == "torchft_lighthouse"
+    assert ctr["command"][ctr["command"].index("--min_replicas") + 1] == "2"
+    assert beacon["spec"]["automountServiceAccountToken"] is False
+    assert beacon["spec"]["securityContext"]["runAsNonRoot"] is True
+    svc = json.loads(c.k("get", "service", "ps-lighthouse", "-o", "json"))
+    assert svc["spec"]["ports"][0]["port"] == contract.LIGHTHOUSE_PORT
+    assert svc["spec"]["selector"][render.LABEL_ROLE] == render.ROLE_LIGHTHOUSE
+    assert "ps-rdzv" not in c.pods() and "ps-rdzv" not in c.k("get", "services", "-o", "name")
+
+    # Each node pod is a replica group with what it needs to join.
+    for name, pod in c.workers("ps").items():
+        env = env_of(pod)
+        index = name.rsplit("-", 1)[1]
+        assert env[contract.ENV_FAULT_TOLERANCE] == "PerStep"
+        assert env[contract.ENV_LIGHTHOUSE] == f"http://ps-lighthouse.{c.ns}.svc:29510"
+        assert env[contract.ENV_REPLICA_GROUP] == index and env[contract.ENV_GROUPS] == "3"
+        assert env[contract.ENV_MIN_GROUPS] == "2" and env[contract.ENV_GROUP_TIMEOUT] == "5"
+        assert env["PET_NNODES"] == "1" and env["PET_STANDALONE"] == "1"
+        assert "PET_RDZV_ENDPOINT" not in env
+
+    # A deleted group: only it is made again; a disruption, no restart.
+    before = c.worker_uids("ps")
+    c.k("delete", "pod", "ps-node-1", "--wait=false")
+    after = c.until(
+        "a new ps-node-1",
+        lambda: (
+            (u := c.worker_uids("ps")).get("ps-node-1") not in (None, before["ps-node-1"]) and u
+        ),
+    )
+    assert after["ps-node-0"] == before["ps-node-0"] and after["ps-node-2"] == before["ps-node-2"]
+    status = c.running("ps", 3)
+    assert status["restarts"] == 0 and status["disruptions"] == 1, status
+    assert [i["kind"] for i in status["incidents"]] == ["Disruption"]
+    assert any(r == "Disruption" and "alone" in m for _, r, m in c.events("ps"))
+    assert c.worker_uids("ps") == after
+
+    # The lighthouse lost: recreated, no node pod touched, nothing counted against the job.
+    old = beacon["metadata"]["uid"]
+    c.k("delete", "pod", "ps-lighthouse", "--wait=false")
+    c.until(
+        "a new ps-lighthouse",
+        lambda: (p := lighthouse(c, "ps")) and p["metadata"]["uid"] != old,
+    )
+    status = c.until(
+        "the LighthouseLost incident",
+        lambda: (
+            (s := c.status("ps"))
+            and [i["kind"] for i in s.get("incidents") or []] == ["Disruption", "LighthouseLost"]
+            and s
+        ),
+    )
+    assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] == "Running"
+    assert c.worker_uids("ps") == after
+    assert any(r == "LighthouseLost" for _, r, _ in c.events("ps"))
+
+
+def test_scaling_adds_and_removes_the_highest_groups_without_touching_the_others(
+    c: KwokNamespace,
+) -> None:
+    c.submit("grow", {"nodes": 3, "minNodes": 1, "maxNodes": 4, "faultTolerance": PER_STEP})
+    c.running("grow", 3)
+    first = c.worker_uids("grow")
+    c.k("scale", "ddpjob/grow", "--replicas", "4")
+    c.running("grow", 4)
+    grown = c.worker_uids("grow")
+    assert {n: grown[n] for n in first} == first and "grow-node-3" in grown
+    assert env_of(c.workers("grow")["grow-node-3"])[contract.ENV_GROUPS] == "4"
+    c.k("scale", "ddpjob/grow", "--replicas", "2")
+    c.until(
+        "groups 2 and 3 removed",
+        lambda: sorted(c.workers("grow")) == ["grow-node-0", "grow-node-1"],
+    )
+    status = c.running("grow", 2)
+    assert c.worker_uids("grow") == {n: first[n] for n in ("grow-node-0", "grow-node-1")}
+    assert status["restarts"] == 0 and not status.get("disruptions")
+    assert not status.get("incidents")  # no Resize: nobody restarted

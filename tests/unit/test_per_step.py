@@ -1,0 +1,321 @@
+"""PerStep fault tolerance (``spec.faultTolerance.mode: PerStep``): what the operator renders
+(a lighthouse pod and Service, no store; the node pods' torchft environment) and what the pure
+planner decides (a lost, deleted or failed group is replaced alone, scaling touches no other
+group, a lost lighthouse is recreated, a job whose training finished never fails)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from ddp_api import contract
+from ddp_api.ddpjob import DDPJob, DDPJobSpec
+from ddp_operator import plan as planner
+from ddp_operator import render
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+EARLIER = "2026-01-01T11:00:00Z"
+CFG = render.OperatorConfig(default_image="trainer:test")
+PER_STEP = {"mode": "PerStep"}
+
+
+def job(ft: dict[str, Any] | None = None, **spec: Any) -> DDPJob:
+    body: dict[str, Any] = {"nodes": 3, **spec}
+    if ft is not None:
+        body["faultTolerance"] = ft
+    return DDPJob.model_validate(
+        {
+            "apiVersion": "ddp.dev/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
+            "spec": body,
+        }
+    )
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+
+
+# -- API ------------------------------------------------------------------------------------------
+def test_restart_is_the_default_and_per_step_takes_its_knobs_defaults() -> None:
+    assert not job().spec.per_step and not job({}).spec.per_step
+    ft = job(PER_STEP).spec.fault_tolerance
+    assert ft is not None and ft.per_step
+    assert (ft.groups_min, ft.group_timeout_s) == (1, 5)
+    assert "faultTolerance" in DDPJobSpec.model_json_schema(by_alias=True)["properties"]
+
+
+@pytest.mark.parametrize(
+    ("ft", "spec", "why"),
+    [
+        ({"minGroups": 2}, {}, "apply to mode PerStep only: set spec.faultTolerance.mode"),
+        ({"groupTimeoutSeconds": 9}, {}, "apply to mode PerStep only"),
+        ({**PER_STEP, "minGroups": 4}, {}, "minGroups (4) must not exceed spec.nodes (3)"),
+        (
+            {**PER_STEP, "minGroups": 3},
+            {"minNodes": 2, "maxNodes": 4},
+            "minGroups (3) must not exceed spec.minNodes (2)",
+        ),
+        ({**PER_STEP, "groupTimeoutSeconds": 601}, {}, "less than or equal to 600"),
+        ({**PER_STEP, "minGroups": 0}, {}, "greater than or equal to 1"),
+        ({"mode": "Sometimes"}, {}, "'Restart' or 'PerStep'"),
+    ],
+)
+def test_bad_fault_tolerance_is_refused_with_the_rule(
+    ft: dict[str, Any], spec: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ValidationError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        job(ft, **spec)
+
+
+def test_min_groups_up_to_min_nodes_and_nproc_per_node_are_accepted() -> None:
+    job({**PER_STEP, "minGroups": 2, "groupTimeoutSeconds": 30}, minNodes=2, maxNodes=4)
+    job({**PER_STEP, "minGroups": 3}, nprocPerNode=2)
+
+
+# -- render ---------------------------------------------------------------------------------------
+def test_a_per_step_job_gets_a_lighthouse_service_instead_of_the_store() -> None:
+    services = render.render_services(job(PER_STEP))
+    assert [s["metadata"]["name"] for s in services] == ["j-lighthouse", "j"]
+    beacon = services[0]
+    assert beacon["spec"]["type"] == "ClusterIP"  # keeps resolving while the pod is replaced
+    assert beacon["spec"]["selector"] == {
+        render.LABEL_JOB: "j",
+        render.LABEL_ROLE: render.ROLE_LIGHTHOUSE,
+    }
+    assert beacon["spec"]["ports"] == [
+        {"name": "lighthouse", "port": contract.LIGHTHOUSE_PORT, "targetPort": 29510}
+    ]
+    assert beacon["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_the_lighthouse_pod_is_restricted_credential_free_and_runs_the_quorum_server() -> None:
+    pod = render.render_lighthouse(
+        job({**PER_STEP, "minGroups": 2, "groupTimeoutSeconds": 7}, image="img:1"), CFG
+    )
+    store = render.render_store(job(), CFG)
+    assert pod["metadata"]["name"] == contract.lighthouse_name("j") == "j-lighthouse"
+    assert pod["metadata"]["labels"][render.LABEL_ROLE] == render.ROLE_LIGHTHOUSE
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    spec, c = pod["spec"], pod["spec"]["containers"][0]
+    for key in ("restartPolicy", "automountServiceAccountToken", "securityContext"):
+        assert spec[key] == store["spec"][key]
+    assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec
+    assert c["securityContext"] == store["spec"]["containers"][0]["securityContext"]
+    assert c["image"] == "img:1"  # the job's trainer image: torchft ships its lighthouse
+    assert c["command"] == [
+        "torchft_lighthouse",
+        "--min_replicas", "2",
+        "--join_timeout_ms", str(render.LIGHTHOUSE_JOIN_TIMEOUT_MS),
+        "--quorum_tick_ms", "100",
+        "--heartbeat_timeout_ms", "7000",
+        "--bind", "[::]:29510",
+    ]  # fmt: skip
+    assert c["ports"] == [{"name": "lighthouse", "containerPort": 29510}]
+    assert c["readinessProbe"]["tcpSocket"] == {"port": 29510}
+    assert "topologySpreadConstraints" not in spec  # not spread, like the store
+
+
+def test_a_per_step_node_pod_is_a_replica_group_with_a_pod_local_rendezvous() -> None:
+    spec: dict[str, Any] = {"checkpoint": {"volume": {"emptyDir": {}}}, "nprocPerNode": 2}
+    restart = env_of(render.render_worker(job(**spec), 2, 0, CFG))
+    per_step = env_of(render.render_worker(job({**PER_STEP, "minGroups": 2}, **spec), 2, 0, CFG))
+    assert per_step["DDPJOB_FAULT_TOLERANCE"] == "PerStep"
+    assert per_step["TORCHFT_LIGHTHOUSE"] == "http://j-lighthouse.ns.svc:29510"
+    assert per_step["REPLICA_GROUP_ID"] == "2" == per_step["DDPJOB_NODE_INDEX"]
+    assert per_step["NUM_REPLICA_GROUPS"] == "3"
+    assert per_step["DDPJOB_MIN_GROUPS"] == "2" and per_step["DDPJOB_GROUP_TIMEOUT_S"] == "5"
+    assert per_step["PET_NNODES"] == "1" and per_step["PET_STANDALONE"] == "1"
+    assert per_step["PET_NPROC_PER_NODE"] == "2"
+    rdzv = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"}
+    assert not rdzv & per_step.keys() and rdzv <= restart.keys()
+    # Everything else is what a Restart pod has.
+    ft = {
+        contract.ENV_FAULT_TOLERANCE, contract.ENV_LIGHTHOUSE, contract.ENV_REPLICA_GROUP,
+        contract.ENV_GROUPS, contract.ENV_MIN_GROUPS, contract.ENV_GROUP_TIMEOUT,
+        "PET_NNODES", "PET_STANDALONE",
+    }  # fmt: skip
+    assert {k: v for k, v in per_step.items() if k not in ft} == {
+        k: v for k, v in restart.items() if k not in rdzv | ft
+    }
+    assert not ft - {"PET_NNODES"} & restart.keys()  # Restart pods: as before
+
+
+def test_restart_mode_renders_what_it_did_before() -> None:
+    for ft in (None, {"mode": "Restart"}):
+        assert render.render_services(job(ft)) == render.render_services(job())
+        assert render.render_worker(job(ft), 1, 0, CFG) == render.render_worker(job(), 1, 0, CFG)
+
+
+# -- planner --------------------------------------------------------------------------------------
+def pod(
+    index: int,
+    phase: str = "Running",
+    uid: str = "",
+    role: str = render.ROLE_WORKER,
+    **changes: Any,
+) -> planner.PodView:
+    name = render.worker_name("j", index) if role == render.ROLE_WORKER else "j-lighthouse"
+    return planner.PodView(
+        name=name,
+        uid=uid or f"uid-{name}",
+        role=role,
+        index=index,
+        phase=phase,
+        ready=phase == "Running",
+        deleting=False,
+        created=EARLIER,
+        **changes,
+    )
+
+
+LIGHTHOUSE = pod(-1, role=render.ROLE_LIGHTHOUSE)
+RUNNING = {
+    "phase": "Running",
+    "reason": "AllNodesRunning",
+    "startTime": EARLIER,
+    "observedGeneration": 1,
+}
+GROUPS = [LIGHTHOUSE, pod(0), pod(1), pod(2)]
+
+
+def created(p: planner.Plan) -> list[str]:
+    return p.created_pods()
+
+
+def with_(pods: list[planner.PodView], x: planner.PodView) -> list[planner.PodView]:
+    return [y for y in pods if y.name != x.name] + [x]
+
+
+def test_a_new_per_step_job_creates_the_lighthouse_and_its_groups_not_the_store() -> None:
+    p = planner.plan(job(PER_STEP), {}, [], NOW, CFG)
+    assert created(p) == ["j-lighthouse", "j-node-0", "j-node-1", "j-node-2"]
+    services = [o["metadata"]["name"] for o in p.create if o["kind"] == "Service"]
+    assert services == ["j-lighthouse", "j"]
+    unchanged = planner.plan(job(PER_STEP), RUNNING, GROUPS, NOW, CFG)
+    assert created(unchanged) == [] and unchanged.delete == []
+    assert unchanged.status["phase"] == "Running"
+
+
+def test_a_deleted_group_is_replaced_alone_as_a_disruption() -> None:
+    gone = dataclasses.replace(pod(1), deleting=True)
+    p = planner.plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, gone), NOW, CFG)
+    assert p.delete == [] and p.force == []  # nobody else is touched
+    assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
+    assert p.status["phase"] == "Running"  # the others train on
+    assert p.status["reason"] == planner.GROUPS_CHANGING
+    assert [i["kind"] for i in p.status["incidents"]] == ["Disruption"]
+    ((_, _, text),) = [e for e in p.events if e[1] == "Disruption"]
+    assert "replacing it alone" in text
+    # Once it is gone, only it is created again.
+    after = {**RUNNING, **p.status}
+    q = planner.plan(job(PER_STEP), after, [LIGHTHOUSE, pod(0), pod(2)], NOW, CFG)
+    assert created(q) == ["j-node-1"] and q.delete == [] and "disruptions" not in q.status
+    assert q.status["phase"] == "Running"
+
+
+def test_a_restart_job_still_counts_a_deletion_as_a_failure() -> None:
+    store = pod(-1, role=render.ROLE_STORE, uid="s")
+    gone = dataclasses.replace(pod(1), deleting=True)
+    p = planner.plan(job(), RUNNING, [store, pod(0), gone, pod(2)], NOW, CFG)
+    assert p.status["restarts"] == 1 and "disruptions" not in p.status
+
+
+def test_a_failed_group_counts_against_backoff_limit_and_is_replaced_alone() -> None:
+    failed = pod(2, "Failed", uid="f", exit_code=1)
+    p = planner.plan(job(PER_STEP), RUNNING, with_(GROUPS, failed), NOW, CFG)
+    assert p.status["restarts"] == 1 and "disruptions" not in p.status
+    assert p.delete == ["j-node-2"]  # itself only
+    assert (
+        p.status["phase"] == "Running"
+        and "restart 1 of backoffLimit 3" in (p.status["conditions"][-1]["message"])
+    )
+    # No consequence window: a second group failing a moment later is a failure of its own.
+    after = {**RUNNING, **p.status}
+    second = pod(0, "Failed", uid="g", exit_code=1)
+    q = planner.plan(job(PER_STEP), after, [LIGHTHOUSE, second, pod(1), failed], NOW, CFG)
+    assert q.status["restarts"] == 2
+    # Past backoffLimit the job fails, as in Restart mode.
+    spent = planner.plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, failed), NOW, CFG)
+    assert spent.status["phase"] == "Failed" and spent.status["reason"] == "BackoffLimitExceeded"
+
+
+def test_too_few_groups_left_is_restarting() -> None:
+    failed = [pod(1, "Failed", uid="f1", exit_code=1), pod(2, "Failed", uid="f2", exit_code=1)]
+    p = planner.plan(
+        job({**PER_STEP, "minGroups": 2}), RUNNING, [LIGHTHOUSE, pod(0), *failed], NOW, CFG
+    )
+    assert p.status["phase"] == "Restarting"
+
+
+def test_a_group_on_a_lost_machine_goes_alone_as_a_disruption() -> None:
+    machines = {"m1": planner.MachineView("m1", "Unknown", "2026-01-01T11:59:20Z")}
+    lost = dataclasses.replace(pod(0), machine="m1")
+    p = planner.plan(
+        job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, lost), NOW, CFG, machines=machines
+    )
+    assert p.force == ["j-node-0"] and p.delete == []
+    assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
+    assert p.status["phase"] == "Running" and p.status["reason"] == "NodeLost"
+    assert [i["kind"] for i in p.status["incidents"]] == ["NodeLost"]
+
+
+def test_a_lost_lighthouse_is_recreated_and_no_group_is_touched() -> None:
+    gone = dataclasses.replace(LIGHTHOUSE, deleting=True)
+    p = planner.plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, gone), NOW, CFG)
+    assert p.delete == [] and created(p) == [] and "disruptions" not in p.status
+    assert p.status["restarts"] == 0 and p.status["phase"] == "Running"
+    assert [i["kind"] for i in p.status["incidents"]] == ["LighthouseLost"]
+    ((kind, reason, text),) = p.events
+    assert (kind, reason) == ("Warning", "LighthouseLost") and "none is restarted" in text
+    after = {**RUNNING, **p.status}
+    q = planner.plan(job(PER_STEP), after, [pod(0), pod(1), pod(2)], NOW, CFG)
+    assert created(q) == ["j-lighthouse"] and q.delete == []
+    # Even while a failed group's backoff runs: the others need it.
+    backing_off = {**after, "restarts": 2, "lastFailureTime": "2026-01-01T11:59:59Z"}
+    r = planner.plan(job(PER_STEP), backing_off, [pod(0), pod(1)], NOW, CFG, backoff_base_s=10)
+    assert created(r) == ["j-lighthouse"]
+
+
+def test_a_lighthouse_on_a_lost_machine_is_forced_off_it_without_a_disruption() -> None:
+    machines = {"m1": planner.MachineView("m1", "Unknown", "2026-01-01T11:59:20Z")}
+    lost = dataclasses.replace(LIGHTHOUSE, machine="m1")
+    p = planner.plan(job(PER_STEP), RUNNING, with_(GROUPS, lost), NOW, CFG, machines=machines)
+    assert p.force == ["j-lighthouse"] and "disruptions" not in p.status
+    assert [r for _, r, _ in p.events] == ["LighthouseLost"]
+
+
+def test_scaling_adds_and_removes_the_highest_groups_and_touches_no_other() -> None:
+    elastic = {"minNodes": 1, "maxNodes": 4}
+    moved = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 2}}
+    up_job = job(PER_STEP, **{**elastic, "nodes": 4}).model_copy(update=moved)
+    up = planner.plan(up_job, RUNNING, GROUPS, NOW, CFG)
+    assert created(up) == ["j-node-3"] and up.delete == []
+    assert up.status["phase"] == "Running" and "incidents" not in up.status  # no Resize
+    down_job = job(PER_STEP, **{**elastic, "nodes": 2}).model_copy(update=moved)
+    down = planner.plan(down_job, RUNNING, [*GROUPS, pod(3)], NOW, CFG)
+    assert down.delete == ["j-node-2", "j-node-3"] and created(down) == []
+    assert down.status["restarts"] == 0 and "incidents" not in down.status
+    assert down.status["phase"] == "Running"
+
+
+def test_a_job_whose_training_finished_never_fails() -> None:
+    done = {**RUNNING, "progress": {"step": 100, "totalSteps": 100}}
+    failed = pod(1, "Failed", uid="f", exit_code=1)
+    p = planner.plan(job(PER_STEP, backoffLimit=0), done, with_(GROUPS, failed), NOW, CFG)
+    assert p.status["phase"] == "Running" and p.status["restarts"] == 0
+    assert [r for _, r, _ in p.events] == ["LostAfterTraining"] and p.delete == ["j-node-1"]
+    # The first group to exit 0 completes the job, as in Restart mode.
+    finished = pod(0, "Succeeded", exit_code=0, finished="2026-01-01T11:59:00Z")
+    q = planner.plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], NOW, CFG)
+    assert q.status["phase"] == "Running" and q.status["reason"] == "NodesCompleting"
+    late = NOW + dt.timedelta(seconds=planner.COMPLETION_GRACE_S)
+    r = planner.plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], late, CFG)
+    assert r.status["phase"] == "Succeeded" and sorted(r.delete) == ["j-lighthouse", "j-node-2"]
