@@ -5,9 +5,9 @@ numbers out; ``bench/goodput.py`` and the kind tests of per-step fault tolerance
 - **steps redone**: step rows whose step index is logged again later (Restart mode resumes
   from the newest checkpoint, so the steps after it are trained twice; per-step fault
   tolerance never logs an uncommitted step, so none);
-- **stall** of an incident at time ``t``: the longest gap between two consecutive step rows
-  from the last row before ``t`` until the next incident (or the end): how long training
-  stopped for it, whatever the survivors did meanwhile;
+- **stall** of an incident at time ``t``: the longest time without a step row from ``t``
+  until the next incident (or the end): how long training stopped for it, whatever the
+  survivors did meanwhile;
 - **goodput**: time spent in steps that were kept (the last row of each step index), divided
   by the wall time from the first step row to the last. A kept step's time is the gap since
   the row before it, except where that gap spans an incident's stall (more than
@@ -53,16 +53,18 @@ def steps_redone(rows: Sequence[StepRow]) -> int:
 
 
 def stalls(rows: Sequence[StepRow], incidents: Sequence[float]) -> list[float]:
-    """Each incident's stall (seconds): the longest gap between consecutive step rows from the
-    last row before it until the next incident; 0 when no row follows it."""
+    """Each incident's stall (seconds): the longest time without a step row from the incident
+    until the next incident (counting the gap that the first row after that one closes); 0
+    when no row follows it."""
     times = [r.time for r in rows]
     out = []
     ordered = sorted(incidents)
     for k, at in enumerate(ordered):
         until = ordered[k + 1] if k + 1 < len(ordered) else float("inf")
-        start = max(0, bisect.bisect_right(times, at) - 1)  # the last row before the incident
+        first = bisect.bisect_right(times, at)  # the first row after the incident
         end = bisect.bisect_right(times, until)  # and the first row after the next one
-        gaps = _gaps(rows[start : end + 1])
+        after = times[first : end + 1]
+        gaps = [b - a for a, b in itertools.pairwise([at, *after])] if after else []
         out.append(max(gaps) if gaps else 0.0)
     return out
 

@@ -1,0 +1,105 @@
+"""Per-step fault tolerance on the kind cluster (``spec.faultTolerance.mode: PerStep``): a node
+pod deleted and a worker's machine powered off while charlm trains; the other replica groups
+keep stepping, each lost group is replaced alone and heals from a live one, and the job
+Succeeds with no restart and no step trained twice."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from cluster_env import Cluster
+from test_cluster import machines
+
+from ddp_devcluster import goodput
+from ddp_devcluster.harness import holding_at
+from ddp_devcluster.kind import cluster as kind
+from ddp_devcluster.pytest_plugin import unavailable
+from ddp_trainer.progress import read_run_log
+
+pytestmark = pytest.mark.timeout(1500)
+CONTROL_PLANE = "ddp-control-plane"
+JOB, CLAIM = "charlm-per-step", "charlm-per-step-checkpoints"
+GROUP_TIMEOUT_S = 5  # charlm-per-step.yaml's faultTolerance.groupTimeoutSeconds
+# The survivors' longest pause per incident: a lost group is dropped after the group timeout;
+# a collective it was in fails after the same timeout, then one quorum more.
+STALL_BOUND_S = 3 * GROUP_TIMEOUT_S
+LAST_STEP = 900  # long enough for both scenes (about 0.1 s a step on the two cores)
+
+
+def groups(cluster: Cluster, ns: str) -> int:
+    return int((cluster.status(JOB, ns=ns).get("progress") or {}).get("groups") or 0)
+
+
+def replaced(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool:
+    """Whether ``pod`` exists again with another uid than in ``before``."""
+    return cluster.worker_uids(JOB, ns=ns).get(pod) not in (None, before[pod])
+
+
+def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machine(
+    cluster: Cluster, ns: str
+) -> None:
+    if cluster.provider != "kind":
+        unavailable("one machine only: losing it loses the cluster (DDP_CLUSTER=kind)")
+    cluster.k("cordon", CONTROL_PLANE)  # a group per worker machine, the lighthouse beside one
+
+    def edit(job: dict[str, Any]) -> None:
+        holding_at(10, last=LAST_STEP)(job)  # every group up and trained before the scenes
+        job["spec"]["spread"] = "Required"
+        job["spec"]["trainer"]["logEverySteps"] = 1
+
+    incidents: list[float] = []
+    off: list[str] = []
+    try:
+        cluster.apply_example(cluster.claims, "charlm-per-step.yaml", edit=edit, ns=ns)
+        cluster.held(JOB, 10, 900, ns=ns)
+        cluster.until("3 groups", lambda: groups(cluster, ns) == 3 or None, 300, ns=ns)
+        uids = cluster.worker_uids(JOB, ns=ns)
+        (kind.claim_folder(cluster, CLAIM, ns=ns) / "release-step-00000010").touch()
+
+        node1 = f"{JOB}-node-1"
+        # Scene 1: a node pod deleted. The others train on; its replacement heals and joins.
+        cluster.k("delete", "pod", node1, "-n", ns, "--wait=false")
+        incidents.append(time.time())
+        print(f"deleted {node1} at step {cluster.status(JOB, ns=ns)['progress']['step']}")
+        back = lambda: replaced(cluster, ns, node1, uids) and groups(cluster, ns) == 3  # noqa: E731
+        cluster.until("node-1 replaced and back in the quorum", lambda: back() or None, 300, ns=ns)
+        untouched = cluster.worker_uids(JOB, ns=ns)
+        assert {p: untouched[p] for p in (f"{JOB}-node-0", f"{JOB}-node-2")} == {
+            p: uids[p] for p in (f"{JOB}-node-0", f"{JOB}-node-2")
+        }, "another group's pod was replaced"
+
+        # Scene 2: the machine of a group (not the lighthouse's) powered off. The pod is
+        # replaced once the operator sees the machine lost; it waits Pending (one group a
+        # machine) until the machine is powered on again.
+        where = machines(cluster, ns, JOB)
+        beacon = where[f"{JOB}-lighthouse"]
+        victim = next(p for p in sorted(where) if "-node-" in p and where[p] != beacon)
+        machine = where[victim]
+        kind.power_off(machine)
+        off.append(machine)
+        incidents.append(time.time())
+        print(f"powered off {machine} ({victim}; the lighthouse is on {beacon})")
+        cluster.until(f"{victim} replaced", lambda: replaced(cluster, ns, victim, untouched)
+                      or None, 300, ns=ns)  # fmt: skip
+        kind.power_on(cluster.kubeconfig, machine)
+        off.remove(machine)
+        cluster.until("3 groups again", lambda: groups(cluster, ns) == 3 or None, 300, ns=ns)
+        done = cluster.phase(JOB, "Succeeded", 900, ns=ns)
+    finally:
+        for machine in off:
+            kind.power_on(cluster.kubeconfig, machine)
+        cluster.k("uncordon", CONTROL_PLANE, check=False)
+
+    print(f"restarts {done.get('restarts', 0)}, disruptions {done.get('disruptions')}")
+    assert done["progress"]["step"] == LAST_STEP, done
+    assert done.get("restarts", 0) == 0 and done.get("disruptions", 0) >= 2, done
+    rows = read_run_log(kind.claim_folder(cluster, CLAIM, ns=ns))
+    steps = [r["step"] for r in rows if r.get("event") == "step"]
+    assert steps == list(range(1, LAST_STEP + 1)), "a step was lost or trained twice"
+    figures = goodput.summary(rows, incidents)
+    print(f"survivors' stalls {figures['stalls_s']} s, goodput {figures['goodput']}")
+    assert figures["steps_redone"] == 0
+    assert max(figures["stalls_s"]) <= STALL_BOUND_S, figures
+    assert min(r.get("groups", 3) for r in rows if r.get("event") == "step") < 3  # it did drop
