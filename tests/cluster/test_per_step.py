@@ -25,11 +25,17 @@ GROUP_TIMEOUT_S = 5  # charlm-per-step.yaml's faultTolerance.groupTimeoutSeconds
 # The survivors' longest pause per incident: a lost group is dropped after the group timeout;
 # a collective it was in fails after the same timeout, then one quorum more.
 STALL_BOUND_S = 3 * GROUP_TIMEOUT_S
-LAST_STEP = 900  # long enough for both scenes (about 0.1 s a step on the two cores)
+# Long enough for both scenes (0.4-0.5 s a step with 3 groups on the two cores, about 2
+# minutes of scenes); a run that ends first fails the test, never passes it unseen.
+LAST_STEP = 600
 
 
 def groups(cluster: Cluster, ns: str) -> int:
     return int((cluster.status(JOB, ns=ns).get("progress") or {}).get("groups") or 0)
+
+
+def running(cluster: Cluster, ns: str) -> bool:
+    return cluster.status(JOB, ns=ns).get("phase") == "Running"
 
 
 def replaced(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool:
@@ -47,7 +53,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     def edit(job: dict[str, Any]) -> None:
         holding_at(10, last=LAST_STEP)(job)  # every group up and trained before the scenes
         job["spec"]["spread"] = "Required"
-        job["spec"]["trainer"]["logEverySteps"] = 1
+        job["spec"]["trainer"].update(logEverySteps=1, epochs=10)  # 92 steps an epoch
 
     incidents: list[float] = []
     off: list[str] = []
@@ -59,6 +65,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         (kind.claim_folder(cluster, CLAIM, ns=ns) / "release-step-00000010").touch()
 
         node1 = f"{JOB}-node-1"
+        assert running(cluster, ns)
         # Scene 1: a node pod deleted. The others train on; its replacement heals and joins.
         cluster.k("delete", "pod", node1, "-n", ns, "--wait=false")
         incidents.append(time.time())
@@ -77,6 +84,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         beacon = where[f"{JOB}-lighthouse"]
         victim = next(p for p in sorted(where) if "-node-" in p and where[p] != beacon)
         machine = where[victim]
+        assert running(cluster, ns), "the job ended before scene 2: raise LAST_STEP"
         kind.power_off(machine)
         off.append(machine)
         incidents.append(time.time())
