@@ -49,7 +49,8 @@ quorum again and one of them is the writer).
 
 Test hooks (off unless set): ``DDPJOB_SAMPLE_LOG`` (a folder: each process appends the sample
 indices it fed and the steps it committed) and ``DDPJOB_TEST_STOP_AT`` (a file naming a phase:
-the process writes ``<file>.reached`` there and waits to be killed).
+``start``, ``quorum``, ``serve``, ``heal``, ``forward``, ``allreduce``, ``commit``; the process
+writes ``<file>.reached`` there and waits while the file names it).
 """
 
 from __future__ import annotations
@@ -204,11 +205,12 @@ class PerStepTrainer(Trainer):
             quorum_retries=QUORUM_RETRIES,
         )
         log.info(
-            "replica group %s (local rank %d of %d): lighthouse %s, at least %d groups, "
+            "replica group %s (local rank %d of %d, pid %d): lighthouse %s, at least %d groups, "
             "group timeout %gs",
             g.replica_id,
             e.local_rank,
             e.world_size,
+            os.getpid(),
             g.lighthouse,
             g.min_groups,
             g.timeout_s,
@@ -266,6 +268,7 @@ class PerStepTrainer(Trainer):
         """Train to the end (0), or until SIGTERM (143)."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_requested.set())
+        self._phase("start")
         self._start_manager()
         try:
             try:
@@ -294,6 +297,9 @@ class PerStepTrainer(Trainer):
                 continue
             step = self.manager.current_step()
             if first:
+                if self.manager.errored() is not None:
+                    redo = True  # the heal failed: a live group was there, quorum again
+                    continue
                 first = False
                 if self._begin(step):
                     continue  # a checkpoint was loaded: quorum again at its step
@@ -404,7 +410,8 @@ class PerStepTrainer(Trainer):
         self._phase("forward")
         loss_sum = torch.zeros((), device=p.device)
         terms = 0
-        for part in indices.split(list(micro_split(len(indices), p.state.micro_batch_cap))):
+        micro = micro_split(len(indices), p.state.micro_batch_cap)
+        for part in indices.split(list(micro)):
             inputs, targets = fetch_batch(p.train_set, part)
             inputs = inputs.to(p.device, non_blocking=True)
             targets = targets.to(p.device, non_blocking=True)
@@ -432,6 +439,7 @@ class PerStepTrainer(Trainer):
             if global_terms:
                 self.tally.add_loss(flat[_Tail.LOSS] / global_terms, int(global_terms))
             self.tally.world, self.tally.groups = groups * e.world_size, groups
+            self.tally.share = (len(indices), len(micro))
         else:
             p.optimizer.zero_grad(set_to_none=True)
         self.consistent = True
@@ -564,23 +572,33 @@ class PerStepTrainer(Trainer):
     # test hooks ------------------------------------------------------------------------
 
     def _phase(self, name: str) -> None:
-        """``DDPJOB_TEST_STOP_AT``: when its file names this phase, say so and wait to be
-        killed (a test kills a group at a phase of its choice)."""
-        if self.stop_at is None or not os.path.exists(self.stop_at):
+        """``DDPJOB_TEST_STOP_AT``: while its file names this phase, say so (``<file>.reached``)
+        and wait: a test kills the group there, or lets it go on by changing the file."""
+        if self.stop_at is None or self._names(name) is False:
             return
+        Path(self.stop_at + ".reached").write_text(f"{name} {os.getpid()}\n")
+        while self._names(name):
+            time.sleep(0.05)
+
+    def _names(self, phase: str) -> bool:
         try:
-            wanted = Path(self.stop_at).read_text().strip()
+            return Path(str(self.stop_at)).read_text().strip() == phase
         except OSError:
-            return
-        if wanted == name:
-            Path(self.stop_at + ".reached").write_text(f"{name} {os.getpid()}\n")
-            while True:
-                time.sleep(1)
+            return False
+
+
+def quiet_torchft() -> None:
+    """torchft logs several lines per step at INFO (its Rust side reads RUST_LOG when it is
+    first imported): warnings only, unless RUST_LOG says otherwise. This module's own lines say
+    what matters (quorums that fail, heals, steps redone)."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    logging.getLogger("torchft").setLevel(logging.WARNING)
 
 
 def run_per_step(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train as one process of a replica group; returns the exit code."""
     group = GroupSettings.from_env(os.environ)
+    quiet_torchft()
     env = dataclasses.replace(DistEnv.from_env(), run_id=run_id(os.environ))
     metrics = process_metrics(env)
     if env.local_rank == 0:

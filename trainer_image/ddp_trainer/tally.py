@@ -46,6 +46,9 @@ class Tally:
         self.speaks = main
         self.world = env.world_size  # processes that trained the last step
         self.groups: int | None = None  # PerStep mode: replica groups that trained it
+        # PerStep mode: this process's (samples, micro-batches) of the last step (its share
+        # changes with the groups); else the fixed share of ``parts.batches``.
+        self.share: tuple[int, int] | None = None
         self._loss_sum = torch.zeros((), device=parts.device)
         self._loss_count = 0
         self._last_log = (time.perf_counter(), 0)
@@ -63,11 +66,12 @@ class Tally:
 
     def _shape(self) -> dict[str, Any]:
         share = self.parts.batches
+        count, micro = self.share or (share.count, share.accumulation_steps)
         shape = {
             "worldSize": self.world,
             "globalBatchSize": self.config.global_batch_size,
-            "perRankBatch": share.count,
-            "accumulation": share.accumulation_steps,
+            "perRankBatch": count,
+            "accumulation": micro,
         }
         return shape if self.groups is None else {**shape, "groups": self.groups}
 
