@@ -159,3 +159,23 @@ def test_the_progress_record_says_how_many_groups_trained_only_in_per_step_mode(
     assert "groups" not in restart
     perstep = progress_record(**common, last_checkpoint=None, world_size=3, now=0.0, groups=3)
     assert perstep["groups"] == 3 and {**perstep, "groups": None} != restart
+
+
+def test_a_per_step_pod_of_a_completed_job_exits_0_without_torchrun(tmp_path, monkeypatch) -> None:
+    """The node wrapper in PerStep mode: no job-wide store is waited for, and the completion
+    record names the job's run id (torchrun standalone's own is random per start)."""
+    from ddp_trainer import node
+    from ddp_trainer.checkpoint import CheckpointStore
+
+    CheckpointStore(tmp_path).mark_complete("job-uid", 140, "step-00000140.pt")
+    for name, value in {
+        "DDPJOB_FAULT_TOLERANCE": "PerStep",
+        "PET_RDZV_ID": "job-uid",
+        "PET_STANDALONE": "1",
+        "PET_RDZV_ENDPOINT": "127.0.0.1:9",  # set or not, nothing waits for a store
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(node, "Torchrun", lambda *a, **k: pytest.fail("torchrun started"))
+    monkeypatch.setattr(node, "wait_for_store", lambda *a, **k: pytest.fail("store awaited"))
+    args = ["--nproc-per-node=1", "-m", "ddp_trainer", "--checkpoint-dir", str(tmp_path)]
+    assert node.supervise(args, None) == 0

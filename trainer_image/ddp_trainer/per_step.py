@@ -114,7 +114,7 @@ def _transport(host: str, timeout: timedelta) -> Any:
     hostname, which peers may not resolve."""
     from torchft.checkpointing import HTTPTransport
 
-    class PodHTTPTransport(HTTPTransport):  # type: ignore[type-arg,misc]
+    class PodHTTPTransport(HTTPTransport):
         def address(self) -> str:
             port = self._server.socket.getsockname()[1]
             return f"http://{url_host(host)}:{port}/checkpoint/"
@@ -314,7 +314,7 @@ class PerStepTrainer(Trainer):
                 if self._wait_for_completion():
                     return self._done_elsewhere()
                 continue
-            committed, stop, lr, grad_norm = self._train_step(step)
+            committed, stop, lr, grad_norm = self._try_step(step)
             redo = not committed
             if committed:
                 self._after_step(time.perf_counter() - started, lr, grad_norm)
@@ -379,7 +379,7 @@ class PerStepTrainer(Trainer):
         first = pos.samples_in_epoch + start
         return self._order[1][first : first + count]
 
-    def _train_step(self, step: int) -> tuple[bool, bool, float, float]:
+    def _try_step(self, step: int) -> tuple[bool, bool, float, float]:
         """One try at step ``step`` (0-based) with this quorum; returns (committed, stop, lr,
         gradient norm)."""
         p, c, e, m = self.parts, self.config, self.env, self.manager
