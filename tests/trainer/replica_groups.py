@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,20 +149,28 @@ class Zygote:
                     self.groups[event["exited"]].code = event["code"]
 
     def fork(
-        self, name: str, *, env: dict[str, str], settings: dict[str, Any], checkpoint_dir: Path
+        self,
+        name: str,
+        *,
+        env: dict[str, str],
+        settings: dict[str, Any],
+        checkpoint_dir: Path,
+        rank: int = 0,
+        nproc: int = 1,
+        port: int | None = None,
     ) -> Warm:
-        """A group as a pod of one process: the environment torchrun standalone gives its
-        worker, around ``env``."""
+        """One worker of a group: the environment torchrun standalone gives local rank ``rank``
+        of ``nproc`` (whose store is rank 0's, on ``port``), around ``env``."""
         log = self.workdir / f"{name}.log"
         worker = {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_WORLD_SIZE": "1",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
             "GROUP_RANK": "0",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "TORCHELASTIC_RUN_ID": str(uuid.uuid4()),
+            "MASTER_PORT": str(port or free_port()),
+            "TORCHELASTIC_RUN_ID": name,
             "TORCHELASTIC_RESTART_COUNT": "0",
         }
         full = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **worker, **env)

@@ -31,6 +31,7 @@ from replica_groups import (
 from torch.utils.data import TensorDataset
 from trainer_harness import Launcher, Proc, events, wait_until
 
+from ddp_devcluster.procs import free_port
 from ddp_trainer.batching import Position, batch_share
 from ddp_trainer.checkpoint import read_completion
 from ddp_trainer.loader import StepBatches
@@ -38,7 +39,7 @@ from ddp_trainer.loader import StepBatches
 KILLS = int(os.environ.get("DDPJOB_TEST_KILLS", "50"))
 SPACING = 2  # committed steps between two kills
 JOIN_AT = 6  # the late group starts once this many steps are committed
-TOTAL = 40 + KILLS * 8 + 80  # the kills end well before the last step
+TOTAL = 40 + KILLS * 4 + 80  # the kills take ~2.5 steps each here: they end well before
 SAMPLES = 1438  # digits' training set
 BATCH = 48
 SETTINGS = {
@@ -56,12 +57,12 @@ GROUP_TIMEOUT_S = 2.0
 PHASES = ["any", "quorum", "forward", "allreduce", "commit", "serve", "heal"]
 
 
-def restart_mode_batch(step: int) -> list[int]:
+def restart_mode_batch(step: int, total: int = TOTAL) -> list[int]:
     """Step ``step``'s global batch as Restart mode's loader gives it (a world of one): the
     samples of a dataset whose sample i is i."""
     ids = torch.arange(SAMPLES)
     loader = StepBatches(
-        TensorDataset(ids, ids), batch_share(BATCH, 1, 0), 0, Position(0, 0, 0), TOTAL
+        TensorDataset(ids, ids), batch_share(BATCH, 1, 0), 0, Position(0, 0, 0), total
     )
     return [int(i) for inputs, _ in loader[step] for i in inputs]
 
@@ -194,9 +195,12 @@ def kill_loop(groups: Groups, rng: random.Random) -> Counter[str]:
             if groups.reached(victim, 20):
                 by_phase["heal"] += 1
             groups.kill(victim)
-        elif phase == "serve" and len(live) >= 3:  # a heal source dies: a group joins, the
-            groups.stop_files[victim].write_text("serve")  # victim stops while serving it
-            other = rng.choice([g for g in live if g != victim])
+        elif phase == "serve" and len(live) >= 3:  # a heal source dies mid-transfer: a
+            # group joins and heals from the first up-to-date group by replica id (torchft's
+            # choice), the victim, which stops while serving it
+            other = rng.choice(live)
+            victim = min(g for g in live if g != other)
+            groups.stop_files[victim].write_text("serve")
             groups.kill(other)
             groups.start_warm(other)
             by_phase["any"] += 1
@@ -218,7 +222,7 @@ def kill_loop(groups: Groups, rng: random.Random) -> Counter[str]:
     return by_phase
 
 
-def check_exactly_once(samples: Path) -> dict[str, Any]:
+def check_exactly_once(samples: Path, total: int = TOTAL, nproc: int = 1) -> dict[str, Any]:
     """Each step's lineage (its last committing quorum) fed exactly Restart mode's global batch,
     split over all its participants; returns the redone steps and the survivors' stalls."""
     rows = sample_lines(samples)
@@ -234,14 +238,15 @@ def check_exactly_once(samples: Path) -> dict[str, Any]:
         else:
             fed[key].append(row)
             tried.add(key)
-    assert sorted(committing) == list(range(TOTAL)), "steps never committed"
+    assert sorted(committing) == list(range(total)), "steps never committed"
     for step, quorum in committing.items():
         shares = fed[(step, quorum)]
         groups = {row["groups"] for row in shares}
         assert len(groups) == 1, (step, quorum, shares)
-        assert sorted(row["rank"] for row in shares) == list(range(groups.pop())), (step, shares)
+        ranks = list(range(groups.pop() * nproc))
+        assert sorted(row["rank"] for row in shares) == ranks, (step, shares)
         seen = sorted(i for row in shares for i in row["indices"])
-        assert seen == sorted(restart_mode_batch(step)), f"step {step} fed other samples"
+        assert seen == sorted(restart_mode_batch(step, total)), f"step {step} fed other samples"
     gaps = [b - a for times in commits_by_file.values() for a, b in itertools.pairwise(times)]
     redone = len({k for k in tried if committing.get(k[0]) != k[1]})
     return {
@@ -323,3 +328,56 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
     print(
         f"kills {groups.kills}, survivor crashes 0, {stats}, total {time.monotonic() - began:.1f}s"
     )
+
+
+NPROC_TOTAL = 40
+
+
+@pytest.mark.timeout(300)
+def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """nprocPerNode 2: local rank r of each group is ring r across the groups; a group killed
+    mid-run (both its processes) joins again and each of its ranks heals from its peer rank;
+    every committed step still used its whole global batch once."""
+    began = time.monotonic()
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    settings = {**SETTINGS, "maxSteps": NPROC_TOTAL, "checkpointEverySteps": 0}
+
+    def start(group: int, name: str) -> list[Warm]:
+        env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        port = free_port()
+        return [
+            zygote.fork(
+                f"{name}-rank{rank}",
+                env=env,
+                settings=settings,
+                checkpoint_dir=ckpt,
+                rank=rank,
+                nproc=2,
+                port=port,
+            )
+            for rank in range(2)
+        ]
+
+    try:
+        first, second = start(0, "a"), start(1, "b")
+        wait_until(lambda: committed_step(samples) >= 10, 120, "step 10")
+        for worker in second:
+            zygote.kill(worker)
+        again = start(1, "b-again")
+        wait_until(lambda: all(w.code is not None for w in first + again), 200, "the end")
+        for worker in first + again:
+            assert worker.code == 0, worker.output()[-3000:]
+        assert "healed from a live peer" in again[0].output()  # rank 0 logs at INFO
+        for worker in again:  # each rank's first step is the live peers' step: it healed
+            rows = sample_lines(samples)
+            mine = [r["step"] for r in rows if r["file"].endswith(f"-{worker.pid}.jsonl")]
+            assert min(mine) >= 10, (worker.name, mine[:3])
+    finally:
+        zygote.close()
+    stats = check_exactly_once(samples, total=NPROC_TOTAL, nproc=2)
+    assert read_completion(ckpt) is not None
+    print(f"2 groups x 2 processes: {stats}, {time.monotonic() - began:.1f}s")

@@ -289,10 +289,10 @@ class PerStepTrainer(Trainer):
         self.tally.restart_clock()
         started = time.perf_counter()
         while True:
-            if self.stop_requested.is_set():
-                raise Interrupted("SIGTERM")
             self._phase("quorum")
             if not self._quorum():
+                if self.stop_requested.is_set():  # while waiting for peers or the lighthouse
+                    raise Interrupted("SIGTERM")
                 redo = True
                 continue
             step = self.manager.current_step()
