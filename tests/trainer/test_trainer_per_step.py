@@ -117,6 +117,17 @@ class Groups:
         member = self.current[group]
         return member.popen.pid if isinstance(member, Proc) else member.pid
 
+    def wait_for_live(self, count: int, timeout: float) -> list[int]:
+        """The live groups among the first three once ``count`` are live ([] past
+        ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [g for g in self.live() if g < 3]
+            if len(live) >= count:
+                return live
+            time.sleep(0.05)
+        return []
+
     def release(self, group: int) -> None:
         """Lets a group started with ``stop_at="start"`` join."""
         self.stop_files[group].write_text("go")
@@ -179,15 +190,14 @@ def kill_loop(groups: Groups, rng: random.Random) -> Counter[str]:
     last = committed_step(groups.samples)
     while groups.kills < KILLS:
         assert not groups.crashed(), groups.crashed()
-        live = wait_until(
-            lambda: (s := [g for g in groups.live() if g < 3]) and len(s) >= 2 and s,
-            120,
-            "two live groups",
-        )
+        live = groups.wait_for_live(2, 120)
+        assert live, "two live groups"
         assert committed_step(groups.samples) < TOTAL - 40, "too few steps for the kills"
         target = last + SPACING
         wait_until(lambda t=target: committed_step(groups.samples) >= t, 120, "training to go on")
         victim, phase = rng.choice(live), rng.choice(PHASES)
+        if phase == "serve":  # a source, a joiner and a survivor: three live groups
+            live = groups.wait_for_live(3, 20) or live
         if phase == "heal":  # killed while it heals: the new incarnation stops at the heal
             groups.kill(victim)
             groups.start_warm(victim, stop_at="heal")
