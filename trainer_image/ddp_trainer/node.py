@@ -21,6 +21,14 @@ Its log is kept: torchrun's stdout and stderr pass through this process, unchang
 line is also kept, timed, in the checkpoint folder's ``logs/<pod>.log``, bounded and rotated
 (:mod:`ddp_trainer.keptlog`), for ``kubectl ddp logs`` once the pod is gone.
 
+PerStep mode (``DDPJOB_FAULT_TOLERANCE=PerStep``, :mod:`ddp_trainer.per_step`): the operator
+runs torchrun standalone (``PET_STANDALONE=1``, ``PET_NNODES=1``): each pod is a replica group
+with a rendezvous of its own, and there is no job-wide store to wait for, watch or outlive, so
+none of that runs; torchrun's exit is passed on as it is. The completion record then names
+:func:`ddp_trainer.replicas.run_id` (standalone torchrun's own run id is random per start), and a
+pod that starts after training completed still exits 0 at once. The kept log and the bounded
+exit barrier (which has only this pod's agent to wait for) are as in Restart mode.
+
 torchrun runs in a child forked from this process, which has imported torch already (the
 store probe needs it): starting it costs no second torch import (2-3 s on two cores), on
 every start and in every store-loss recovery. Forking with torch imported is what
@@ -46,6 +54,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ddp_api.contract import ENV_CHECKPOINT_DIR, ENV_POD_NAME, LABEL_PREFIX, RDZV_PORT
 
 from .keptlog import KeptLog, Relay, keep
+from .replicas import per_step, run_id
 
 if TYPE_CHECKING:
     from .checkpoint import Completion
@@ -403,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def supervise(args: list[str], kept: KeptLog | None) -> int:
     """Runs torchrun, and again after losing the store, until an exit ends the pod."""
-    endpoint = torchrun_setting(args, os.environ, "rdzv-endpoint") or ""
+    alone = per_step(os.environ)  # a replica group: no job-wide store
+    endpoint = "" if alone else torchrun_setting(args, os.environ, "rdzv-endpoint") or ""
     left = restarts_allowed(args, os.environ)
     child: Torchrun | None = None
     stopping = False
@@ -422,7 +432,8 @@ def supervise(args: list[str], kept: KeptLog | None) -> int:
 
     folder = checkpoint_folder(args, os.environ)
     done = read_completion(folder) if folder else None
-    if done is not None and completed(done, torchrun_setting(args, os.environ, "rdzv-id")):
+    run = run_id(os.environ) if alone else torchrun_setting(args, os.environ, "rdzv-id")
+    if done is not None and completed(done, run):
         log.info(
             "training of this job completed at step %d (%s in %s): exiting 0 without starting"
             " torchrun",

@@ -82,15 +82,17 @@ def progress_record(
     world_size: int,
     now: float,
     held_at_step: int | None = None,
+    groups: int | None = None,
 ) -> dict[str, Any]:
     """The record of ``status.progress`` that rank 0 reports (the operator copies it).
 
     Every field is present: ``heldAtStep`` is null unless the run waits at a hold point, and a
     loss that is not finite (a step that diverged, or none run yet) is null, since JSON has no
-    NaN and the API server refuses it.
+    NaN and the API server refuses it. ``groups`` (PerStep mode only): the replica groups that
+    trained the last committed step.
     """
     loss = float(loss)
-    return {
+    record = {
         "epoch": int(epoch),
         "step": int(step),
         "totalSteps": int(total_steps),
@@ -101,6 +103,7 @@ def progress_record(
         "worldSize": int(world_size),
         "heldAtStep": held_at_step,
     }
+    return record if groups is None else {**record, "groups": int(groups)}
 
 
 def _text(record: dict[str, Any]) -> str:

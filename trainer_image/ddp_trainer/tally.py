@@ -41,6 +41,14 @@ class Tally:
         main = env.rank == 0
         self.run_log = RunLog(checkpoints.store.directory) if main else None
         self.reporter = ProgressReporter.from_env() if main else None
+        # Whether this process tells the run (its lines and reports): global rank 0; in PerStep
+        # mode the writing participant of the last quorum (ddp_trainer.per_step sets it).
+        self.speaks = main
+        self.world = env.world_size  # processes that trained the last step
+        self.groups: int | None = None  # PerStep mode: replica groups that trained it
+        # PerStep mode: this process's (samples, micro-batches) of the last step (its share
+        # changes with the groups); else the fixed share of ``parts.batches``.
+        self.share: tuple[int, int] | None = None
         self._loss_sum = torch.zeros((), device=parts.device)
         self._loss_count = 0
         self._last_log = (time.perf_counter(), 0)
@@ -53,20 +61,23 @@ class Tally:
 
     def line(self, event: str, **fields: Any) -> None:
         """One line of ``metrics.jsonl`` (rank 0; nothing elsewhere)."""
-        if self.run_log is not None:
+        if self.run_log is not None and self.speaks:
             self.run_log.write(event, **fields)
 
     def _shape(self) -> dict[str, Any]:
         share = self.parts.batches
-        return {
-            "worldSize": self.env.world_size,
+        count, micro = self.share or (share.count, share.accumulation_steps)
+        shape = {
+            "worldSize": self.world,
             "globalBatchSize": self.config.global_batch_size,
-            "perRankBatch": share.count,
-            "accumulation": share.accumulation_steps,
+            "perRankBatch": count,
+            "accumulation": micro,
         }
+        return shape if self.groups is None else {**shape, "groups": self.groups}
 
-    def started(self) -> None:
-        """The run starts (or resumes): the metrics, the ``start`` line and the log line."""
+    def started(self, **extra: Any) -> None:
+        """The run starts (or resumes): the metrics, the ``start`` line (with ``extra``) and the
+        log line."""
         p, parts, e = self.parts.state.position, self.parts, self.env
         resumed_from = self.checkpoints.resumed_from
         self.metrics.started(
@@ -88,6 +99,7 @@ class Tally:
             resumedFrom=resumed_from,
             rank=e.rank,
             attempt=e.restart_count,
+            **extra,
         )
         log.info(
             "training %s: %d steps (%d per epoch), global batch %d = %d ranks x %d "
@@ -152,7 +164,7 @@ class Tally:
         self.last_loss = self._mean_loss()
         self.last_rate = self._rate()
         self.metrics.progress(loss=self.last_loss, samples_per_second=self.last_rate)
-        if self.env.rank == 0:
+        if self.speaks:
             self._write_step_line()
             self.report(final=False)
 
@@ -199,12 +211,12 @@ class Tally:
             self.last_loss,
             self.lr,
             self.last_rate,
-            self.env.world_size,
+            self.world,
         )
 
     def report(self, final: bool, urgent: bool = False) -> None:
         """Offers the progress record to the DDPJob's reporter (rank 0, in a cluster)."""
-        if self.reporter is None:
+        if self.reporter is None or not self.speaks:
             return
         p = self.parts.state.position
         self.reporter.offer(
@@ -215,9 +227,10 @@ class Tally:
                 loss=self.last_loss,
                 samples_per_second=self.last_rate,
                 last_checkpoint=self.checkpoints.last,
-                world_size=self.env.world_size,
+                world_size=self.world,
                 now=time.time(),
                 held_at_step=self.held_at,
+                groups=self.groups,
             ),
             final=final,
             urgent=urgent,

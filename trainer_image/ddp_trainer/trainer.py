@@ -34,6 +34,7 @@ from .ending import Interrupted, NonFiniteSteps, too_many_non_finite
 from .loader import MicroBatches
 from .metrics import TrainerMetrics, listen_address, process_metrics, serve
 from .parts import Parts, build_parts, fit_to_run
+from .replicas import per_step
 from .schedule import lr_at
 from .stacks import StackWatch
 from .state import gather, rng_fingerprint, rng_state
@@ -294,7 +295,13 @@ class Trainer:
 
 
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
-    """Train in this process (one of torchrun's workers, or alone); returns the exit code."""
+    """Train in this process (one of torchrun's workers, or alone); returns the exit code.
+    PerStep mode (``DDPJOB_FAULT_TOLERANCE``) trains as a replica group instead
+    (:mod:`ddp_trainer.per_step`)."""
+    if per_step(os.environ):
+        from .per_step import run_per_step
+
+        return run_per_step(config, checkpoint_dir)
     env = DistEnv.from_env()
     metrics = process_metrics(env)
     if env.local_rank == 0:  # one process per node: the port is the pod's, bound once

@@ -1,0 +1,308 @@
+"""PerStep mode on loopback: a real ``torchft_lighthouse``, replica groups started as the
+operator's pods are (``ddp_trainer.node`` running torchrun standalone with the PerStep
+environment), warm groups forked from a zygote for kill loops, and the sample logs they write.
+
+Zygote: ``python replica_groups.py`` imports torch, torchft and the trainer once, then forks a
+group on each command (a pod of one process: torchrun standalone's worker environment, its own
+store, its own session, so a SIGKILL of its process group is the whole pod). A restart then
+costs no interpreter start: starting ~50 fresh ones on two cores would take minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer_harness import HERE, Launcher, Proc, subprocess_env, trainer_settings, wait_until
+
+from ddp_devcluster.procs import free_port
+
+LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
+
+
+def lighthouse(launcher: Launcher, heartbeat_ms: int, join_ms: int) -> tuple[Proc, str]:
+    """A lighthouse on loopback that forms a quorum of any one group; returns it and its URL."""
+    port = free_port()
+    env = subprocess_env(RUST_LOG="info")
+    log = launcher.workdir / "lighthouse.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(
+            [
+                str(LIGHTHOUSE),
+                f"--bind=127.0.0.1:{port}",
+                "--min_replicas=1",
+                f"--heartbeat_timeout_ms={heartbeat_ms}",
+                f"--join_timeout_ms={join_ms}",
+                "--quorum_tick_ms=20",
+            ],
+            cwd=launcher.workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc = Proc("lighthouse", popen, log)
+    launcher.procs.append(proc)
+    wait_until(lambda: "listening" in proc.output(), 30, "the lighthouse to listen")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def group_env(
+    group: int, lighthouse_url: str, *, groups: int, timeout_s: float, samples: Path
+) -> dict[str, str]:
+    """The PerStep environment the operator gives pod ``group`` (with the pod IP on loopback)."""
+    return {
+        "DDPJOB_FAULT_TOLERANCE": "PerStep",
+        "TORCHFT_LIGHTHOUSE": lighthouse_url,
+        "REPLICA_GROUP_ID": str(group),
+        "NUM_REPLICA_GROUPS": str(groups),
+        "DDPJOB_MIN_GROUPS": "1",
+        "DDPJOB_GROUP_TIMEOUT_S": str(timeout_s),
+        "DDPJOB_NAME": "job",
+        "PET_RDZV_ID": "job-uid",
+        "POD_NAME": f"job-node-{group}",
+        "POD_IP": "127.0.0.1",
+        "DDPJOB_SAMPLE_LOG": str(samples),
+    }
+
+
+def pod(
+    launcher: Launcher,
+    name: str,
+    *,
+    env: dict[str, str],
+    settings: dict[str, Any],
+    checkpoint_dir: Path,
+) -> Proc:
+    """A node pod: ``ddp_trainer.node`` running torchrun standalone, one worker, no restarts
+    (a worker that fails fails the pod: a survivor's crash shows)."""
+    args = [
+        "-m",
+        "ddp_trainer.node",
+        "--nproc-per-node=1",
+        "--monitor-interval=0.5",
+        "--max-restarts=0",
+        "-m",
+        "ddp_trainer",
+        "--checkpoint-dir",
+        str(checkpoint_dir),
+    ]
+    pet = {"PET_NNODES": "1", "PET_STANDALONE": "1"}
+    full = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **pet, **env)
+    return launcher.start(name, args, full)
+
+
+@dataclass
+class Warm:
+    """A group forked by the zygote."""
+
+    name: str
+    pid: int
+    log: Path
+    code: int | None = None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Zygote:
+    """The forking process (see the module docstring) and the groups it started."""
+
+    popen: subprocess.Popen[bytes]
+    workdir: Path
+    groups: dict[int, Warm] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def start(cls, launcher: Launcher) -> Zygote:
+        popen = subprocess.Popen(
+            [sys.executable, str(Path(__file__))],
+            cwd=launcher.workdir,
+            env=subprocess_env(RUST_LOG="warn"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(launcher.workdir / "zygote.log", "wb"),  # noqa: SIM115
+            start_new_session=True,
+        )
+        zygote = cls(popen, launcher.workdir)
+        line = popen.stdout.readline() if popen.stdout else b""
+        assert line.strip() == b"ready", line
+        threading.Thread(target=zygote._read, daemon=True).start()
+        return zygote
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            event = json.loads(line)
+            with self._lock:
+                if "exited" in event and event["exited"] in self.groups:
+                    self.groups[event["exited"]].code = event["code"]
+
+    def fork(
+        self,
+        name: str,
+        *,
+        env: dict[str, str],
+        settings: dict[str, Any],
+        checkpoint_dir: Path,
+        rank: int = 0,
+        nproc: int = 1,
+        port: int | None = None,
+    ) -> Warm:
+        """One worker of a group: the environment torchrun standalone gives local rank ``rank``
+        of ``nproc`` (whose store is rank 0's, on ``port``), around ``env``."""
+        log = self.workdir / f"{name}.log"
+        worker = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port or free_port()),
+            "TORCHELASTIC_RUN_ID": name,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+        }
+        full = subprocess_env(DDP_TRAINER_CONFIG=trainer_settings(settings), **worker, **env)
+        command = {"env": full, "log": str(log), "args": ["--checkpoint-dir", str(checkpoint_dir)]}
+        assert self.popen.stdin is not None
+        reply = _Reply()
+        with self._lock:
+            self.popen.stdin.write((json.dumps(command) + "\n").encode())
+            self.popen.stdin.flush()
+        pid = reply.wait_for_pid(log)
+        warm = Warm(name, pid, log)
+        with self._lock:
+            self.groups[pid] = warm
+        return warm
+
+    def kill(self, warm: Warm) -> None:
+        """SIGKILL of the pod: its whole process group (session)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(warm.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        for warm in list(self.groups.values()):
+            if warm.code is None:
+                self.kill(warm)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+
+
+class _Reply:
+    """The pid of a forked group: its log's first line (the zygote's stdout is the exit
+    reader's)."""
+
+    def wait_for_pid(self, log: Path) -> int:
+        line = wait_until(
+            lambda: log.exists() and log.read_text().split("\n", 1)[0].startswith("pid "),
+            30,
+            f"the zygote to fork {log.name}",
+        )
+        assert line
+        return int(log.read_text().split("\n", 1)[0].split()[1])
+
+
+def sample_lines(folder: Path) -> list[dict[str, Any]]:
+    """Every line of every process's sample log (a line torn by a SIGKILL is skipped)."""
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append({**json.loads(line), "file": path.name})
+    return rows
+
+
+def committed_step(folder: Path) -> int:
+    """The highest step any group has committed (+1: the steps done)."""
+    steps = [r["step"] + 1 for r in sample_lines(folder) if r["event"] == "committed"]
+    return max(steps, default=0)
+
+
+# the zygote itself -------------------------------------------------------------------------
+
+
+def _serve() -> None:
+    import torch  # the imports every group needs, done once
+    import torchft
+    import torchft.checkpointing
+    import torchft.process_group  # noqa: F401
+
+    import ddp_trainer.per_step
+    import ddp_trainer.workloads  # noqa: F401
+
+    # The first optimizer imports torch._dynamo (seconds): once, here. No tensor math runs
+    # here, so no thread pool is forked.
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    children: set[int] = set()
+    buffer = b""
+    while True:
+        readable, _, _ = select.select([sys.stdin], [], [], 0.05)
+        if readable:
+            chunk = os.read(sys.stdin.fileno(), 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                children.add(_fork(json.loads(line)))
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                sys.stdout.write(json.dumps({"exited": pid, "code": code}) + "\n")
+                sys.stdout.flush()
+
+
+def _fork(command: dict[str, Any]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()
+        out = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(out, f"pid {os.getpid()}\n".encode())
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+        os.environ.clear()
+        os.environ.update(command["env"])
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from ddp_trainer.__main__ import main
+
+        code = main(command["args"])
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    _serve()

@@ -1,0 +1,393 @@
+"""PerStep mode on loopback, in one run (a real lighthouse, replica groups as pods): a late group
+heals from a live peer; a loop of SIGKILLs of random groups at chosen phases, each group started
+again at once, crashes no survivor; a fourth group joins and one leaves on SIGTERM without any
+other restarting; and the committed steps used exactly Restart mode's samples, each step's whole
+global batch once. ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import re
+import signal
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from replica_groups import (
+    Warm,
+    Zygote,
+    committed_step,
+    group_env,
+    lighthouse,
+    pod,
+    sample_lines,
+)
+from torch.utils.data import TensorDataset
+from trainer_harness import Launcher, Proc, events, wait_until
+
+from ddp_devcluster.procs import free_port
+from ddp_trainer.batching import Position, batch_share
+from ddp_trainer.checkpoint import read_completion
+from ddp_trainer.loader import StepBatches
+
+KILLS = int(os.environ.get("DDPJOB_TEST_KILLS", "50"))
+SPACING = 2  # committed steps between two kills
+JOIN_AT = 6  # the late group starts once this many steps are committed
+TOTAL = 40 + KILLS * 4 + 80  # the kills take ~2.5 steps each here: they end well before
+SAMPLES = 1438  # digits' training set
+BATCH = 48
+SETTINGS = {
+    "workload": "digits",
+    "epochs": 1000,
+    "maxSteps": TOTAL,
+    "globalBatchSize": BATCH,
+    "amp": "auto",  # bf16 autocast on CPU
+    "logEverySteps": 10,
+    "checkpointEverySteps": 40,
+    "checkpointKeep": 2,
+    "evaluate": False,
+}
+GROUP_TIMEOUT_S = 2.0
+PHASES = ["any", "quorum", "forward", "allreduce", "commit", "serve", "heal"]
+
+
+def restart_mode_batch(step: int, total: int = TOTAL) -> list[int]:
+    """Step ``step``'s global batch as Restart mode's loader gives it (a world of one): the
+    samples of a dataset whose sample i is i."""
+    ids = torch.arange(SAMPLES)
+    loader = StepBatches(
+        TensorDataset(ids, ids), batch_share(BATCH, 1, 0), 0, Position(0, 0, 0), total
+    )
+    return [int(i) for inputs, _ in loader[step] for i in inputs]
+
+
+class Groups:
+    """The run's groups: which incarnation of each is current, and what happened to each."""
+
+    def __init__(self, launcher: Launcher, zygote: Zygote, url: str, ckpt: Path, samples: Path):
+        self.launcher, self.zygote, self.url = launcher, zygote, url
+        self.ckpt, self.samples = ckpt, samples
+        self.current: dict[int, Proc | Warm] = {}
+        self.stop_files: dict[int, Path] = {}
+        self.ended_by_us: set[int] = set()  # ids of incarnations killed or stopped by the test
+        self.started: dict[int, float] = {}
+        self.count = 0
+        self.kills = 0
+
+    def env(self, group: int, groups: int, stop_at: str | None = None) -> dict[str, str]:
+        env = group_env(
+            group, self.url, groups=groups, timeout_s=GROUP_TIMEOUT_S, samples=self.samples
+        )
+        self.count += 1
+        stop = self.launcher.workdir / f"stop-{group}-{self.count}"
+        if stop_at:
+            stop.write_text(stop_at)
+        self.stop_files[group] = stop
+        return {**env, "DDPJOB_TEST_STOP_AT": str(stop)}
+
+    def start_pod(self, group: int, groups: int = 3, stop_at: str | None = None) -> Proc:
+        env = self.env(group, groups, stop_at)
+        proc = pod(
+            self.launcher,
+            f"pod-{group}-{self.count}",
+            env=env,
+            settings=SETTINGS,
+            checkpoint_dir=self.ckpt,
+        )
+        self.current[group] = proc
+        self.started[id(proc)] = time.time()
+        return proc
+
+    def start_warm(self, group: int, stop_at: str | None = None) -> Warm:
+        env = self.env(group, 3, stop_at)
+        warm = self.zygote.fork(
+            f"warm-{group}-{self.count}", env=env, settings=SETTINGS, checkpoint_dir=self.ckpt
+        )
+        self.current[group] = warm
+        self.started[id(warm)] = time.time()
+        return warm
+
+    def pid(self, group: int) -> int:
+        member = self.current[group]
+        return member.popen.pid if isinstance(member, Proc) else member.pid
+
+    def wait_for_live(self, count: int, timeout: float) -> list[int]:
+        """The live groups among the first three once ``count`` are live ([] past
+        ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [g for g in self.live() if g < 3]
+            if len(live) >= count:
+                return live
+            time.sleep(0.05)
+        return []
+
+    def release(self, group: int) -> None:
+        """Lets a group started with ``stop_at="start"`` join."""
+        self.stop_files[group].write_text("go")
+
+    def live(self) -> list[int]:
+        """Groups whose current incarnation has committed a step."""
+        committed = {r["file"] for r in sample_lines(self.samples) if r["event"] == "committed"}
+        pids = {int(name.rsplit("-", 1)[1].split(".")[0]) for name in committed}
+        return [g for g in self.current if self._worker_pid(g) in pids]
+
+    def _worker_pid(self, group: int) -> int | None:
+        member = self.current[group]
+        if isinstance(member, Warm):
+            return member.pid
+        found = re.search(r"replica group \S+ \(local rank 0 of \d+, pid (\d+)\)", member.output())
+        return int(found.group(1)) if found else None  # a pod's worker names itself in its log
+
+    def kill(self, group: int) -> None:
+        member = self.current[group]
+        self.ended_by_us.add(id(member))
+        if isinstance(member, Proc):
+            member.kill_tree()
+        else:
+            self.zygote.kill(member)
+        self.kills += 1
+
+    def reached(self, group: int, timeout: float) -> bool:
+        marker = Path(f"{self.stop_files[group]}.reached")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if marker.exists():
+                return True
+            time.sleep(0.01)
+        return False
+
+    def disarm(self, group: int) -> None:
+        self.stop_files[group].unlink(missing_ok=True)
+
+    def code(self, member: Proc | Warm) -> int | None:
+        return member.popen.poll() if isinstance(member, Proc) else member.code
+
+    def all_members(self) -> list[Proc | Warm]:
+        warm = list(self.zygote.groups.values())
+        return [p for p in self.launcher.procs if p.name.startswith("pod-")] + warm
+
+    def crashed(self) -> list[str]:
+        """Incarnations that ended on their own with a non-zero code."""
+        out = []
+        for member in self.all_members():
+            code = self.code(member)
+            if code not in (None, 0) and id(member) not in self.ended_by_us:
+                out.append(f"{member.name} exited {code}\n{member.output()[-3000:]}")
+        return out
+
+
+def kill_loop(groups: Groups, rng: random.Random) -> Counter[str]:
+    """KILLS SIGKILLs of random live groups at random phases, each group started again at
+    once; at least one group always lives. Returns the kills by phase."""
+    by_phase: Counter[str] = Counter()
+    last = committed_step(groups.samples)
+    while groups.kills < KILLS:
+        assert not groups.crashed(), groups.crashed()
+        live = groups.wait_for_live(2, 120)
+        assert live, "two live groups"
+        assert committed_step(groups.samples) < TOTAL - 40, "too few steps for the kills"
+        target = last + SPACING
+        wait_until(lambda t=target: committed_step(groups.samples) >= t, 120, "training to go on")
+        victim, phase = rng.choice(live), rng.choice(PHASES)
+        if phase == "serve":  # a source, a joiner and a survivor: three live groups
+            live = groups.wait_for_live(3, 20) or live
+        if phase == "heal":  # killed while it heals: the new incarnation stops at the heal
+            groups.kill(victim)
+            groups.start_warm(victim, stop_at="heal")
+            by_phase["any"] += 1
+            if groups.reached(victim, 20):
+                by_phase["heal"] += 1
+            groups.kill(victim)
+        elif phase == "serve" and len(live) >= 3:  # a heal source dies mid-transfer: a
+            # group joins and heals from the first up-to-date group by replica id (torchft's
+            # choice), the victim, which stops while serving it
+            other = rng.choice(live)
+            victim = min(g for g in live if g != other)
+            groups.stop_files[victim].write_text("serve")
+            groups.kill(other)
+            groups.start_warm(other)
+            by_phase["any"] += 1
+            if groups.reached(victim, 10):
+                by_phase["serve"] += 1
+            else:
+                groups.disarm(victim)
+            groups.kill(victim)
+        elif phase in ("any", "serve"):
+            time.sleep(rng.uniform(0, 0.2))
+            groups.kill(victim)
+            by_phase["any"] += 1
+        else:
+            groups.stop_files[victim].write_text(phase)
+            by_phase[phase if groups.reached(victim, 10) else "any"] += 1
+            groups.kill(victim)
+        groups.start_warm(victim)
+        last = committed_step(groups.samples)
+    return by_phase
+
+
+def check_exactly_once(samples: Path, total: int = TOTAL, nproc: int = 1) -> dict[str, Any]:
+    """Each step's lineage (its last committing quorum) fed exactly Restart mode's global batch,
+    split over all its participants; returns the redone steps and the survivors' stalls."""
+    rows = sample_lines(samples)
+    committing: dict[int, int] = {}
+    fed: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    tried: set[tuple[int, int]] = set()
+    commits_by_file: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        key = (row["step"], row["quorum"])
+        if row["event"] == "committed":
+            committing[row["step"]] = max(committing.get(row["step"], -1), row["quorum"])
+            commits_by_file[row["file"]].append(row["time"])
+        else:
+            fed[key].append(row)
+            tried.add(key)
+    assert sorted(committing) == list(range(total)), "steps never committed"
+    for step, quorum in committing.items():
+        shares = fed[(step, quorum)]
+        groups = {row["groups"] for row in shares}
+        assert len(groups) == 1, (step, quorum, shares)
+        ranks = list(range(groups.pop() * nproc))
+        assert sorted(row["rank"] for row in shares) == ranks, (step, shares)
+        seen = sorted(i for row in shares for i in row["indices"])
+        assert seen == sorted(restart_mode_batch(step, total)), f"step {step} fed other samples"
+    gaps = [b - a for times in commits_by_file.values() for a, b in itertools.pairwise(times)]
+    redone = len({k for k in tried if committing.get(k[0]) != k[1]})
+    return {
+        "redone_tries": redone,
+        "stall_max_s": round(max(gaps), 2),
+        "stall_p50_s": round(statistics.median(gaps), 3),
+    }
+
+
+@pytest.mark.timeout(600)
+def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    groups = Groups(launcher, zygote, url, ckpt, samples)
+    try:
+        groups.start_pod(0)
+        groups.start_pod(1)
+        # Started now, joining later: a pod's start takes ~20 s on two busy cores.
+        late = groups.start_pod(2, stop_at="start")
+        fourth = groups.start_pod(3, groups=4, stop_at="start")
+        # (b) a late group heals from a live peer and trains from the step it joined at on
+        wait_until(lambda: committed_step(samples) >= JOIN_AT, 240, f"step {JOIN_AT}")
+        groups.release(2)
+        joined_at = committed_step(samples)
+        wait_until(lambda: 2 in groups.live(), 120, "the late group's first step")
+        late_log = late.output()
+        assert "healed from a live peer" in late_log and "resumed from checkpoint" not in late_log
+        late_steps = [
+            r["step"]
+            for r in sample_lines(samples)
+            if r["event"] == "committed" and r["file"].startswith("job-2-")
+        ]
+        assert min(late_steps) >= joined_at > 1, (joined_at, late_steps)
+        started_kills = time.monotonic()
+        print(f"late join at step {joined_at}: {time.monotonic() - began:.1f}s")
+
+        # (a) the kill loop
+        by_phase = kill_loop(groups, random.Random(37))
+        kill_s = time.monotonic() - started_kills
+        print(f"{groups.kills} kills in {kill_s:.1f}s: {dict(by_phase)}")
+
+        # (c) a fourth group joins; then one group leaves on SIGTERM
+        groups.release(3)
+        wait_until(lambda: 3 in groups.live(), 120, "the fourth group's first step")
+        wait_until(lambda: any(r["groups"] == 4 for r in sample_lines(samples)), 120, "4 groups")
+        leaving = groups.current[1]
+        groups.ended_by_us.add(id(leaving))
+        if isinstance(leaving, Warm):
+            os.killpg(leaving.pid, signal.SIGTERM)
+        else:
+            leaving.signal(signal.SIGTERM)
+        wait_until(lambda: groups.code(leaving) is not None, 60, "the SIGTERMed group to leave")
+        assert groups.code(leaving) == 143 or isinstance(leaving, Proc), groups.code(leaving)
+
+        # the end: every group that is left finishes
+        for group in (0, 2, 3):
+            member = groups.current[group]
+            wait_until(lambda m=member: groups.code(m) is not None, 240, f"group {group} to end")
+        assert not groups.crashed(), "\n".join(groups.crashed())
+        assert fourth.popen.returncode == 0
+        for group in (0, 2, 3):
+            assert groups.code(groups.current[group]) == 0, groups.current[group].output()[-3000:]
+    finally:
+        zygote.close()
+
+    done = read_completion(ckpt)
+    assert done is not None and done.step == TOTAL and done.run_id == "job-uid"
+    (end,) = events(ckpt, "end")
+    assert end["step"] == TOTAL
+    steps = events(ckpt, "step")
+    assert {s["globalBatchSize"] for s in steps} == {BATCH}
+    assert all(isinstance(s["groups"], int) and s["groups"] >= 1 for s in steps)
+    assert groups.kills >= KILLS
+    stats = check_exactly_once(samples)
+    print(
+        f"kills {groups.kills}, survivor crashes 0, {stats}, total {time.monotonic() - began:.1f}s"
+    )
+
+
+NPROC_TOTAL = 40
+
+
+@pytest.mark.timeout(300)
+def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """nprocPerNode 2: local rank r of each group is ring r across the groups; a group killed
+    mid-run (both its processes) joins again and each of its ranks heals from its peer rank;
+    every committed step still used its whole global batch once."""
+    began = time.monotonic()
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    settings = {**SETTINGS, "maxSteps": NPROC_TOTAL, "checkpointEverySteps": 0}
+
+    def start(group: int, name: str) -> list[Warm]:
+        env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        port = free_port()
+        return [
+            zygote.fork(
+                f"{name}-rank{rank}",
+                env=env,
+                settings=settings,
+                checkpoint_dir=ckpt,
+                rank=rank,
+                nproc=2,
+                port=port,
+            )
+            for rank in range(2)
+        ]
+
+    try:
+        first, second = start(0, "a"), start(1, "b")
+        wait_until(lambda: committed_step(samples) >= 10, 120, "step 10")
+        for worker in second:
+            zygote.kill(worker)
+        again = start(1, "b-again")
+        wait_until(lambda: all(w.code is not None for w in first + again), 200, "the end")
+        for worker in first + again:
+            assert worker.code == 0, worker.output()[-3000:]
+        assert "healed from a live peer" in again[0].output()  # rank 0 logs at INFO
+        for worker in again:  # each rank's first step is the live peers' step: it healed
+            rows = sample_lines(samples)
+            mine = [r["step"] for r in rows if r["file"].endswith(f"-{worker.pid}.jsonl")]
+            assert min(mine) >= 10, (worker.name, mine[:3])
+    finally:
+        zygote.close()
+    stats = check_exactly_once(samples, total=NPROC_TOTAL, nproc=2)
+    assert read_completion(ckpt) is not None
+    print(f"2 groups x 2 processes: {stats}, {time.monotonic() - began:.1f}s")

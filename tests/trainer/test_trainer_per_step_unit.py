@@ -1,0 +1,181 @@
+"""PerStep mode's pure decisions: a pod's group from its environment, the split of a step's
+global batch over the participating groups and their local ranks, the weighting that makes any
+split's update the full batch's mean, and when a checkpoint is loaded instead of a peer's state."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from ddp_trainer.batching import Position, batch_share, position_after
+from ddp_trainer.progress import progress_record
+from ddp_trainer.replicas import (
+    GroupSettings,
+    loads_checkpoint,
+    mean_divisor,
+    micro_split,
+    participant_share,
+    per_step,
+    run_id,
+    url_host,
+    whole_batch,
+)
+from ddp_trainer.sampler import global_order, step_indices
+
+POD = {
+    "DDPJOB_FAULT_TOLERANCE": "PerStep",
+    "TORCHFT_LIGHTHOUSE": "http://job-lighthouse.ns.svc:29510",
+    "REPLICA_GROUP_ID": "2",
+    "NUM_REPLICA_GROUPS": "4",
+    "DDPJOB_MIN_GROUPS": "2",
+    "DDPJOB_GROUP_TIMEOUT_S": "7.5",
+    "DDPJOB_NAME": "job",
+    "POD_IP": "fd00::12",
+}
+
+
+def test_a_pod_is_the_replica_group_its_environment_names() -> None:
+    g = GroupSettings.from_env(POD)
+    assert (
+        per_step(POD) and not per_step({}) and not per_step({"DDPJOB_FAULT_TOLERANCE": "Restart"})
+    )
+    assert (g.group, g.replica_id, g.groups_hint, g.min_groups) == (2, "job-2", 4, 2)
+    assert (g.timeout_s, g.host, g.lighthouse) == (7.5, "fd00::12", POD["TORCHFT_LIGHTHOUSE"])
+    assert g.quorum_timeout_s >= 3 * g.timeout_s
+    assert url_host(g.host) == "[fd00::12]" and url_host("10.0.0.3") == "10.0.0.3"
+    defaults = GroupSettings.from_env(
+        {k: POD[k] for k in ("TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID")}
+    )
+    assert (defaults.groups_hint, defaults.min_groups, defaults.timeout_s) == (1, 1, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("drop", "change", "names"),
+    [
+        ("TORCHFT_LIGHTHOUSE", {}, "TORCHFT_LIGHTHOUSE"),
+        ("REPLICA_GROUP_ID", {}, "REPLICA_GROUP_ID"),
+        (None, {"DDPJOB_GROUP_TIMEOUT_S": "soon"}, "DDPJOB_GROUP_TIMEOUT_S"),
+        (None, {"DDPJOB_MIN_GROUPS": "0"}, "DDPJOB_MIN_GROUPS"),
+    ],
+)
+def test_a_missing_or_bad_setting_is_named(drop, change, names) -> None:
+    environ = {k: v for k, v in {**POD, **change}.items() if k != drop}
+    with pytest.raises(ValueError, match=names):
+        GroupSettings.from_env(environ)
+
+
+def test_the_completion_record_names_the_job_not_torchruns_random_run_id() -> None:
+    assert run_id({"PET_RDZV_ID": "uid-1", "DDPJOB_NAME": "job"}) == "uid-1"
+    assert run_id({"DDPJOB_NAME": "job", "TORCHELASTIC_RUN_ID": "random"}) == "job"
+
+
+@pytest.mark.parametrize(("groups", "nproc"), [(1, 1), (2, 1), (3, 1), (3, 2), (4, 3), (5, 4)])
+def test_participants_tile_the_global_batch(groups: int, nproc: int) -> None:
+    shares = [
+        participant_share(64, groups, g, nproc, r) for g in range(groups) for r in range(nproc)
+    ]
+    assert shares[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(shares))
+    assert sum(count for _, count in shares) == 64
+    assert max(c for _, c in shares) - min(c for _, c in shares) <= 1
+
+
+def test_one_group_of_one_takes_restart_modes_whole_batch() -> None:
+    """The reference: a world of one in Restart mode takes the global batch at the cursor."""
+    order = global_order(1437, 0, 0)
+    (restart,) = step_indices(order, batch_share(64, 1, 0), 128)
+    start, count = participant_share(64, 1, 0, 1, 0)
+    assert torch.equal(order[128 + start : 128 + start + count], restart)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 21, 22, 23, 100])
+def test_every_split_of_a_step_is_restart_modes_global_batch(steps: int) -> None:
+    pos = position_after(Position(0, 0, 0), steps, 64, 1437)
+    order = global_order(1437, 7, pos.epoch)
+    (whole,) = step_indices(order, batch_share(64, 1, 0), pos.samples_in_epoch)
+    for groups, nproc in [(2, 1), (3, 1), (2, 3)]:
+        parts = []
+        for g, r in itertools.product(range(groups), range(nproc)):
+            start, count = participant_share(64, groups, g, nproc, r)
+            first = pos.samples_in_epoch + start
+            parts.append(order[first : first + count])
+        assert torch.equal(torch.cat(parts), whole)
+
+
+def test_a_batch_smaller_than_the_processes_leaves_some_shares_empty() -> None:
+    shares = [participant_share(3, 5, g, 1, 0) for g in range(5)]
+    assert [c for _, c in shares] == [1, 1, 1, 0, 0]
+    assert participant_share(64, 3, None, 1, 0) == (0, 0)  # not participating: no share
+    with pytest.raises(ValueError):
+        participant_share(64, 2, 2, 1, 0)
+
+
+def test_micro_batches_of_a_share_stay_under_the_cap() -> None:
+    assert micro_split(0, 8) == ()
+    assert micro_split(20, 8) == (6, 7, 7)
+    assert micro_split(8, 8) == (8,)
+    assert sum(micro_split(33, 4)) == 33 and max(micro_split(33, 4)) <= 4
+
+
+def test_summed_weighted_gradients_over_any_split_are_the_full_batch_mean() -> None:
+    """Each micro-batch's mean loss times its terms, summed over every share, divided by the
+    summed terms: the gradient of the whole batch's mean loss, whatever the split."""
+    torch.manual_seed(0)
+    x, y = torch.randn(60, 5), torch.randn(60)
+    w = torch.randn(5, requires_grad=True)
+
+    def loss(idx: torch.Tensor) -> torch.Tensor:
+        return ((x[idx] @ w - y[idx]) ** 2).mean()
+
+    (full,) = torch.autograd.grad(loss(torch.arange(60)), w)
+    for groups in (1, 2, 3, 4):
+        total, terms = torch.zeros(5), 0
+        for g in range(groups):
+            start, count = participant_share(60, groups, g, 1, 0)
+            for part in torch.arange(start, start + count).split(list(micro_split(count, 7))):
+                (grad,) = torch.autograd.grad(loss(part) * len(part), w)
+                total += grad
+                terms += len(part)
+        assert whole_batch(float(terms), 60)
+        torch.testing.assert_close(total / mean_divisor(terms), full)
+
+
+def test_a_step_missing_a_share_or_holding_one_twice_is_not_whole() -> None:
+    assert whole_batch(64.0, 64) and whole_batch(63.9999, 64)
+    assert not whole_batch(43.0, 64) and not whole_batch(85.0, 64)
+    assert mean_divisor(0) == 1.0  # padding only: zeros, not NaN
+
+
+def test_a_checkpoint_is_loaded_only_when_no_live_group_has_trained() -> None:
+    assert loads_checkpoint(0)
+    assert not loads_checkpoint(1) and not loads_checkpoint(250)
+
+
+def test_the_progress_record_says_how_many_groups_trained_only_in_per_step_mode() -> None:
+    common = dict(epoch=1, step=5, total_steps=9, loss=0.5, samples_per_second=1.0)
+    restart = progress_record(**common, last_checkpoint=None, world_size=2, now=0.0)
+    assert "groups" not in restart
+    perstep = progress_record(**common, last_checkpoint=None, world_size=3, now=0.0, groups=3)
+    assert perstep["groups"] == 3 and {**perstep, "groups": None} != restart
+
+
+def test_a_per_step_pod_of_a_completed_job_exits_0_without_torchrun(tmp_path, monkeypatch) -> None:
+    """The node wrapper in PerStep mode: no job-wide store is waited for, and the completion
+    record names the job's run id (torchrun standalone's own is random per start)."""
+    from ddp_trainer import node
+    from ddp_trainer.checkpoint import CheckpointStore
+
+    CheckpointStore(tmp_path).mark_complete("job-uid", 140, "step-00000140.pt")
+    for name, value in {
+        "DDPJOB_FAULT_TOLERANCE": "PerStep",
+        "PET_RDZV_ID": "job-uid",
+        "PET_STANDALONE": "1",
+        "PET_RDZV_ENDPOINT": "127.0.0.1:9",  # set or not, nothing waits for a store
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(node, "Torchrun", lambda *a, **k: pytest.fail("torchrun started"))
+    monkeypatch.setattr(node, "wait_for_store", lambda *a, **k: pytest.fail("store awaited"))
+    args = ["--nproc-per-node=1", "-m", "ddp_trainer", "--checkpoint-dir", str(tmp_path)]
+    assert node.supervise(args, None) == 0

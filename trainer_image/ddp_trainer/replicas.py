@@ -1,0 +1,149 @@
+"""The pure decisions of per-step fault tolerance (:mod:`ddp_trainer.per_step`): a pod's place as
+a replica group from its environment, each participant's share of a step's global batch, and
+when a group loads a checkpoint instead of healing from a live peer. No I/O, no torchft here."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddp_api.contract import (
+    ENV_FAULT_TOLERANCE,
+    ENV_GROUP_TIMEOUT,
+    ENV_GROUPS,
+    ENV_JOB_NAME,
+    ENV_LIGHTHOUSE,
+    ENV_MIN_GROUPS,
+    ENV_POD_IP,
+    ENV_REPLICA_GROUP,
+    FAULT_TOLERANCE_PER_STEP,
+)
+
+from .batching import micro_sizes
+
+DEFAULT_GROUP_TIMEOUT_S = 30.0
+
+
+def per_step(environ: Mapping[str, str]) -> bool:
+    """Whether this pod runs in PerStep mode (``DDPJOB_FAULT_TOLERANCE=PerStep``)."""
+    return environ.get(ENV_FAULT_TOLERANCE) == FAULT_TOLERANCE_PER_STEP
+
+
+def run_id(environ: Mapping[str, str]) -> str:
+    """The id the completion record names in PerStep mode, which torchrun's standalone
+    rendezvous does not give (its TORCHELASTIC_RUN_ID is random per start): ``PET_RDZV_ID``
+    (the DDPJob's uid, as in Restart mode) when set, else the job's name."""
+    return environ.get("PET_RDZV_ID") or environ.get(ENV_JOB_NAME) or ""
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL or ``host:port`` writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """This pod's place among the replica groups, from the operator's environment."""
+
+    lighthouse: str  # TORCHFT_LIGHTHOUSE: http://host:port
+    group: int  # REPLICA_GROUP_ID: the pod's node index
+    replica_id: str  # the lighthouse's name of the group: <job>-<group> (torchft adds a uuid)
+    groups_hint: int  # NUM_REPLICA_GROUPS: spec.nodes when the pod was made
+    min_groups: int  # DDPJOB_MIN_GROUPS: the fewest groups whose step may be committed
+    timeout_s: float  # DDPJOB_GROUP_TIMEOUT_S: collectives, commit votes, heal transfers
+    host: str  # where peers reach this pod (its IP: pod hostnames may not resolve)
+
+    @property
+    def quorum_timeout_s(self) -> float:
+        """How long one try at a quorum waits (then it is tried again: a lighthouse that
+        restarts, or too few groups, costs waiting, never the process). Short enough that
+        SIGTERM is noticed while a group waits for peers."""
+        return max(10.0, 3 * self.timeout_s)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> GroupSettings:
+        """Raises ValueError naming the variable when one is missing or not a number."""
+        lighthouse = environ.get(ENV_LIGHTHOUSE)
+        if not lighthouse:
+            raise ValueError(f"{ENV_LIGHTHOUSE} is not set: PerStep mode needs a lighthouse")
+        group = _index(environ, ENV_REPLICA_GROUP)
+        job = environ.get(ENV_JOB_NAME) or "ddpjob"
+        return cls(
+            lighthouse=lighthouse,
+            group=group,
+            replica_id=f"{job}-{group}",
+            groups_hint=int(_number(environ, ENV_GROUPS, 1)),
+            min_groups=int(_number(environ, ENV_MIN_GROUPS, 1)),
+            timeout_s=_number(environ, ENV_GROUP_TIMEOUT, DEFAULT_GROUP_TIMEOUT_S),
+            host=environ.get(ENV_POD_IP) or environ.get("PET_LOCAL_ADDR") or socket.gethostname(),
+        )
+
+
+def _number(environ: Mapping[str, str], name: str, default: float | None) -> float:
+    """A positive number from ``name`` (``default`` when unset; None: it must be set)."""
+    text = environ.get(name)
+    if not text:
+        if default is None:
+            raise ValueError(f"{name} is not set: PerStep mode needs it")
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name}={text!r} must be positive")
+    return value
+
+
+def _index(environ: Mapping[str, str], name: str) -> int:
+    """A whole number of at least 0 from ``name``, which must be set."""
+    text = environ.get(name, "")
+    if not text.isdigit():
+        raise ValueError(f"{name}={text!r} must be set to a whole number (the pod's node index)")
+    return int(text)
+
+
+def participant_share(
+    global_batch: int, groups: int, group_rank: int | None, nproc: int, local_rank: int
+) -> tuple[int, int]:
+    """(start, count) of one process's contiguous share of a step's global batch: the step's
+    participating groups (``groups`` of them, this one at ``group_rank``; None: not
+    participating, no share) each with ``nproc`` local ranks split it by the flat rank
+    ``group_rank * nproc + local_rank``, shares differing by at most one sample (some may be
+    empty when the global batch is smaller than the processes)."""
+    if group_rank is None:
+        return 0, 0
+    world = groups * nproc
+    rank = group_rank * nproc + local_rank
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside {groups} groups of {nproc}")
+    base, extra = divmod(global_batch, world)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def micro_split(count: int, cap: int) -> tuple[int, ...]:
+    """A share of ``count`` samples in micro-batches of at most ``cap`` (none when empty)."""
+    if count == 0:
+        return ()
+    return micro_sizes(count, -(-count // cap))
+
+
+def whole_batch(samples: float, global_batch: int) -> bool:
+    """Whether the all-reduced sample count of a step is its whole global batch: every
+    participant's share is in the sum, none twice (a committed step must pass this)."""
+    return round(samples) == global_batch
+
+
+def mean_divisor(terms: float) -> float:
+    """What the all-reduced sum of (each micro-batch's mean loss x its loss terms) gradients
+    is divided by to be the gradient of the whole global batch's mean loss: its loss terms
+    (samples, or tokens), at least one (a batch of padding only gives zeros, not NaN)."""
+    return max(float(terms), 1.0)
+
+
+def loads_checkpoint(first_quorum_max_step: int) -> bool:
+    """Whether a group loads the newest checkpoint: only when the first quorum it joined has
+    no group that has trained a step (max step 0: a new job, or every group was lost); any
+    live group at a later step is healed from instead, so the volume is read only then."""
+    return first_quorum_max_step == 0
