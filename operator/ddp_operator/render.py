@@ -55,9 +55,9 @@ trainer's ``stepTimeoutS`` (60 s) once every rank has taken its first step, ``pg
 call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A silent peer".
 
 PerStep mode (``spec.faultTolerance.mode: PerStep``): each pod is a torchft replica group of its
-own, torchrun's rendezvous is inside the pod (``PET_NNODES=1``, ``PET_STANDALONE=1``; none of
-``PET_RDZV_*``), and the job runs a lighthouse pod (:func:`render_lighthouse`) behind the
-ClusterIP Service ``<job>-lighthouse`` instead of the store. The pods also get
+own, torchrun's rendezvous is inside the pod (``PET_NNODES=1``, ``PET_STANDALONE=1``; of
+``PET_RDZV_*`` only ``PET_RDZV_ID``, the job's uid, which names the run's completion record),
+and the job runs a lighthouse pod (:func:`render_lighthouse`) behind the ClusterIP Service ``<job>-lighthouse`` instead of the store. The pods also get
 ``DDPJOB_FAULT_TOLERANCE`` (``PerStep``), ``TORCHFT_LIGHTHOUSE`` (that Service's URL),
 ``REPLICA_GROUP_ID`` (the node index), ``NUM_REPLICA_GROUPS`` (``spec.nodes``),
 ``DDPJOB_MIN_GROUPS`` and ``DDPJOB_GROUP_TIMEOUT_S`` (``ddp_api.contract``); everything else
@@ -302,6 +302,9 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
             {"name": "PET_NNODES", "value": "1"},
             {"name": "PET_NPROC_PER_NODE", "value": str(s.nproc_per_node)},
             {"name": "PET_STANDALONE", "value": "1"},
+            # standalone torchrun draws its own run id; the node wrapper names the run's
+            # completion record by this one (the job's uid, as in Restart mode)
+            {"name": "PET_RDZV_ID", "value": uid},
         ]
     else:
         rdzv = [

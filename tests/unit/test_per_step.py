@@ -134,8 +134,9 @@ def test_a_per_step_node_pod_is_a_replica_group_with_a_pod_local_rendezvous() ->
     assert per_step["DDPJOB_MIN_GROUPS"] == "2" and per_step["DDPJOB_GROUP_TIMEOUT_S"] == "5"
     assert per_step["PET_NNODES"] == "1" and per_step["PET_STANDALONE"] == "1"
     assert per_step["PET_NPROC_PER_NODE"] == "2"
-    rdzv = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"}
+    rdzv = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_CONF"}
     assert not rdzv & per_step.keys() and rdzv <= restart.keys()
+    assert per_step["PET_RDZV_ID"] == restart["PET_RDZV_ID"]  # the run's identity: the job's uid
     # Everything else is what a Restart pod has.
     ft = {
         contract.ENV_FAULT_TOLERANCE, contract.ENV_LIGHTHOUSE, contract.ENV_REPLICA_GROUP,
