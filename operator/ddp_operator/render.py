@@ -57,7 +57,8 @@ call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A si
 PerStep mode (``spec.faultTolerance.mode: PerStep``): each pod is a torchft replica group of its
 own, torchrun's rendezvous is inside the pod (``PET_NNODES=1``, ``PET_STANDALONE=1``; of
 ``PET_RDZV_*`` only ``PET_RDZV_ID``, the job's uid, which names the run's completion record),
-and the job runs a lighthouse pod (:func:`render_lighthouse`) behind the ClusterIP Service ``<job>-lighthouse`` instead of the store. The pods also get
+and the job runs a lighthouse pod (:func:`render_lighthouse`) behind the ClusterIP Service
+``<job>-lighthouse`` instead of the store. The pods also get
 ``DDPJOB_FAULT_TOLERANCE`` (``PerStep``), ``TORCHFT_LIGHTHOUSE`` (that Service's URL),
 ``REPLICA_GROUP_ID`` (the node index), ``NUM_REPLICA_GROUPS`` (``spec.nodes``),
 ``DDPJOB_MIN_GROUPS`` and ``DDPJOB_GROUP_TIMEOUT_S`` (``ddp_api.contract``); everything else
