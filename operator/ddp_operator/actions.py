@@ -26,6 +26,11 @@ log = logging.getLogger("ddp_operator")
 COMPONENT = "ddp-operator"
 
 
+def missing_account(status: int, message: str) -> bool:
+    """Whether admission refused a pod because its ServiceAccount does not exist."""
+    return status == 403 and "error looking up service account" in message
+
+
 @dataclass
 class Actions:
     metrics: OperatorMetrics
@@ -114,6 +119,8 @@ class Actions:
         r = await self.api.call("POST", kube.path_of(obj), obj)
         if r.ok:
             return True
+        if obj["kind"] == "Pod" and missing_account(r.status, r.message):
+            self.trainer.account_missing(obj["metadata"]["namespace"])
         if r.status != 409:  # 409: already there, idempotent by name
             # Refused (quota, admission, a bad override): say why where the user looks.
             await self.event(

@@ -136,6 +136,14 @@ class TrainerObjects:
         elif self.policy.known.is_set() and (runs or ns in self.granted):
             self.withdraw_soon(ns)
 
+    def account_missing(self, ns: str) -> None:
+        """Admission refused a pod of ``ns`` for want of its ServiceAccount, which this process
+        made before: the namespace was deleted and made again under the same name (its objects
+        went with it). The next reconcile makes the namespace's account and grant again."""
+        self.made.pop(("namespace-account", ns), None)
+        self.made.pop(("namespace-rbac", ns), None)
+        self.granted.discard(ns)
+
     def forget(self, uid: str) -> None:
         for what in ("account", "rbac", "progress"):
             self.made.pop((what, uid), None)

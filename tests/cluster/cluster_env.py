@@ -72,6 +72,29 @@ class Cluster(Harness):
         for file, args in commands.items():
             (where / file).write_text(self.k(*args, check=False))
         self.extra_logs(where)
+        if self.provider == "kind":
+            self._volumes(ns, where / "volumes")
+
+    def _volumes(self, ns: str, where: Path) -> None:
+        """The run log and the kept node logs of every claim of ``ns`` (the namespace, and its
+        claims' folders with it, go once the test ends)."""
+        import shutil
+
+        from ddp_api.contract import LOGS_DIR, RUN_LOG_FILE
+        from ddp_devcluster.kind import cluster as kind
+
+        for pvc in self.get("pvc", ns=ns).get("items", []):
+            claim = pvc["metadata"]["name"]
+            try:
+                folder = kind.claim_folder(self, claim, ns=ns)
+            except Exception as e:  # unbound, or not the shared class: nothing to copy
+                print(f"claim {claim}: {e}")
+                continue
+            (where / claim).mkdir(parents=True, exist_ok=True)
+            if (folder / RUN_LOG_FILE).exists():
+                shutil.copy(folder / RUN_LOG_FILE, where / claim / RUN_LOG_FILE)
+            if (folder / LOGS_DIR).is_dir():
+                shutil.copytree(folder / LOGS_DIR, where / claim / LOGS_DIR, dirs_exist_ok=True)
 
 
 def _kind(kubeconfig: Path | None, tmp: Path) -> Iterator[Cluster]:

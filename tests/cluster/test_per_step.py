@@ -12,6 +12,7 @@ import pytest
 from cluster_env import Cluster
 from test_cluster import machines
 
+from ddp_api.contract import parse_rfc3339
 from ddp_devcluster import goodput
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
@@ -30,8 +31,12 @@ STALL_BOUND_S = 3 * GROUP_TIMEOUT_S
 LAST_STEP = 600
 
 
-def groups(cluster: Cluster, ns: str) -> int:
-    return int((cluster.status(JOB, ns=ns).get("progress") or {}).get("groups") or 0)
+def groups(cluster: Cluster, ns: str, since: float = 0.0) -> int:
+    """The groups that trained the step of the job's newest report, if made after ``since``."""
+    progress = cluster.status(JOB, ns=ns).get("progress") or {}
+    at = parse_rfc3339(progress.get("updatedAt"))
+    fresh = at is not None and at.timestamp() > since + 1  # whole seconds
+    return int(progress.get("groups") or 0) if fresh else 0
 
 
 def running(cluster: Cluster, ns: str) -> bool:
@@ -70,7 +75,11 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         cluster.k("delete", "pod", node1, "-n", ns, "--wait=false")
         incidents.append(time.time())
         print(f"deleted {node1} at step {cluster.status(JOB, ns=ns)['progress']['step']}")
-        back = lambda: replaced(cluster, ns, node1, uids) and groups(cluster, ns) == 3  # noqa: E731
+        at = incidents[-1]
+
+        def back() -> bool:
+            return replaced(cluster, ns, node1, uids) and groups(cluster, ns, at) == 3
+
         cluster.until("node-1 replaced and back in the quorum", lambda: back() or None, 300, ns=ns)
         untouched = cluster.worker_uids(JOB, ns=ns)
         assert {p: untouched[p] for p in (f"{JOB}-node-0", f"{JOB}-node-2")} == {
@@ -93,7 +102,10 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
                       or None, 300, ns=ns)  # fmt: skip
         kind.power_on(cluster.kubeconfig, machine)
         off.remove(machine)
-        cluster.until("3 groups again", lambda: groups(cluster, ns) == 3 or None, 300, ns=ns)
+        back_on = time.time()
+        cluster.until(
+            "3 groups again", lambda: groups(cluster, ns, back_on) == 3 or None, 300, ns=ns
+        )
         done = cluster.phase(JOB, "Succeeded", 900, ns=ns)
     finally:
         for machine in off:
