@@ -59,6 +59,11 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
             },
         },
     }
+    # A namespace of the same name that an earlier run is still deleting (it was deleted
+    # without waiting) takes no new objects: wait until it has gone.
+    cluster.until(f"namespace {name} of an earlier run gone", lambda: not (
+        cluster.get("namespace", name, ns="").get("metadata", {}).get("deletionTimestamp")
+    ), 300)  # fmt: skip
     cluster.k("apply", "-f", "-", input=json.dumps(namespace))
     yield name
     if getattr(request.node, "cluster_failed", False):
