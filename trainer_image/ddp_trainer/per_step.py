@@ -535,6 +535,11 @@ class PerStepTrainer(Trainer):
         if step % c.log_every_steps == 0 or step == total or step == 1:
             self.tally.progress()
 
+    def _sees_release(self, release: Path) -> bool:
+        """Local rank 0 of every group looks for a hold's release file, not the writer's
+        alone: each group holds on its own (the folder is shared)."""
+        return self.env.local_rank == 0 and release.exists()
+
     def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
         """Only the writer group saves (see the module docstring)."""
         if self.tally.speaks:

@@ -282,11 +282,15 @@ class Trainer:
 
     def _released(self, release: Path) -> bool:
         """Whether rank 0 sees ``release``, the same on every rank; raises on SIGTERM anywhere."""
-        seen, here = self.is_main and release.exists(), self.stop_requested.is_set
+        seen, here = self._sees_release(release), self.stop_requested.is_set
         released, stop = any_rank([seen, here()], self.parts.device, self.distributed)
         if stop:
             raise Interrupted("SIGTERM" if here() else "SIGTERM on another rank while held")
         return released
+
+    def _sees_release(self, release: Path) -> bool:
+        """Whether this rank looks for the release file and finds it (rank 0 only)."""
+        return self.is_main and release.exists()
 
     def close(self) -> None:
         """The last checkpoint write, the final report, the run log: done."""
