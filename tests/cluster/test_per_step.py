@@ -1,7 +1,8 @@
 """Per-step fault tolerance on the kind cluster (``spec.faultTolerance.mode: PerStep``): a node
-pod deleted and a worker's machine powered off while charlm trains; the other replica groups
-keep stepping, each lost group is replaced alone and heals from a live one, and the job
-Succeeds with no restart and no step trained twice."""
+pod deleted, a worker's machine powered off, then the lighthouse pod deleted while charlm
+trains; the other replica groups keep stepping, each lost group is replaced alone and heals
+from a live one, the lighthouse is recreated with no group touched, and the job Succeeds with
+no restart and no step trained twice."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ GROUP_TIMEOUT_S = 5  # charlm-per-step.yaml's faultTolerance.groupTimeoutSeconds
 STALL_BOUND_S = 3 * GROUP_TIMEOUT_S
 # Long enough for both scenes (0.4-0.5 s a step with 3 groups on the two cores, about 2
 # minutes of scenes); a run that ends first fails the test, never passes it unseen.
-LAST_STEP = 600
+LAST_STEP = 750
 
 
 def groups(cluster: Cluster, ns: str, since: float = 0.0) -> int:
@@ -106,6 +107,25 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         cluster.until(
             "3 groups again", lambda: groups(cluster, ns, back_on) == 3 or None, 300, ns=ns
         )
+
+        # Scene 3: the lighthouse pod deleted. It is recreated (same Service); the groups ask
+        # the new one for their next quorum and go on from their step, none restarted.
+        assert running(cluster, ns), "the job ended before scene 3: raise LAST_STEP"
+        beacon_uid = cluster.pods(f"ddp.dev/job-name={JOB}", ns=ns)[f"{JOB}-lighthouse"]
+        nodes_before = cluster.worker_uids(JOB, ns=ns)
+        cluster.k("delete", "pod", f"{JOB}-lighthouse", "-n", ns, "--wait=false")
+        incidents.append(time.time())
+        print("deleted the lighthouse pod")
+        at3 = incidents[-1]
+        cluster.until("a step after the new lighthouse", lambda: groups(cluster, ns, at3 + 2)
+                      or None, 300, ns=ns)  # fmt: skip
+        assert cluster.worker_uids(JOB, ns=ns) == nodes_before, "a group was replaced"
+        assert (
+            beacon_uid["metadata"]["uid"]
+            != cluster.pods(f"ddp.dev/job-name={JOB}", ns=ns)[f"{JOB}-lighthouse"]["metadata"][
+                "uid"
+            ]
+        )
         done = cluster.phase(JOB, "Succeeded", 900, ns=ns)
     finally:
         for machine in off:
@@ -115,6 +135,8 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     print(f"restarts {done.get('restarts', 0)}, disruptions {done.get('disruptions')}")
     assert done["progress"]["step"] == LAST_STEP, done
     assert done.get("restarts", 0) == 0 and done.get("disruptions", 0) >= 2, done
+    kinds = [i["kind"] for i in done.get("incidents") or []]
+    assert "LighthouseLost" in kinds, kinds
     rows = read_run_log(kind.claim_folder(cluster, CLAIM, ns=ns))
     steps = [r["step"] for r in rows if r.get("event") == "step"]
     assert steps == list(range(1, LAST_STEP + 1)), "a step was lost or trained twice"
