@@ -104,12 +104,15 @@ def test_charlm_scales_2_to_3_to_4_one_pod_per_machine_then_down_to_2_losing_no_
 
     done = cluster.phase("charlm", "Succeeded", ns=ns)
     assert done["progress"]["step"] == done["progress"]["totalSteps"] == 40
-    assert done["progress"]["worldSize"] == 2 and done.get("restarts", 0) == 0, done
+    # (the world size of the last steps is the run log's below: status.progress may hold the
+    # record of a node that resumed alone after the end, found the run complete and stopped)
+    assert done.get("restarts", 0) == 0, done
     rows = read_run_log(kind.claim_folder(cluster, "charlm-checkpoints", ns=ns))
     sizes = [r["worldSize"] for r in rows if r.get("event") == "step"]
     assert [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]] == [2, 3, 4, 2]
     starts = [r for r in rows if r.get("event") == "start" and r.get("resumedFrom")]
-    assert [r["step"] for r in starts] == [11, 21, 31], starts  # each resize: the held step
+    # each resize: the held step (a node that resumed alone after the end trained nothing)
+    assert [r["step"] for r in starts if r["step"] < 40] == [11, 21, 31], starts
     steps = [r["step"] for r in rows if r.get("event") == "step"]
     assert steps == list(range(1, 41)), steps  # every step once: none lost, none redone
 
