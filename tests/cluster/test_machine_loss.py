@@ -128,7 +128,7 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_beat_
     leader, standby = operator_replicas(cluster)
     on_leader, on_standby = leader["spec"]["nodeName"], standby["spec"]["nodeName"]
     if on_leader in (on_standby, CONTROL_PLANE):
-        pytest.skip(f"the chart's replicas share a machine or lead on the control plane"
+        unavailable(f"the chart's replicas share a machine or lead on the control plane"
                     f" ({on_leader}, {on_standby}): nothing to power off alone")  # fmt: skip
     nodes = cluster.get("nodes", ns="", check=True)["items"]
     workers = sorted(n["metadata"]["name"] for n in nodes if n["metadata"]["name"] != CONTROL_PLANE)
