@@ -405,14 +405,27 @@ def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     """A PerStep job's lighthouse pod: the torchft quorum server of its replica groups, shaped
     like the store pod (restricted, no credential, the job's image, not spread). Its state is
     the groups' heartbeats, which they send again to its successor."""
-    s, (_, name, _) = job.spec, job_key(job)
+    _, name, _ = job_key(job)
     port = contract.LIGHTHOUSE_PORT
     container: dict[str, Any] = {
         "name": LIGHTHOUSE_CONTAINER,
-        "image": s.image or cfg.default_image,
         "command": lighthouse_command(job),
         "ports": [{"name": LIGHTHOUSE_PORT_NAME, "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+    }
+    # restartPolicy Always: the groups heartbeat to a restarted one at once
+    return _server_pod(job, cfg, contract.lighthouse_name(name), ROLE_LIGHTHOUSE, container)
+
+
+def _server_pod(
+    job: DDPJob, cfg: OperatorConfig, name: str, role: str, container: dict[str, Any]
+) -> dict[str, Any]:
+    """A job's small server pod (the rendezvous store or the lighthouse) around ``container``:
+    the job's image, a small request, restricted, no credential, restarted in place."""
+    s = job.spec
+    container = {
+        **container,
+        "image": s.image or cfg.default_image,
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": dict(RESTRICTED_CONTAINER),
     }
@@ -421,9 +434,9 @@ def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(job, contract.lighthouse_name(name), ROLE_LIGHTHOUSE),
+        "metadata": _meta(job, name, role),
         "spec": {
-            "restartPolicy": "Always",  # the groups heartbeat to a restarted one at once
+            "restartPolicy": "Always",
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 5,
             "securityContext": dict(RESTRICTED_POD),
@@ -574,31 +587,15 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
 
 def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     """The small pod that holds the c10d rendezvous store, outliving any trainer pod."""
-    s, (_, name, _) = job.spec, job_key(job)
+    _, name, _ = job_key(job)
     container: dict[str, Any] = {
         "name": STORE_CONTAINER,
-        "image": s.image or cfg.default_image,
         "command": ["python", "-m", "ddp_trainer.rdzv_store"],
         "args": ["--host", "0.0.0.0", "--port", str(contract.RDZV_PORT)],
         "ports": [{"name": "c10d", "containerPort": contract.RDZV_PORT}],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-        "securityContext": dict(RESTRICTED_CONTAINER),
     }
-    if s.image_pull_policy:
-        container["imagePullPolicy"] = s.image_pull_policy
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _meta(job, store_name(name), ROLE_STORE),
-        "spec": {
-            "restartPolicy": "Always",  # a restarted store is a new, empty rendezvous
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 5,
-            "securityContext": dict(RESTRICTED_POD),
-            "containers": [container],
-            **_pod_spec_overrides(job),
-        },
-    }
+    # restartPolicy Always: a restarted store is a new, empty rendezvous
+    return _server_pod(job, cfg, store_name(name), ROLE_STORE, container)
 
 
 def _identity(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
