@@ -232,8 +232,14 @@ class Harness:
     def operator_log(self, lines: int = 20) -> str:
         """The tail of the operator's log: the chart's replicas' here, each line prefixed with
         its pod (the leader's and the standby's)."""
-        return self.k("logs", "-l", "app.kubernetes.io/name=ddp-operator", "--prefix",
-                      f"--tail={lines}", ns=NAMESPACE, check=False)  # fmt: skip
+        pods = self.get("pods", "-l", "app.kubernetes.io/name=ddp-operator", ns=NAMESPACE)
+        parts = []
+        for pod in pods.get("items", []):  # one by one: a replica on a lost machine has no log
+            name = pod["metadata"]["name"]  # to give, and must not hide the other's
+            out = self.kubectl("logs", name, f"--tail={lines}", ns=NAMESPACE, check=False)
+            where = pod["spec"].get("nodeName") or "unscheduled"
+            parts.append(f"[{name} on {where}]\n{out.stdout or out.stderr.strip()}")
+        return "\n".join(parts)
 
     def diagnostics(self, ns: str | None = None) -> str:
         """What to read when a wait failed: the DDPJobs, pods and claims of ``ns`` (of every

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from cluster_env import LOGS, PROVIDER, PROVIDERS, Cluster
 
+from ddp_devcluster.kind import cluster as kind
 from kind_env import KindCluster
 
 
@@ -65,6 +66,9 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
         cluster.get("namespace", name, ns="").get("metadata", {}).get("deletionTimestamp")
     ), 300)  # fmt: skip
     cluster.k("apply", "-f", "-", input=json.dumps(namespace))
+    if cluster.provider == "kind":  # every machine back from an earlier test's power-off or
+        for node in cluster.get("nodes", ns="")["items"]:  # freeze, or its pods are evicted
+            kind.wait_ready(cluster.kubeconfig, node["metadata"]["name"])  # mid-test
     yield name
     if getattr(request.node, "cluster_failed", False):
         cluster.collect(name, LOGS / request.node.name)

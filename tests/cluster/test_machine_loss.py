@@ -20,6 +20,7 @@ from test_cluster import machines, metrics
 
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
+from ddp_devcluster.polling import TimedOut
 from ddp_devcluster.pytest_plugin import unavailable
 
 pytestmark = pytest.mark.timeout(1500)
@@ -37,6 +38,15 @@ def operator_replicas(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]
         holder = lease_holder(cluster)
         if len(live) != 2 or holder not in live:
             return None
+        # Both Ready, on machines that are Ready: a replica on a machine that an earlier test
+        # froze is evicted later, and the standby would then be one that is not yet there.
+        nodes = {n["metadata"]["name"]: n for n in cluster.get("nodes", ns="")["items"]}
+        for pod in live.values():
+            node = nodes.get(pod["spec"].get("nodeName", ""))
+            if not kind.is_ready(pod) or node is None or not kind.is_ready(node):
+                return None
+            if kind.lost_taints(node):
+                return None
         return live[holder], next(p for n, p in live.items() if n != holder)
 
     return cluster.until("the operator's leader and standby", both, 120)
@@ -89,11 +99,11 @@ def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succe
                 cluster.held("digits", hold + 20, 900, ns=ns)  # past the loss of the machine
             else:
                 done = cluster.phase("digits", "Succeeded", 900, ns=ns)
-            kind.thaw(machine)
+            kind.thaw(machine, cluster.kubeconfig)  # Ready again before the next scene
             frozen.remove(machine)
     finally:
         for machine in frozen:
-            kind.thaw(machine)
+            kind.thaw(machine, cluster.kubeconfig)
         cluster.k("uncordon", CONTROL_PLANE)
 
     assert done["progress"]["step"] == done["progress"]["totalSteps"]
@@ -154,10 +164,13 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_beat_
             powered_off.append(machine)
         release(cluster, ns, 20)
         seen: dict[str, float] = {}
+        holders: list[tuple[float, str]] = []  # (seconds after the power-off, the Lease's holder)
 
         def recovered() -> bool:
             now = time.time() - t0
             holder = lease_holder(cluster)
+            if not holders or holders[-1][1] != holder:
+                holders.append((round(now, 1), holder))
             if holder == standby["metadata"]["name"]:
                 seen.setdefault("lease_taken", now)
             if any(uids.get(p) not in (None, u)
@@ -168,7 +181,11 @@ def test_the_operator_leader_s_machine_and_a_worker_s_powered_off_together_beat_
                 seen.setdefault("progress", now)
             return {"lease_taken", "replaced", "progress"} <= seen.keys()
 
-        cluster.until("leader taken over, pod replaced, progress moving", recovered, 300, ns=ns)
+        try:
+            cluster.until("leader taken over, pod replaced, progress moving", recovered, 300, ns=ns)
+        except TimedOut as e:
+            raise AssertionError(f"seen {seen}; the Lease's holders {holders}; standby"
+                                 f" {standby['metadata']['name']}") from e  # fmt: skip
         print("seconds after the power-off: " + ", ".join(f"{k} {v:.1f}" for k, v in seen.items()))
         done = cluster.phase("digits", "Succeeded", 900, ns=ns)
     finally:

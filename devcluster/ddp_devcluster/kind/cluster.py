@@ -473,9 +473,13 @@ def freeze(node: str) -> None:
             time.sleep(1.0)
 
 
-def thaw(node: str) -> None:
-    """The machine comes back: its kubelet finds its pods deleted and removes them."""
+def thaw(node: str, kubeconfig: Path | None = None, timeout_s: float = 300) -> None:
+    """The machine comes back: its kubelet finds its pods deleted and removes them. With
+    ``kubeconfig``, returns once the node reports Ready again: until then the taint manager
+    goes on evicting its pods (after their tolerations), whatever the next step is."""
     _podman("unpause", node)
+    if kubeconfig is not None:
+        wait_ready(kubeconfig, node, timeout_s)
 
 
 def power_off(node: str) -> None:
@@ -493,9 +497,23 @@ def power_on(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
     change); when it does not, the next :func:`up` finds a node not Ready and makes the
     cluster again."""
     _podman("start", node)
-    until(
-        f"{node} Ready after its restart",
-        lambda: is_ready(json.loads(kubectl(kubeconfig, "get", "node", node, "-o", "json"))),
-        timeout_s=timeout_s,
-        interval_s=2,
-    )
+    wait_ready(kubeconfig, node, timeout_s)
+
+
+def wait_ready(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
+    """Returns once ``node`` reports Ready and carries none of the taints that the node
+    lifecycle controller puts on a machine it does not hear from."""
+
+    def back() -> bool:
+        obj = json.loads(kubectl(kubeconfig, "get", "node", node, "-o", "json"))
+        return is_ready(obj) and not lost_taints(obj)
+
+    until(f"{node} Ready again", back, timeout_s=timeout_s, interval_s=2)
+
+
+LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def lost_taints(node: Mapping[str, Any]) -> list[str]:
+    """The not-ready/unreachable taints on a node (as ``kubectl get -o json`` shows it)."""
+    return [t["key"] for t in node.get("spec", {}).get("taints") or [] if t["key"] in LOST_TAINTS]
