@@ -2,10 +2,12 @@
 pod deleted, a worker's machine powered off, then the lighthouse pod deleted while charlm
 trains; the other replica groups keep stepping, each lost group is replaced alone and heals
 from a live one, the lighthouse is recreated with no group touched, and the job Succeeds with
-no restart and no step trained twice."""
+no restart and no step trained twice. Then the own-script-per-step example (a user's torchft
+script): a deleted group's new pod heals from a live one and the job Succeeds."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -145,3 +147,48 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     assert figures["steps_redone"] == 0
     assert max(figures["stalls_s"]) <= STALL_BOUND_S, figures
     assert min(r.get("groups", 3) for r in rows if r.get("event") == "step") < 3  # it did drop
+
+
+OWN = "own-script-per-step"
+# The script's STEPS (spec.template.env): at 20-50 ms a step, a minute or more after the loss,
+# time for the new pod to start and heal.
+OWN_STEPS = 2000
+
+
+def script_lines(log: str) -> list[str]:
+    """The script's own lines of a pod's log, without torchrun's ``[rank0]:`` prefix."""
+    return [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in log.splitlines()]
+
+
+def test_own_script_per_step_groups_train_on_while_a_deleted_group_heals_from_a_live_one(
+    cluster: Cluster, ns: str
+) -> None:
+    """own-script-per-step.yaml, a user's torchft script (Manager, Manager.allreduce, torchft's
+    Optimizer): one group's pod is deleted once the groups have stepped 50 times; the new pod
+    heals from a live group (its log says at which step, not 0) and the job Succeeds with no
+    restart, each surviving group having run to the last step."""
+
+    def edit(job: dict[str, Any]) -> None:
+        job["spec"]["template"]["env"] = [{"name": "STEPS", "value": str(OWN_STEPS)}]
+
+    cluster.apply_example(cluster.claims, f"{OWN}.yaml", edit=edit, ns=ns)
+    pods = [f"{OWN}-node-{i}" for i in (0, 1, 2)]
+
+    def stepped() -> bool:
+        logs = [script_lines(cluster.k("logs", p, ns=ns, check=False)) for p in pods]
+        return any(line.startswith("step 50 ") for lines in logs for line in lines)
+
+    cluster.until("the groups at step 50", stepped, 600, ns=ns)
+    before = cluster.worker_uids(OWN, ns=ns)
+    cluster.k("delete", "pod", pods[1], "--wait=false", ns=ns)
+    done = cluster.phase(OWN, "Succeeded", 900, ns=ns)
+    assert done.get("restarts", 0) == 0, done
+    assert cluster.worker_uids(OWN, ns=ns)[pods[1]] != before[pods[1]], "not replaced"
+    new = script_lines(cluster.k("logs", pods[1], ns=ns))
+    healed = [int(line.rsplit(" ", 1)[1]) for line in new
+              if line.startswith("healed from a live group at step ")]  # fmt: skip
+    assert healed and healed[0] > 50, new[-40:]
+    print(f"the new {pods[1]} healed at step {healed[0]}")
+    for pod in (pods[0], pods[2]):
+        lines = script_lines(cluster.k("logs", pod, ns=ns))
+        assert any(line.startswith(f"done at step {OWN_STEPS} ") for line in lines), lines[-40:]

@@ -13,14 +13,13 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddp_client import DDPClient, JobNotFound, WaitTimeout
-from ddp_devcluster.operator_process import OperatorProcess, install
+from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
 from ddp_operator.render import LABEL_JOB
@@ -29,16 +28,6 @@ from kubectl_plugin import KubectlDdp
 pytestmark = pytest.mark.controlplane
 EXIT = "kwok.ddp.dev/exit-code"
 SCRIPT = 'import os\nprint("hello from rank", os.environ["RANK"])\n'
-
-
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    install(control_plane)
-    env = {"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "2", "DDP_DEFAULT_IMAGE": "trainer:test"}
-    with OperatorProcess(control_plane, tmp_path_factory.mktemp("operator"), env=env) as op:
-        yield op
 
 
 class Namespace:

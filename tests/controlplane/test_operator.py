@@ -26,7 +26,7 @@ from kwok_harness import KwokNamespace
 
 from ddp_api.contract import PROGRESS_ANNOTATION, pod_path
 from ddp_api.ddpjob import DDPJob
-from ddp_devcluster.operator_process import OperatorProcess, install
+from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane, role_rules
 from ddp_devcluster.prometheus import scrape
 from ddp_operator import render
@@ -36,21 +36,6 @@ pytestmark = pytest.mark.controlplane
 RBAC_FILE = Path(__file__).resolve().parents[2] / "manifests" / "rbac" / "operator.yaml"
 TRAINER_FILE = RBAC_FILE.parent / "trainer-progress.yaml"  # ClusterRole, policy and binding
 POLICY = render.DEFAULT_TRAINER_POLICY  # their name, as manifests/ (the chart's defaults) has it
-
-
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    install(control_plane)
-    op = OperatorProcess(
-        control_plane,
-        tmp_path_factory.mktemp("operator"),
-        env={"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "2", "DDP_DEFAULT_IMAGE": "trainer:test"},
-    )
-    with op:
-        yield op
-    print(op.tail(30))
 
 
 class Account:

@@ -6,34 +6,18 @@ touched."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kwok_harness import KwokNamespace
 
 from ddp_api import contract
-from ddp_devcluster.operator_process import OperatorProcess, install
+from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane
 from ddp_operator import render
 
 pytestmark = pytest.mark.controlplane
 PER_STEP = {"mode": "PerStep"}
-
-
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    install(control_plane)
-    op = OperatorProcess(
-        control_plane,
-        tmp_path_factory.mktemp("operator"),
-        env={"DDP_BACKOFF_BASE_S": "1", "DDP_RESYNC_S": "2", "DDP_DEFAULT_IMAGE": "trainer:test"},
-    )
-    with op:
-        yield op
-    print(op.tail(30))
 
 
 @pytest.fixture
