@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+import planner_pods
 import pytest
 from pydantic import ValidationError
 
@@ -156,25 +157,9 @@ def test_restart_mode_renders_what_it_did_before() -> None:
 
 
 # -- planner --------------------------------------------------------------------------------------
-def pod(
-    index: int,
-    phase: str = "Running",
-    uid: str = "",
-    role: str = render.ROLE_WORKER,
-    **changes: Any,
-) -> planner.PodView:
-    name = render.worker_name("j", index) if role == render.ROLE_WORKER else "j-lighthouse"
-    return planner.PodView(
-        name=name,
-        uid=uid or f"uid-{name}",
-        role=role,
-        index=index,
-        phase=phase,
-        ready=phase == "Running",
-        deleting=False,
-        created=EARLIER,
-        **changes,
-    )
+def pod(index: int, phase: str = "Running", uid: str = "", role: str = render.ROLE_WORKER,
+        **changes: Any) -> planner.PodView:  # fmt: skip
+    return planner_pods.pod(index, phase, uid, role, **{"created": EARLIER, **changes})
 
 
 LIGHTHOUSE = pod(-1, role=render.ROLE_LIGHTHOUSE)

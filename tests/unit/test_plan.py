@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from planner_pods import pod
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import plan as planner
@@ -24,26 +25,6 @@ def job(**spec: Any) -> DDPJob:
             "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
             "spec": {"nodes": 2, **spec},
         }
-    )
-
-
-def pod(
-    index: int,
-    phase: str = "Running",
-    uid: str = "",
-    exit_code: int | None = None,
-    role: str = render.ROLE_WORKER,
-) -> planner.PodView:
-    name = render.worker_name("j", index) if role == render.ROLE_WORKER else "j-rdzv"
-    return planner.PodView(
-        name=name,
-        uid=uid or f"uid-{name}-{phase}",
-        role=role,
-        index=index,
-        phase=phase,
-        ready=phase == "Running",
-        deleting=False,
-        exit_code=exit_code,
     )
 
 
