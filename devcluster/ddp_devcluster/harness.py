@@ -230,8 +230,8 @@ class Harness:
 
     # -- when something failed ---------------------------------------------------------------
     def operator_log(self, lines: int = 20) -> str:
-        """The tail of the operator's log: the chart's replicas' here, each line prefixed with
-        its pod (the leader's and the standby's)."""
+        """The tail of the operator's log: each of the chart's replicas' (the leader's and the
+        standby's) under a line naming the pod and its machine, or what kubectl said instead."""
         pods = self.get("pods", "-l", "app.kubernetes.io/name=ddp-operator", ns=NAMESPACE)
         parts = []
         for pod in pods.get("items", []):  # one by one: a replica on a lost machine has no log
