@@ -46,9 +46,9 @@ def running(cluster: Cluster, ns: str) -> bool:
     return cluster.status(JOB, ns=ns).get("phase") == "Running"
 
 
-def replaced(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool:
+def replaced(cluster: Cluster, ns: str, pod: str, before: dict[str, str], job: str = JOB) -> bool:
     """Whether ``pod`` exists again with another uid than in ``before``."""
-    return cluster.worker_uids(JOB, ns=ns).get(pod) not in (None, before[pod])
+    return cluster.worker_uids(job, ns=ns).get(pod) not in (None, before[pod])
 
 
 def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machine(
@@ -150,9 +150,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
 
 
 OWN = "own-script-per-step"
-# The script's STEPS (spec.template.env): at 20-50 ms a step, a minute or more after the loss,
-# time for the new pod to start and heal.
-OWN_STEPS = 2000
+OWN_HOLD, OWN_STEPS = 100, 200  # the script's HOLD_AT_STEP and STEPS (spec.template.env)
 
 
 def script_lines(log: str) -> list[str]:
@@ -164,31 +162,43 @@ def test_own_script_per_step_groups_train_on_while_a_deleted_group_heals_from_a_
     cluster: Cluster, ns: str
 ) -> None:
     """own-script-per-step.yaml, a user's torchft script (Manager, Manager.allreduce, torchft's
-    Optimizer): one group's pod is deleted once the groups have stepped 50 times; the new pod
-    heals from a live group (its log says at which step, not 0) and the job Succeeds with no
-    restart, each surviving group having run to the last step."""
+    Optimizer). Its three groups are held at step 100; one group's pod is deleted, and the
+    others are let go only once its replacement asks for a quorum (minGroups 2: it cannot train
+    alone). The new pod heals from a live group at step 100, not from step 0, and the job
+    Succeeds with no restart, the other groups having run to the last step."""
 
     def edit(job: dict[str, Any]) -> None:
-        job["spec"]["template"]["env"] = [{"name": "STEPS", "value": str(OWN_STEPS)}]
+        job["spec"]["template"]["env"] = [
+            {"name": "STEPS", "value": str(OWN_STEPS)},
+            {"name": "HOLD_AT_STEP", "value": str(OWN_HOLD)},
+        ]
+        job["spec"]["minNodes"] = 2
+        job["spec"]["faultTolerance"]["minGroups"] = 2
 
     cluster.apply_example(cluster.claims, f"{OWN}.yaml", edit=edit, ns=ns)
     pods = [f"{OWN}-node-{i}" for i in (0, 1, 2)]
 
-    def stepped() -> bool:
-        logs = [script_lines(cluster.k("logs", p, ns=ns, check=False)) for p in pods]
-        return any(line.startswith("step 50 ") for lines in logs for line in lines)
+    def said(pod: str, text: str) -> bool:
+        lines = script_lines(cluster.k("logs", pod, ns=ns, check=False))
+        return any(text in line for line in lines)
 
-    cluster.until("the groups at step 50", stepped, 600, ns=ns)
+    held = f"held at step {OWN_HOLD}"
+    cluster.until("every group held", lambda: all(said(p, held) for p in pods), 600, ns=ns)
     before = cluster.worker_uids(OWN, ns=ns)
-    cluster.k("delete", "pod", pods[1], "--wait=false", ns=ns)
+    cluster.k("delete", "pod", pods[1], ns=ns)
+
+    def asking() -> bool:
+        return replaced(cluster, ns, pods[1], before, OWN) and said(pods[1], "starting quorum")
+
+    cluster.until(f"the new {pods[1]} asking for a quorum", asking, 600, ns=ns)
+    for pod in (pods[0], pods[2]):
+        cluster.k("exec", pod, "--", "touch", "/tmp/release", ns=ns)
     done = cluster.phase(OWN, "Succeeded", 900, ns=ns)
     assert done.get("restarts", 0) == 0, done
-    assert cluster.worker_uids(OWN, ns=ns)[pods[1]] != before[pods[1]], "not replaced"
     new = script_lines(cluster.k("logs", pods[1], ns=ns))
     healed = [int(line.rsplit(" ", 1)[1]) for line in new
               if line.startswith("healed from a live group at step ")]  # fmt: skip
-    assert healed and healed[0] > 50, new[-40:]
-    print(f"the new {pods[1]} healed at step {healed[0]}")
+    assert healed == [OWN_HOLD], new[-40:]
     for pod in (pods[0], pods[2]):
         lines = script_lines(cluster.k("logs", pod, ns=ns))
         assert any(line.startswith(f"done at step {OWN_STEPS} ") for line in lines), lines[-40:]
