@@ -38,16 +38,17 @@ $(BIN_STAMP): | $(VENV)/.ok
 	$(PY) -m ddp_devcluster build
 	touch $@
 
-# `make demo` needs fewer of them (build.DEMO_TOOLS): a new machine builds only those first.
-DEMO_STAMP := $(subst .stamp-,.stamp-demo-,$(BIN_STAMP))
-$(DEMO_STAMP): | $(VENV)/.ok
-	$(PY) -m ddp_devcluster build --for demo
+# The kind cluster (`make up`, `make demo`) needs fewer of them (build.KIND_TOOLS): not kwok,
+# Kueue or Prometheus, which only the tests run. A new machine builds only those first.
+KIND_STAMP := $(subst .stamp-,.stamp-kind-,$(BIN_STAMP))
+$(KIND_STAMP): | $(VENV)/.ok
+	$(PY) -m ddp_devcluster build --for kind
 	touch $@
 
-.PHONY: venv binaries demo-binaries deps
+.PHONY: venv binaries kind-binaries deps
 venv: $(VENV)/.ok ## the pinned Python environment (cached)
 binaries: $(BIN_STAMP) ## the control plane, kwok, helm, kueue, prometheus, kind, the registry and the kind node image's kubelet, kubeadm, kube-proxy, containerd, CNI plugins, CoreDNS, local-path-provisioner (cached)
-demo-binaries: $(DEMO_STAMP)
+kind-binaries: $(KIND_STAMP) ## only what the kind cluster runs (`make up`, `make demo`)
 deps: venv binaries ## everything the tests and the demo need
 
 # One lock per image and one for development, all from pyproject.toml's extras. The images
@@ -117,7 +118,8 @@ cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
 .PHONY: up down
-up: deps-and-images ## a 4-node kind cluster (podman), its registry, the images and the chart; prints the KUBECONFIG (docs/kind.md)
+up: venv host-packages ## a 4-node kind cluster (podman), its registry, the images and the chart; prints the KUBECONFIG (docs/kind.md)
+	$(MAKE) --no-print-directory -j2 kind-binaries images
 	$(PY) -m ddp_devcluster kind-up
 
 down: ## delete the kind cluster of `make up`, its registry and kind's podman network
@@ -125,7 +127,7 @@ down: ## delete the kind cluster of `make up`, its registry and kind's podman ne
 
 .PHONY: demo
 demo: venv host-packages ## the chart's operator runs the digits example on a 4-machine kind cluster here (as root)
-	$(MAKE) --no-print-directory -j2 demo-binaries images
+	$(MAKE) --no-print-directory -j2 kind-binaries images
 	$(PY) -m ddp_devcluster demo
 
 .PHONY: clean

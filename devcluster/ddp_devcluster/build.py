@@ -397,14 +397,14 @@ def _compile(tool: GoTool, src: Path, out: Path) -> None:
     progress.print()
 
 
-# What `make demo` runs (the kind cluster: its node image's Kubernetes, etcd, containerd, CNI
-# plugins, CoreDNS and local-path-provisioner; kind, the registry and Helm on this machine): a
-# new machine builds these only, not kwok, Kueue and Prometheus.
-DEMO_TOOLS = (
+# What the kind cluster of `make up` and `make demo` runs (its node image's Kubernetes, etcd,
+# containerd, CNI plugins, CoreDNS and local-path-provisioner; kind, the registry and Helm on
+# this machine): they build these only, not kwok, Kueue and Prometheus (the tests' tools).
+KIND_TOOLS = (
     "etcd", "kubernetes", "helm", "kubernetes-node", "containerd", "coredns",
     "local-path-provisioner", "kind", "cni-plugins", "registry",
 )  # fmt: skip
-SETS = {"all": None, "demo": DEMO_TOOLS}
+SETS = {"all": None, "kind": KIND_TOOLS}
 
 
 def ensure_all(force: bool = False, only: tuple[str, ...] | None = None) -> dict[str, float]:
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddp-devcluster build", description=__doc__)
     ap.add_argument("--force", action="store_true", help="rebuild even when cached")
     ap.add_argument("--for", dest="what", choices=sorted(SETS), default="all",
-                    help="all tools (the tests), or only what `make demo` runs")  # fmt: skip
+                    help="all tools (the tests), or only what the kind cluster runs")  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     timings = ensure_all(force=args.force, only=SETS[args.what])

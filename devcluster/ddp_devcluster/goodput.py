@@ -12,6 +12,9 @@ numbers out; ``bench/goodput.py`` and the kind tests of per-step fault tolerance
   by the wall time from the first step row to the last. A kept step's time is the gap since
   the row before it, except where that gap spans an incident's stall (more than
   ``STALL_FACTOR`` times the median gap): then it counts as one median step.
+
+Time the run spent held at a hold point (its ``hold`` and ``release`` rows, written when a test
+paused it on purpose) is no one's stall and no wall time: every gap above leaves it out.
 """
 
 from __future__ import annotations
@@ -42,8 +45,36 @@ def step_rows(rows: Iterable[Mapping[str, Any]]) -> list[StepRow]:
     return sorted(out, key=lambda r: r.time)
 
 
-def _gaps(rows: Sequence[StepRow]) -> list[float]:
-    return [b.time - a.time for a, b in itertools.pairwise(rows)]
+Span = tuple[float, float]
+
+
+def held_spans(rows: Iterable[Mapping[str, Any]]) -> list[Span]:
+    """When the run was held: each ``hold`` row's time to the next ``release`` row's (to no
+    end while none follows), in time order."""
+    marks = sorted(
+        (float(r["time"]), r["event"]) for r in rows if r.get("event") in ("hold", "release")
+    )
+    spans: list[Span] = []
+    start: float | None = None
+    for at, event in marks:
+        if event == "hold" and start is None:
+            start = at
+        elif event == "release" and start is not None:
+            spans.append((start, at))
+            start = None
+    if start is not None:
+        spans.append((start, float("inf")))
+    return spans
+
+
+def _span(a: float, b: float, held: Sequence[Span] = ()) -> float:
+    """Seconds from ``a`` to ``b`` that the run was not held."""
+    inside = sum(max(0.0, min(b, end) - max(a, start)) for start, end in held)
+    return b - a - inside
+
+
+def _gaps(rows: Sequence[StepRow], held: Sequence[Span] = ()) -> list[float]:
+    return [_span(a.time, b.time, held) for a, b in itertools.pairwise(rows)]
 
 
 def steps_redone(rows: Sequence[StepRow]) -> int:
@@ -52,10 +83,12 @@ def steps_redone(rows: Sequence[StepRow]) -> int:
     return sum(1 for i, r in enumerate(rows) if last[r.step] != i)
 
 
-def stalls(rows: Sequence[StepRow], incidents: Sequence[float]) -> list[float]:
+def stalls(
+    rows: Sequence[StepRow], incidents: Sequence[float], held: Sequence[Span] = ()
+) -> list[float]:
     """Each incident's stall (seconds): the longest time without a step row from the incident
-    until the next incident (counting the gap that the first row after that one closes); 0
-    when no row follows it."""
+    until the next incident (counting the gap that the first row after that one closes), held
+    time left out; 0 when no row follows it."""
     times = [r.time for r in rows]
     out = []
     ordered = sorted(incidents)
@@ -64,16 +97,17 @@ def stalls(rows: Sequence[StepRow], incidents: Sequence[float]) -> list[float]:
         first = bisect.bisect_right(times, at)  # the first row after the incident
         end = bisect.bisect_right(times, until)  # and the first row after the next one
         after = times[first : end + 1]
-        gaps = [b - a for a, b in itertools.pairwise([at, *after])] if after else []
+        gaps = [_span(a, b, held) for a, b in itertools.pairwise([at, *after])] if after else []
         out.append(max(gaps) if gaps else 0.0)
     return out
 
 
-def goodput(rows: Sequence[StepRow]) -> float:
-    """Time in kept steps / wall time (1.0 for a run with no incident and even steps)."""
+def goodput(rows: Sequence[StepRow], held: Sequence[Span] = ()) -> float:
+    """Time in kept steps / wall time, held time left out of both (1.0 for a run with no
+    incident and even steps)."""
     if len(rows) < 2:
         return 0.0
-    gaps = _gaps(rows)
+    gaps = _gaps(rows, held)
     typical = statistics.median(gaps)
     last = {r.step: i for i, r in enumerate(rows)}
     kept_s = 0.0
@@ -82,20 +116,21 @@ def goodput(rows: Sequence[StepRow]) -> float:
             continue
         gap = gaps[i - 1]
         kept_s += typical if gap > STALL_FACTOR * typical else gap
-    wall = rows[-1].time - rows[0].time
+    wall = _span(rows[0].time, rows[-1].time, held)
     return min(1.0, kept_s / wall) if wall > 0 else 0.0
 
 
 def summary(rows: Iterable[Mapping[str, Any]], incidents: Sequence[float]) -> dict[str, Any]:
     """The benchmark's figures of one run: stall p50/max over its incidents, steps redone,
-    goodput, and the steps logged."""
-    steps = step_rows(rows)
-    each = stalls(steps, incidents)
+    goodput, and the steps logged; time held at a hold point left out."""
+    rows = list(rows)
+    steps, held = step_rows(rows), held_spans(rows)
+    each = stalls(steps, incidents, held)
     return {
         "survivor_stall_p50_s": round(statistics.median(each), 2) if each else None,
         "survivor_stall_max_s": round(max(each), 2) if each else None,
         "stalls_s": [round(s, 2) for s in each],
         "steps_redone": steps_redone(steps),
-        "goodput": round(goodput(steps), 3),
+        "goodput": round(goodput(steps, held), 3),
         "steps_logged": len(steps),
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from ddp_devcluster import goodput
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.pytest_plugin import unavailable
+from ddp_trainer import hold
 from ddp_trainer.progress import read_run_log
 
 pytestmark = pytest.mark.timeout(1500)
@@ -29,9 +31,11 @@ GROUP_TIMEOUT_S = 5  # charlm-per-step.yaml's faultTolerance.groupTimeoutSeconds
 # The survivors' longest pause per incident: a lost group is dropped after the group timeout;
 # a collective it was in fails after the same timeout, then one quorum more.
 STALL_BOUND_S = 3 * GROUP_TIMEOUT_S
-# Long enough for both scenes (0.4-0.5 s a step with 3 groups on the two cores, about 2
-# minutes of scenes); a run that ends first fails the test, never passes it unseen.
-LAST_STEP = 750
+# Hold points: every group up before the scenes (10), then one ceiling a scene. Survivors that
+# reach a scene's ceiling before the scene is over wait there until the lost group (or the
+# lighthouse) is back, so the run cannot end before its scenes on any machine, and ends soon
+# after them. Held time is no one's stall (goodput leaves it out).
+UP, CEILINGS, LAST_STEP = 10, (60, 120, 180), 200
 
 
 def groups(cluster: Cluster, ns: str, since: float = 0.0) -> int:
@@ -51,6 +55,34 @@ def replaced(cluster: Cluster, ns: str, pod: str, before: dict[str, str], job: s
     return cluster.worker_uids(job, ns=ns).get(pod) not in (None, before[pod])
 
 
+def joining(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool:
+    """Whether ``pod``'s replacement has started its replica group (it asks for a quorum next;
+    minGroups 2 keeps it from training alone)."""
+    if not replaced(cluster, ns, pod, before):
+        return False
+    return "replica group" in cluster.k("logs", pod, ns=ns, check=False)
+
+
+def scene(
+    cluster: Cluster, ns: str, what: str, over: Callable[[], bool], ceiling: int,
+    may_go: Callable[[], bool],
+) -> None:  # fmt: skip
+    """Waits until ``over``. Survivors held at ``ceiling`` meanwhile are let go once ``may_go``
+    (what they would wait for is back); the ceiling is released when the scene is over."""
+    folder = kind.claim_folder(cluster, CLAIM, ns=ns)
+
+    def check() -> bool | None:
+        if over():
+            return True
+        progress = cluster.status(JOB, ns=ns).get("progress") or {}
+        if progress.get("heldAtStep") == ceiling and may_go():
+            hold.release(folder, ceiling)
+        return None
+
+    cluster.until(what, check, 300, ns=ns)
+    hold.release(folder, ceiling)
+
+
 def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machine(
     cluster: Cluster, ns: str
 ) -> None:
@@ -59,18 +91,21 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     cluster.k("cordon", CONTROL_PLANE)  # a group per worker machine, the lighthouse beside one
 
     def edit(job: dict[str, Any]) -> None:
-        holding_at(10, last=LAST_STEP)(job)  # every group up and trained before the scenes
+        holding_at(UP, *CEILINGS, last=LAST_STEP)(job)
         job["spec"]["spread"] = "Required"
+        job["spec"]["minNodes"] = 2
+        job["spec"]["faultTolerance"]["minGroups"] = 2  # a replacement never trains alone
         job["spec"]["trainer"].update(logEverySteps=1, epochs=10)  # 92 steps an epoch
 
     incidents: list[float] = []
     off: list[str] = []
+    first, second, third = CEILINGS
     try:
         cluster.apply_example(cluster.claims, "charlm-per-step.yaml", edit=edit, ns=ns)
-        cluster.held(JOB, 10, 900, ns=ns)
+        cluster.held(JOB, UP, 900, ns=ns)
         cluster.until("3 groups", lambda: groups(cluster, ns) == 3 or None, 300, ns=ns)
         uids = cluster.worker_uids(JOB, ns=ns)
-        (kind.claim_folder(cluster, CLAIM, ns=ns) / "release-step-00000010").touch()
+        hold.release(kind.claim_folder(cluster, CLAIM, ns=ns), UP)
 
         node1 = f"{JOB}-node-1"
         assert running(cluster, ns)
@@ -83,7 +118,8 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         def back() -> bool:
             return replaced(cluster, ns, node1, uids) and groups(cluster, ns, at) == 3
 
-        cluster.until("node-1 replaced and back in the quorum", lambda: back() or None, 300, ns=ns)
+        scene(cluster, ns, "node-1 replaced and back in the quorum", back, first,
+              lambda: joining(cluster, ns, node1, uids))  # fmt: skip
         untouched = cluster.worker_uids(JOB, ns=ns)
         assert {p: untouched[p] for p in (f"{JOB}-node-0", f"{JOB}-node-2")} == {
             p: uids[p] for p in (f"{JOB}-node-0", f"{JOB}-node-2")
@@ -96,7 +132,6 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         beacon = where[f"{JOB}-lighthouse"]
         victim = next(p for p in sorted(where) if "-node-" in p and where[p] != beacon)
         machine = where[victim]
-        assert running(cluster, ns), "the job ended before scene 2: raise LAST_STEP"
         kind.power_off(machine)
         off.append(machine)
         incidents.append(time.time())
@@ -106,28 +141,31 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         kind.power_on(cluster.kubeconfig, machine)
         off.remove(machine)
         back_on = time.time()
-        cluster.until(
-            "3 groups again", lambda: groups(cluster, ns, back_on) == 3 or None, 300, ns=ns
-        )
+        scene(cluster, ns, "3 groups again", lambda: groups(cluster, ns, back_on) == 3, second,
+              lambda: joining(cluster, ns, victim, untouched))  # fmt: skip
 
         # Scene 3: the lighthouse pod deleted. It is recreated (same Service); the groups ask
         # the new one for their next quorum and go on from their step, none restarted.
-        assert running(cluster, ns), "the job ended before scene 3: raise LAST_STEP"
         beacon_uid = cluster.pods(f"ddp.dev/job-name={JOB}", ns=ns)[f"{JOB}-lighthouse"]
         nodes_before = cluster.worker_uids(JOB, ns=ns)
         cluster.k("delete", "pod", f"{JOB}-lighthouse", "-n", ns, "--wait=false")
         incidents.append(time.time())
         print("deleted the lighthouse pod")
         at3 = incidents[-1]
-        cluster.until("a step after the new lighthouse", lambda: groups(cluster, ns, at3 + 2)
-                      or None, 300, ns=ns)  # fmt: skip
+
+        def new_beacon() -> dict[str, Any] | None:
+            pod = cluster.pods(f"ddp.dev/job-name={JOB}", ns=ns).get(f"{JOB}-lighthouse")
+            uid = beacon_uid["metadata"]["uid"]
+            return pod if pod and pod["metadata"]["uid"] != uid else None
+
+        def beacon_up() -> bool:
+            pod = new_beacon()
+            return pod is not None and pod.get("status", {}).get("phase") == "Running"
+
+        scene(cluster, ns, "a step after the new lighthouse",
+              lambda: groups(cluster, ns, at3 + 2) > 0, third, beacon_up)  # fmt: skip
         assert cluster.worker_uids(JOB, ns=ns) == nodes_before, "a group was replaced"
-        assert (
-            beacon_uid["metadata"]["uid"]
-            != cluster.pods(f"ddp.dev/job-name={JOB}", ns=ns)[f"{JOB}-lighthouse"]["metadata"][
-                "uid"
-            ]
-        )
+        assert new_beacon() is not None
         done = cluster.phase(JOB, "Succeeded", 900, ns=ns)
     finally:
         for machine in off:
@@ -143,7 +181,8 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     steps = [r["step"] for r in rows if r.get("event") == "step"]
     assert steps == list(range(1, LAST_STEP + 1)), "a step was lost or trained twice"
     figures = goodput.summary(rows, incidents)
-    print(f"survivors' stalls {figures['stalls_s']} s, goodput {figures['goodput']}")
+    held = [r["step"] for r in rows if r.get("event") == "hold"]
+    print(f"survivors' stalls {figures['stalls_s']} s, goodput {figures['goodput']}, held {held}")
     assert figures["steps_redone"] == 0
     assert max(figures["stalls_s"]) <= STALL_BOUND_S, figures
     assert min(r.get("groups", 3) for r in rows if r.get("event") == "step") < 3  # it did drop

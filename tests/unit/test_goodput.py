@@ -40,3 +40,21 @@ def test_per_step_survivors_pause_only_for_the_lost_group_s_timeout() -> None:
 
 def test_stall_of_an_incident_after_the_last_row_is_zero() -> None:
     assert goodput.stalls(goodput.step_rows(rows((1.0, 1))), [5.0]) == [0.0]
+
+
+def test_time_held_at_a_hold_point_is_no_stall_and_no_wall_time() -> None:
+    # steps a second apart; held after step 5 (at 5.1 s) until 25.1 s; a group lost at 5.5 s
+    run = rows(*[(float(i), i) for i in range(1, 6)], *[(21.0 + i, i) for i in range(6, 11)])
+    run += [{"event": "hold", "time": 5.1, "step": 5}, {"event": "release", "time": 25.1}]
+    assert goodput.held_spans(run) == [(5.1, 25.1)]
+    out = goodput.summary(run, [5.5])
+    assert out["stalls_s"] == [1.9]  # 5.5 s -> 27.0 s, of which 19.6 s held
+    assert out["goodput"] == 1.0
+    # without the hold rows the same run stalled for 21.5 s
+    assert goodput.summary(run[:-2], [5.5])["stalls_s"] == [21.5]
+
+
+def test_a_hold_not_yet_released_holds_to_the_end() -> None:
+    held = goodput.held_spans([{"event": "hold", "time": 3.0}])
+    assert held == [(3.0, float("inf"))]
+    assert goodput.stalls(goodput.step_rows(rows((1.0, 1), (2.0, 2))), [2.5], held) == [0.0]
