@@ -17,8 +17,8 @@ from ddp_api.contract import API_VERSION, KIND, PLURAL
 from ddp_api.ddpjob import DDPJob
 
 from . import bookkeeping, kube
-from . import plan as planner
 from .metrics import OperatorMetrics
+from .planner.draft import Plan
 from .trainer_objects import TrainerObjects
 
 log = logging.getLogger("ddp_operator")
@@ -49,7 +49,7 @@ class Actions:
         body: dict[str, Any],
         job: DDPJob | None,
         status: dict[str, Any],
-        p: planner.Plan,
+        p: Plan,
         in_pod: bool = True,
     ) -> list[dict[str, Any]]:
         """Carries out ``p``, and writes status before or after, as

@@ -1,5 +1,5 @@
 """The controller: what a reconcile of one job reads, decides and does, and the parts it is
-made of. The decisions are pure: :mod:`ddp_operator.plan` (what a job needs) and
+made of. The decisions are pure: :mod:`ddp_operator.planner` (what a job needs) and
 :mod:`ddp_operator.bookkeeping` (what the controller believes and writes when);
 :mod:`ddp_operator.handlers` wires this into kopf. Its parts, each of one job:
 :mod:`~ddp_operator.workqueue` (one reconcile of a job at a time, the clock),
@@ -34,12 +34,14 @@ from ddp_api import contract
 from ddp_api.ddpjob import DDPJob
 
 from . import bookkeeping, informer, kube, queueing, render
-from . import plan as planner
 from .actions import Actions
 from .kueue_workloads import KueueWorkloads
 from .leadership import Elector
 from .machines import Machines
 from .metrics import OperatorMetrics
+from .planner import views
+from .planner.draft import Plan
+from .planner.plan import PlanSettings, plan
 from .progress_records import ProgressRecords
 from .settings import Settings
 from .startup import StartupTimes
@@ -58,8 +60,8 @@ class Controller:
     expected: dict[Key, dict[str, float]] = field(default_factory=dict)
     api: kube.Kube | None = None
     jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
-    pods: informer.Cache[planner.PodView] = field(
-        default_factory=lambda: informer.Cache(render.LABEL_JOB, planner.view)
+    pods: informer.Cache[views.PodView] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, views.view)
     )
     services: informer.Cache[str] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
@@ -226,10 +228,10 @@ class Controller:
         key: Key,
         job: DDPJob,
         status: dict[str, Any],
-        observed: list[planner.PodView],
+        observed: list[views.PodView],
         pending: Collection[str],
         in_pod: bool,
-    ) -> tuple[planner.Plan, dict[str, Any] | None]:
+    ) -> tuple[Plan, dict[str, Any] | None]:
         """What to do for a valid spec, and the job's Kueue Workload when it is queued;
         ``in_pod``: its new pods report into their own pod (else into the job's ConfigMap)."""
         cfg = self.settings.render
@@ -245,19 +247,22 @@ class Controller:
         progress, refused = self.progress.latest(
             key, job.metadata.get("uid", ""), observed, status.get("progress")
         )
-        p = planner.plan(
+        rules = PlanSettings(
+            cfg,
+            self.settings.backoff_base_s,
+            self.settings.completion_grace_s,
+            self.settings.node_lost_grace_s,
+        )
+        p = plan(
             job,
             status,
             observed,
             dt.datetime.now(dt.UTC),
-            cfg,
-            self.settings.backoff_base_s,
+            rules,
             pending=pending,
             admission=admission,
             progress=progress,
-            completion_grace_s=self.settings.completion_grace_s,
             machines=self.machines.views() if self.machines is not None else {},
-            node_lost_grace_s=self.settings.node_lost_grace_s,
         )
         for why in refused:
             p.warn("ProgressRejected", why)

@@ -1,6 +1,6 @@
 """The kopf wiring: start-up, the DDPJob watch and index, shutdown. Everything else is in
-:mod:`ddp_operator.controller` (I/O) and :mod:`ddp_operator.plan`/:mod:`~ddp_operator.bookkeeping`
-(decisions).
+:mod:`ddp_operator.controller` (I/O) and :mod:`ddp_operator.planner`/
+:mod:`~ddp_operator.bookkeeping` (decisions).
 
 Run it with ``kopf run --standalone -m ddp_operator.handlers --all-namespaces`` (or ``-n NS``).
 kopf watches DDPJobs, with an index and a watching handler (``on.event``) only: no timers or

@@ -17,7 +17,7 @@ from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
 
 from . import informer, kube, queueing, render
-from . import plan as planner
+from .planner.views import PodView
 
 Key = tuple[str, str]
 
@@ -70,7 +70,7 @@ class KueueWorkloads:
     async def sync(
         self,
         workload: dict[str, Any],
-        observed: Sequence[planner.PodView],
+        observed: Sequence[PodView],
         status: dict[str, Any],
     ) -> None:
         """Releases an evicted Workload's quota once the job's pods are gone; marks the Workload

@@ -17,7 +17,7 @@ from typing import Any
 from ddp_api.ddpjob import DDPJob
 
 from . import informer, kube, render
-from . import plan as planner
+from .planner.views import PodView
 from .progress_policy import ProgressPolicy
 
 log = logging.getLogger("ddp_operator")
@@ -28,7 +28,7 @@ RBAC = "rbac.authorization.k8s.io/v1"
 
 @dataclass
 class TrainerObjects:
-    pods: informer.Cache[planner.PodView]  # the controller's pod cache (who runs as what)
+    pods: informer.Cache[PodView]  # the controller's pod cache (who runs as what)
     api: kube.Kube | None = None
     spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None
     policy: ProgressPolicy = field(default_factory=ProgressPolicy)
@@ -124,7 +124,7 @@ class TrainerObjects:
         if self.policy.in_force:
             self._once(("namespace-rbac", ns), lambda: self._grant(ns))
 
-    def settle(self, ns: str, observed: list[planner.PodView]) -> None:
+    def settle(self, ns: str, observed: list[PodView]) -> None:
         """Keeps the namespace's grant as the policy says, for a reconcile of one of its jobs
         (``observed``: its pods): granted while they run as the namespace's account and the
         policy is in force (also after a restart of the operator, or the policy's return); else
