@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import API_VERSION, KIND, PLURAL
-from ddp_api.ddpjob import DDPJob
+from ddp_api.ddpjob import RESTART_REASONS, DDPJob
 
 from . import bookkeeping, kube
 from .metrics import OperatorMetrics
@@ -104,7 +104,7 @@ class Actions:
         self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
         await asyncio.gather(*(self.event(body, *e) for e in p.events))
         for _, reason, _ in p.events:
-            if reason in bookkeeping.RESTART_REASONS:
+            if reason in RESTART_REASONS:
                 self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()

@@ -123,7 +123,6 @@ def event_body(
 # -- metrics: which start-up milestones of a job this process can time ---------------------------
 PODS_CREATED = "pods"  # all first node pods created
 FIRST_STEP = "step"  # the first training step seen in status.progress
-RESTART_REASONS = frozenset({"PodFailed", "PodDisrupted"})  # the Events of a counted restart
 
 
 def milestones_to_time(status: Mapping[str, Any], workers: int) -> set[str]:

@@ -14,9 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from ddp_api import contract
-from ddp_api.ddpjob import DDPJob, DDPJobSpec
+from ddp_api.ddpjob import DDPJob, DDPJobSpec, Reason
 from ddp_operator import render
-from ddp_operator.planner import completion, draft, groups, views
+from ddp_operator.planner import completion, draft, views
 from ddp_operator.planner.plan import PlanSettings, plan
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -198,7 +198,7 @@ def test_a_deleted_group_is_replaced_alone_as_a_disruption() -> None:
     assert p.delete == [] and p.force == []  # nobody else is touched
     assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
     assert p.status["phase"] == "Running"  # the others train on
-    assert p.status["reason"] == groups.GROUPS_CHANGING
+    assert p.status["reason"] == Reason.GROUPS_CHANGING
     assert [i["kind"] for i in p.status["incidents"]] == ["Disruption"]
     ((_, _, text),) = [e for e in p.events if e[1] == "Disruption"]
     assert "replacing it alone" in text

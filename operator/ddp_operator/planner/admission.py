@@ -3,7 +3,7 @@ and the ``Admitted`` condition and Events once it has."""
 
 from __future__ import annotations
 
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import ConditionStatus, DDPJobPhase
 
 from .. import queueing
 from .draft import ADMITTED, Draft, Plan
@@ -31,7 +31,12 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Plan:
         if prev_phase != DDPJobPhase.QUEUED and not st.status.get("admissions"):
             st.plan.info("Queued", f"waiting for Kueue to admit it from LocalQueue {adm.queue}")
         message = f"waiting in LocalQueue {adm.queue}: {adm.message}"
-    st.admitted = {"type": ADMITTED, "status": "False", "reason": reason, "message": message}
+    st.admitted = {
+        "type": ADMITTED,
+        "status": ConditionStatus.FALSE,
+        "reason": reason,
+        "message": message,
+    }
     st.new["clusterQueue"] = None
     st.new["startTime"] = None  # activeDeadlineSeconds counts time since the last admission
     return st.result(DDPJobPhase.QUEUED, reason, message)
@@ -45,7 +50,7 @@ def admitted(st: Draft, adm: queueing.Admission) -> None:
     message = f"admitted by ClusterQueue {cq}: {nodes} nodes{flavors}"
     st.admitted = {
         "type": ADMITTED,
-        "status": "True",
+        "status": ConditionStatus.TRUE,
         "reason": adm.reason or ADMITTED,
         "message": message,
     }

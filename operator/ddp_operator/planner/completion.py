@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
 
 from .. import render
 from .draft import Draft, Plan
@@ -43,19 +43,19 @@ def completion(st: Draft, grace_s: float) -> Plan | None:
         names = ", ".join(x.name for x in running)
         return st.result(
             DDPJobPhase.RUNNING,
-            "NodesCompleting",
+            Reason.NODES_COMPLETING,
             f"{first.name} completed training; waiting up to {left:.0f}s more for {names}",
         )
     if _completing(st.status):  # whatever went since the first success was seen went after it
         known = set()
     message = completion_message(st.name, first, lost, running, known, nodes, succeeded, grace_s)
-    return st.finish(DDPJobPhase.SUCCEEDED, "Completed", message)
+    return st.finish(DDPJobPhase.SUCCEEDED, Reason.COMPLETED, message)
 
 
 def _completing(status: Mapping[str, Any]) -> bool:
     """Whether the last plan saw a node finished and waited for the rest."""
     return any(
-        c.get("reason") == "NodesCompleting" and c.get("status") == "True"
+        c.get("reason") == Reason.NODES_COMPLETING and c.get("status") == ConditionStatus.TRUE
         for c in status.get("conditions") or []
     )
 

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase, Reason
 
 from .. import diagnosis, render
 from .draft import Draft, Plan, condition
 from .groups import groups_phase
-from .stall import STALLED
 from .views import PodView
 
 BACKOFF_CAP_S = 300.0
@@ -103,7 +102,7 @@ def _progress_phase(
     if "lastFailureTime" in st.new or (
         prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
     ):
-        reason = "PodFailed"
+        reason: str = Reason.POD_FAILED
         message = f"restart {st.restarts} of backoffLimit {s.backoff_limit}"
         if wait > 0:
             message += f"; recreating in {wait:.0f}s"
@@ -111,15 +110,18 @@ def _progress_phase(
             reason, message = st.cause[0], f"{st.cause[1]}; {message}"
         elif "lastFailureTime" not in st.new:  # still restarting: what was said stays
             said = condition(st.status, DDPJobPhase.RESTARTING)
-            if said.get("reason") in diagnosis.COUNTED_REASONS or said.get("reason") == STALLED:
+            if (
+                said.get("reason") in diagnosis.COUNTED_REASONS
+                or said.get("reason") == Reason.STALLED
+            ):
                 reason, message = said["reason"], said.get("message") or message
         return DDPJobPhase.RESTARTING, reason, message
     if len(running) == s.nodes and not scaling_down:
-        return DDPJobPhase.RUNNING, "AllNodesRunning", f"{target} running"
+        return DDPJobPhase.RUNNING, Reason.ALL_NODES_RUNNING, f"{target} running"
     if prev_phase == DDPJobPhase.RUNNING and _all_present(workers, s.nodes) and not scaling_down:
         # A kubelet reports a finishing container not ready a moment before its pod ends:
         # no pod is coming or going, so the job is not scaling.
-        return DDPJobPhase.RUNNING, "NodesNotReady", f"{target}, not all ready"
+        return DDPJobPhase.RUNNING, Reason.NODES_NOT_READY, f"{target}, not all ready"
     if prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
-        return DDPJobPhase.SCALING, "NodesChanging", f"scaling to {target}"
-    return DDPJobPhase.PENDING, "WaitingForNodes", f"starting {target}"
+        return DDPJobPhase.SCALING, Reason.NODES_CHANGING, f"scaling to {target}"
+    return DDPJobPhase.PENDING, Reason.WAITING_FOR_NODES, f"starting {target}"

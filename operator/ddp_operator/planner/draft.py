@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import DDPJob, DDPJobPhase
+from ddp_api.ddpjob import ConditionStatus, DDPJob, DDPJobPhase
 from ddp_api.metav1 import transition_time
 
 from .. import incidents, render
@@ -54,10 +54,10 @@ def conditions(
     """One condition per phase the job has been in; only the current one is True
     (``lastTransitionTime``: :func:`ddp_api.metav1.transition_time`)."""
     by_type = {c["type"]: dict(c) for c in previous}
-    by_type.setdefault(phase, {"type": phase, "status": "False"})
+    by_type.setdefault(phase, {"type": phase, "status": ConditionStatus.FALSE})
     out = []
     for ctype, c in by_type.items():
-        status = "True" if ctype == phase else "False"
+        status = ConditionStatus.TRUE if ctype == phase else ConditionStatus.FALSE
         c["lastTransitionTime"] = transition_time(c, status, now)
         c["status"] = status
         if ctype == phase:

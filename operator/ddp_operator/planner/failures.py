@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, RestartPolicy
+from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, Reason, RestartPolicy
 
 from .. import diagnosis, render
 from .draft import Draft, Plan
-from .groups import LIGHTHOUSE_GONE, LIGHTHOUSE_LOST
+from .groups import LIGHTHOUSE_GONE
 from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView
 
 DISRUPTION_WINDOW_S = 60.0
@@ -106,7 +106,7 @@ def failures(st: Draft) -> Plan | None:
             if failed:
                 st.delete([x])
             st.plan.info(
-                "LostAfterTraining",
+                Reason.LOST_AFTER_TRAINING,
                 f"{x.name} {_what(x, failed, s)} after training reached its last step: not"
                 " counted (the job completes once a replica group exits 0)",
             )
@@ -129,7 +129,7 @@ def failures(st: Draft) -> Plan | None:
                 else "recreating it"
             )
             st.plan.warn(
-                "Disruption",
+                Reason.DISRUPTION,
                 f"{x.name} {what}; {alone} (disruption {disruptions}; disruptions do not"
                 f" count against backoffLimit {s.backoff_limit})",
             )
@@ -137,7 +137,7 @@ def failures(st: Draft) -> Plan | None:
         if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
             return st.finish(
                 DDPJobPhase.FAILED,
-                "PodFailed",
+                Reason.POD_FAILED,
                 f"{x.name} {what}; restartPolicy {s.restart_policy.value} treats it as permanent",
             )
         if failed:
@@ -145,15 +145,15 @@ def failures(st: Draft) -> Plan | None:
         if x.role == render.ROLE_STORE:
             st.incident("StoreLost")
             st.plan.warn(
-                "StoreLost",
+                Reason.STORE_LOST,
                 f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
                 " again and resume from the newest checkpoint (no restart counted)",
             )
             continue
         if x.role == render.ROLE_LIGHTHOUSE:
-            st.incident(LIGHTHOUSE_LOST)
+            st.incident("LighthouseLost")
             st.plan.warn(
-                LIGHTHOUSE_LOST,
+                Reason.LIGHTHOUSE_LOST,
                 f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})",
             )
             continue
@@ -167,12 +167,12 @@ def failures(st: Draft) -> Plan | None:
         if st.restarts > s.backoff_limit:
             return st.finish(
                 DDPJobPhase.FAILED,
-                "BackoffLimitExceeded",
+                Reason.BACKOFF_LIMIT_EXCEEDED,
                 f"{x.name} {what}; the job already used its backoffLimit of"
                 f" {s.backoff_limit} restarts",
             )
         st.plan.warn(
-            "PodFailed" if failed else "PodDisrupted",
+            Reason.POD_FAILED if failed else Reason.POD_DISRUPTED,
             f"{x.name} {what}; recreating it (restart {st.restarts} of backoffLimit"
             f" {s.backoff_limit}; failures of older pods within {DISRUPTION_WINDOW_S:.0f}s"
             " count with this one)",

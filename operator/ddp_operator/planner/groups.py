@@ -3,12 +3,10 @@ train, and a lost lighthouse restarts nothing."""
 
 from __future__ import annotations
 
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase, Reason
 
 from .draft import Draft
 
-GROUPS_CHANGING = "GroupsChanging"  # PerStep: enough groups train while others come or go
-LIGHTHOUSE_LOST = "LighthouseLost"
 LIGHTHOUSE_GONE = (
     "the replica groups wait for a quorum until it answers, then go on from the step they were"
     " at: none is restarted"
@@ -39,4 +37,4 @@ def groups_phase(
             message += f", recreating in {wait:.0f}s"
         if st.cause is not None:
             message = f"{st.cause[1]}; {message}"
-    return DDPJobPhase.RUNNING, GROUPS_CHANGING, message
+    return DDPJobPhase.RUNNING, Reason.GROUPS_CHANGING, message

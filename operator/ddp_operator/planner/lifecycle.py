@@ -4,7 +4,7 @@ and ``spec.suspend``."""
 from __future__ import annotations
 
 from ddp_api.contract import parse_rfc3339, rfc3339
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase, Reason
 
 from .. import render
 from .draft import Draft, Plan
@@ -24,7 +24,7 @@ def past_deadline(st: Draft) -> Plan | None:
     if left <= 0:
         return st.finish(
             DDPJobPhase.FAILED,
-            "DeadlineExceeded",
+            Reason.DEADLINE_EXCEEDED,
             f"the job ran longer than activeDeadlineSeconds={deadline}",
         )
     st.plan.requeue(left)
@@ -56,9 +56,9 @@ def suspended(st: Draft, prev_phase: str) -> Plan:
     st.delete(live)
     if prev_phase != DDPJobPhase.SUSPENDED:
         st.plan.info(
-            "Suspended",
+            Reason.SUSPENDED,
             f"spec.suspend is true: deleting {len(live)} pods; the checkpoints are kept and"
             " training resumes from them when spec.suspend is false again",
         )
     st.new["startTime"] = None  # activeDeadlineSeconds counts time since the last resume
-    return st.result(DDPJobPhase.SUSPENDED, "Suspended", "spec.suspend is true")
+    return st.result(DDPJobPhase.SUSPENDED, Reason.SUSPENDED, "spec.suspend is true")

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import ConditionStatus, Reason
 
 from .. import render
 from .draft import Draft
-from .groups import LIGHTHOUSE_GONE, LIGHTHOUSE_LOST
+from .groups import LIGHTHOUSE_GONE
 from .views import MachineView
 
 NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
@@ -39,7 +40,7 @@ def _gone(m: MachineView, now: dt.datetime) -> tuple[float, str]:
     if m.silent_since:
         silent_s = (now - (parse_rfc3339(m.silent_since) or now)).total_seconds()
         return silent_s, f"which has sent no heartbeat (its Lease) for {silent_s:.0f}s"
-    if m.ready == "True":
+    if m.ready == ConditionStatus.TRUE:
         return 0.0, ""
     gone_s = (now - (parse_rfc3339(m.since) or now)).total_seconds()
     return gone_s, f"whose Ready condition has been {m.ready} for {gone_s:.0f}s"
@@ -96,19 +97,19 @@ def lost_machines(st: Draft, machines: Mapping[str, MachineView], grace_s: float
         )
         if x.role == render.ROLE_STORE:
             st.incident("StoreLost")
-            st.plan.warn("StoreLost", f"{what} (no restart counted)")
+            st.plan.warn(Reason.STORE_LOST, f"{what} (no restart counted)")
         elif x.role == render.ROLE_LIGHTHOUSE:
-            st.incident(LIGHTHOUSE_LOST)
-            st.plan.warn(LIGHTHOUSE_LOST, f"{what} (no restart counted; {LIGHTHOUSE_GONE})")
+            st.incident("LighthouseLost")
+            st.plan.warn(Reason.LIGHTHOUSE_LOST, f"{what} (no restart counted; {LIGHTHOUSE_GONE})")
         elif st.job.spec.per_step:
             n = st.count_disruption("NodeLost")
             st.plan.warn(
-                "NodeLost",
+                Reason.NODE_LOST,
                 f"{what}, alone: the other replica groups keep training (disruption {n}; not"
                 " against backoffLimit)",
             )
         else:
             n = st.count_disruption("NodeLost")
-            st.plan.warn("NodeLost", f"{what} (disruption {n}; not against backoffLimit)")
+            st.plan.warn(Reason.NODE_LOST, f"{what} (disruption {n}; not against backoffLimit)")
         said.append(what)
     return "; ".join(said)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, Reason
 from ddp_api.pods import selector
 
 from .. import diagnosis, incidents, queueing, render, reports
@@ -80,7 +80,9 @@ def plan(
         st.job = job = queueing.admitted_job(job, admission)
         kueue.admitted(st, admission)
     if prev_phase == DDPJobPhase.SUSPENDED:
-        st.plan.info("Resumed", "spec.suspend is false: recreating pods, resuming from checkpoint")
+        st.plan.info(
+            Reason.RESUMED, "spec.suspend is false: recreating pods, resuming from checkpoint"
+        )
 
     late = past_deadline(st)
     if late is not None:
@@ -107,7 +109,7 @@ def plan(
         # PerStep: the groups left go on (groups_phase said Running), the others restart.
         training = job.spec.per_step and converged.status.get("phase") == DDPJobPhase.RUNNING
         phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
-        return st.result(phase, "NodeLost", lost)
+        return st.result(phase, Reason.NODE_LOST, lost)
     return converged
 
 

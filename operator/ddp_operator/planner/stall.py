@@ -7,15 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase, Reason
 
 from .. import render, reports
 from .draft import Draft, Plan, condition
-from .groups import GROUPS_CHANGING
 
 PROGRESS_DEADLINE_FLOOR_S = 600.0  # spec.progressDeadlineSeconds unset: at least this ...
 STEP_TIMES_PER_DEADLINE = 10  # ... or this many of the recent step time, whichever is longer
-STALLED = "Stalled"  # the reason of a restart for a job whose step stopped moving
 
 
 def progress_deadline_s(spec_s: int | None, progress: Mapping[str, Any] | None) -> float:
@@ -49,7 +47,10 @@ def stall(st: Draft, prev_phase: str) -> Plan | None:
         return None
     # PerStep: the groups ready train without the others, so they may stall without them.
     ft = s.fault_tolerance if s.per_step else None
-    if st.status.get("reason") not in ("AllNodesRunning", *([GROUPS_CHANGING] if ft else [])):
+    if st.status.get("reason") not in (
+        Reason.ALL_NODES_RUNNING,
+        *([Reason.GROUPS_CHANGING] if ft else []),
+    ):
         return None
     p = progress or {}
     step, total = p.get("step"), p.get("totalSteps")
@@ -85,20 +86,20 @@ def stall(st: Draft, prev_phase: str) -> Plan | None:
     again = step is not None and st.status.get("stalledAtStep") == step
     st.new["stalledAtStep"] = step
     if not again:
-        n = st.count_disruption(STALLED)
+        n = st.count_disruption("Stalled")
         message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
-        st.plan.warn(STALLED, message)
-        return st.result(DDPJobPhase.RESTARTING, STALLED, message)
+        st.plan.warn(Reason.STALLED, message)
+        return st.result(DDPJobPhase.RESTARTING, Reason.STALLED, message)
     st.count_failure()
-    st.incident(STALLED)
+    st.incident("Stalled")
     if st.restarts > s.backoff_limit:
         return st.finish(
             DDPJobPhase.FAILED,
-            STALLED,
+            Reason.STALLED,
             f"{what}; stalled at this step before, and the job already used its backoffLimit"
             f" of {s.backoff_limit} restarts",
         )
     message = f"{what}; stalled at this step before: restart {st.restarts} of backoffLimit"
     message += f" {s.backoff_limit}"
-    st.plan.warn(STALLED, message)
-    return st.result(DDPJobPhase.RESTARTING, STALLED, message)
+    st.plan.warn(Reason.STALLED, message)
+    return st.result(DDPJobPhase.RESTARTING, Reason.STALLED, message)

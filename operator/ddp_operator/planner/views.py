@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus
 
 from .. import render, reports
 
@@ -59,7 +59,7 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             message = term.get("message") or f"exit code {term.get('exitCode')}"
             return PodProblem(reason or "Error", message, image)
     for c in status.get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+        if c.get("type") == "PodScheduled" and c.get("status") == ConditionStatus.FALSE:
             reason = c.get("reason") or UNSCHEDULABLE
             return PodProblem(reason, c.get("message") or "", scheduler=True)
     return None
@@ -102,10 +102,12 @@ def view(pod: Mapping[str, Any]) -> PodView:
             exit_code, reason = term.get("exitCode"), term.get("reason", "")
             finished = term.get("finishedAt") or ""
     conds = {c.get("type"): c for c in status.get("conditions") or []}
-    ready = (conds.get("Ready") or {}).get("status") == "True"
+    ready = (conds.get("Ready") or {}).get("status") == ConditionStatus.TRUE
     target = conds.get(DISRUPTION_TARGET) or {}
     disrupted = (
-        (target.get("reason") or DISRUPTION_TARGET) if target.get("status") == "True" else ""
+        (target.get("reason") or DISRUPTION_TARGET)
+        if target.get("status") == ConditionStatus.TRUE
+        else ""
     )
     phase = status.get("phase", "Pending")
     return PodView(
@@ -146,6 +148,6 @@ def machine_view(node: Mapping[str, Any]) -> MachineView:
     ready: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
     return MachineView(
         name=(node.get("metadata") or {}).get("name", ""),
-        ready=ready.get("status") or "Unknown",
+        ready=ready.get("status") or ConditionStatus.UNKNOWN,
         since=ready.get("lastTransitionTime") or "",
     )
