@@ -35,7 +35,7 @@ def missing_account(status: int, message: str) -> bool:
 class Actions:
     metrics: OperatorMetrics
     trainer: TrainerObjects
-    api: kube.Kube | None = None
+    api: kube.Kube
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # job uid -> our status
     status_written_at: dict[str, float] = field(default_factory=dict)  # job uid -> monotonic
@@ -55,7 +55,6 @@ class Actions:
         """Carries out ``p``, and writes status before or after, as
         :func:`bookkeeping.status_write` says; returns the objects created. ``in_pod``: the
         new pods run as the namespace's trainer account (else as the job's own)."""
-        assert self.api is not None
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
         job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
@@ -67,7 +66,6 @@ class Actions:
             p.requeue(wait)
 
         async def write_status() -> bool:
-            assert self.api is not None
             r = await self.api.must(
                 "PATCH", job_path + "/status", {"status": p.status}, kube.MERGE_PATCH, ok=(404,)
             )
@@ -115,7 +113,6 @@ class Actions:
         return [o for o, ok in zip(p.create, created, strict=True) if ok]
 
     async def _create(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
-        assert self.api is not None
         r = await self.api.call("POST", kube.path_of(obj), obj)
         if r.ok:
             return True
@@ -132,7 +129,6 @@ class Actions:
         return False
 
     async def event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
-        assert self.api is not None
         meta = body["metadata"]
         event = bookkeeping.event_body(
             meta,
