@@ -58,16 +58,17 @@ is counted and no diagnosis fails the job (it completes when a group exits 0). N
 deleted but the pod that went: each replacement is of that one pod.
 
 What stops a pod (an image that cannot be pulled, a missing claim, no machine that fits, a
-missing command, the OOM killer) is read by :mod:`ddp_operator.diagnosis`; while pods show it,
-its reason and message replace those of the phase (one Event when the reason changes), and what
-cannot heal fails the job: a missing command at once, the others once a pod showing it is older
-than ``spec.startupDeadlineSeconds``. An OOM kill is a failure like any other, named while the
+missing command, the OOM killer) is read from its status (:func:`.views.problem`) and judged by
+:mod:`ddp_operator.diagnosis`; while pods show it, its reason and message replace those of the
+phase (one Event when the reason changes), and what cannot heal fails the job: a missing
+command at once, the others once a pod showing it is older than
+``spec.startupDeadlineSeconds``. An OOM kill is a failure like any other, named while the
 job restarts.
 
 One module per policy, asked in this order by :func:`.plan.plan`: :mod:`.lifecycle` (a finished
-job's TTL, ``spec.suspend``, ``activeDeadlineSeconds``), :mod:`.admission` (Kueue's queueing
-states), :mod:`.lost_machines`, :mod:`.completion`, :mod:`.failures`, :mod:`.stall` (the
-progress deadline), :mod:`ddp_operator.diagnosis`, then :mod:`.converge` (what to create and
-delete, and the phase; PerStep's: :mod:`.groups`). Each writes into one :class:`.draft.Draft`;
-:mod:`.views` reads the pods and Nodes they all see.
+job's TTL, ``spec.suspend``), :mod:`.admission` (Kueue's queueing states), :mod:`.lifecycle`
+again (``activeDeadlineSeconds``), :mod:`.lost_machines`, :mod:`.completion`, :mod:`.failures`,
+:mod:`.stall` (the progress deadline), :mod:`ddp_operator.diagnosis`, then :mod:`.converge`
+(what to create and delete, and the phase; PerStep's: :mod:`.groups`). Each writes into one
+:class:`.draft.Draft`; :mod:`.views` reads the pods and Nodes they all see.
 """
