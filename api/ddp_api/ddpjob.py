@@ -232,6 +232,37 @@ class ConditionStatus(StrEnum):
     UNKNOWN = "Unknown"
 
 
+class Reason(StrEnum):
+    """The reasons the operator gives, in the job's condition (``status.reason``) and in its
+    Events, beside those of a pod's problem (``ddp_operator.diagnosis``) and Kueue's own."""
+
+    WAITING_FOR_NODES = "WaitingForNodes"  # Pending: the node pods start
+    ALL_NODES_RUNNING = "AllNodesRunning"
+    NODES_NOT_READY = "NodesNotReady"  # Running: every pod there, not all ready for a moment
+    NODES_CHANGING = "NodesChanging"  # Scaling
+    GROUPS_CHANGING = "GroupsChanging"  # PerStep: enough groups train while others come or go
+    NODES_COMPLETING = "NodesCompleting"  # one node finished training; the others get a grace
+    COMPLETED = "Completed"
+    # A restart counted against backoffLimit: a pod that failed, or one deleted while it ran.
+    # The operator's restarts metric counts the Events of these two.
+    POD_FAILED = "PodFailed"
+    POD_DISRUPTED = "PodDisrupted"
+    DISRUPTION = "Disruption"  # a pod Kubernetes took away (DisruptionTarget): not counted
+    NODE_LOST = "NodeLost"  # a pod on a machine not Ready, or silent
+    STORE_LOST = "StoreLost"
+    LIGHTHOUSE_LOST = "LighthouseLost"
+    LOST_AFTER_TRAINING = "LostAfterTraining"  # PerStep: a group lost after the last step
+    STALLED = "Stalled"  # no step for progressDeadlineSeconds
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+
+
+# The Events of a restart counted against backoffLimit.
+RESTART_REASONS = frozenset({Reason.POD_FAILED, Reason.POD_DISRUPTED})
+
+
 class ResourceClaim(_Model):
     """A dynamic resource claim of the pod that the container uses."""
 

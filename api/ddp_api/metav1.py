@@ -1,6 +1,6 @@
 """What Kubernetes' metav1 says about owners and conditions, written once and without I/O: the
 owner reference that ties an object to its DDPJob, and when a condition's lastTransitionTime
-moves. render, queueing, plan and the client all build theirs here.
+moves. render, queueing, the planner and the client all build theirs here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """ddp_operator: the operator that runs DDPJobs (the API itself is :mod:`ddp_api.ddpjob`).
 
 Owns the CRD generated from the API (:mod:`~ddp_operator.crd`); the controller's pure
-decisions (:mod:`~ddp_operator.render` what a job runs, :mod:`~ddp_operator.plan` what to do,
+decisions (:mod:`~ddp_operator.render` what a job runs, :mod:`~ddp_operator.planner` what to do,
 :mod:`~ddp_operator.bookkeeping` what to write when, :mod:`~ddp_operator.queueing` Kueue,
 :mod:`~ddp_operator.diagnosis` why pods stop, :mod:`~ddp_operator.reports` rank 0's
 progress) and its I/O shell (:mod:`~ddp_operator.controller`, and its parts

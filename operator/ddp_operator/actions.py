@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import API_VERSION, KIND, PLURAL
-from ddp_api.ddpjob import DDPJob
+from ddp_api.ddpjob import RESTART_REASONS, DDPJob
 
 from . import bookkeeping, kube
-from . import plan as planner
 from .metrics import OperatorMetrics
+from .planner.draft import Plan
 from .trainer_objects import TrainerObjects
 
 log = logging.getLogger("ddp_operator")
@@ -35,7 +35,7 @@ def missing_account(status: int, message: str) -> bool:
 class Actions:
     metrics: OperatorMetrics
     trainer: TrainerObjects
-    api: kube.Kube | None = None
+    api: kube.Kube
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # job uid -> our status
     status_written_at: dict[str, float] = field(default_factory=dict)  # job uid -> monotonic
@@ -49,13 +49,12 @@ class Actions:
         body: dict[str, Any],
         job: DDPJob | None,
         status: dict[str, Any],
-        p: planner.Plan,
+        p: Plan,
         in_pod: bool = True,
     ) -> list[dict[str, Any]]:
         """Carries out ``p``, and writes status before or after, as
         :func:`bookkeeping.status_write` says; returns the objects created. ``in_pod``: the
         new pods run as the namespace's trainer account (else as the job's own)."""
-        assert self.api is not None
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
         job_path = kube.group_path(API_VERSION, ns, PLURAL, name)
@@ -67,7 +66,6 @@ class Actions:
             p.requeue(wait)
 
         async def write_status() -> bool:
-            assert self.api is not None
             r = await self.api.must(
                 "PATCH", job_path + "/status", {"status": p.status}, kube.MERGE_PATCH, ok=(404,)
             )
@@ -104,7 +102,7 @@ class Actions:
         self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
         await asyncio.gather(*(self.event(body, *e) for e in p.events))
         for _, reason, _ in p.events:
-            if reason in bookkeeping.RESTART_REASONS:
+            if reason in RESTART_REASONS:
                 self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()
@@ -115,7 +113,6 @@ class Actions:
         return [o for o, ok in zip(p.create, created, strict=True) if ok]
 
     async def _create(self, obj: dict[str, Any], body: dict[str, Any]) -> bool:
-        assert self.api is not None
         r = await self.api.call("POST", kube.path_of(obj), obj)
         if r.ok:
             return True
@@ -132,7 +129,6 @@ class Actions:
         return False
 
     async def event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
-        assert self.api is not None
         meta = body["metadata"]
         event = bookkeeping.event_body(
             meta,

@@ -1,4 +1,4 @@
-"""The controller's bookkeeping, pure (beside :mod:`ddp_operator.plan`, which decides what a job
+"""The controller's bookkeeping, pure (beside :mod:`ddp_operator.planner`, which decides what a job
 needs): which status to believe, when to write it, which creates are still pending, how an
 unreadable spec ends, the Events it posts and which start-up milestones it times.
 """
@@ -15,7 +15,7 @@ from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobPhase
 from ddp_api.trainer_config import validation_message
 
-from . import plan as planner
+from .planner.draft import Plan, conditions
 
 EXPECTATION_TTL_S = 30.0
 # Status fields that change with every pod coming up; written at most this often.
@@ -73,11 +73,9 @@ def status_write(
     return True, "handledFailures" in diff, None
 
 
-def invalid_spec(
-    status: Mapping[str, Any], error: ValidationError, now: dt.datetime
-) -> planner.Plan:
+def invalid_spec(status: Mapping[str, Any], error: ValidationError, now: dt.datetime) -> Plan:
     """A spec the API server accepted but this operator cannot read (say, from a newer CRD)."""
-    p = planner.Plan()
+    p = Plan()
     text = validation_message(error, tidy=False)
     if status.get("phase") != "Failed":
         stamp = rfc3339(now)
@@ -85,7 +83,7 @@ def invalid_spec(
             "phase": "Failed",
             "reason": "InvalidSpec",
             "completionTime": stamp,
-            "conditions": planner.conditions(
+            "conditions": conditions(
                 status.get("conditions") or [], "Failed", "InvalidSpec", text, stamp
             ),
         }
@@ -125,7 +123,6 @@ def event_body(
 # -- metrics: which start-up milestones of a job this process can time ---------------------------
 PODS_CREATED = "pods"  # all first node pods created
 FIRST_STEP = "step"  # the first training step seen in status.progress
-RESTART_REASONS = frozenset({"PodFailed", "PodDisrupted"})  # the Events of a counted restart
 
 
 def milestones_to_time(status: Mapping[str, Any], workers: int) -> set[str]:

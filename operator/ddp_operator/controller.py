@@ -1,5 +1,5 @@
 """The controller: what a reconcile of one job reads, decides and does, and the parts it is
-made of. The decisions are pure: :mod:`ddp_operator.plan` (what a job needs) and
+made of. The decisions are pure: :mod:`ddp_operator.planner` (what a job needs) and
 :mod:`ddp_operator.bookkeeping` (what the controller believes and writes when);
 :mod:`ddp_operator.handlers` wires this into kopf. Its parts, each of one job:
 :mod:`~ddp_operator.workqueue` (one reconcile of a job at a time, the clock),
@@ -23,7 +23,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +34,14 @@ from ddp_api import contract
 from ddp_api.ddpjob import DDPJob
 
 from . import bookkeeping, informer, kube, queueing, render
-from . import plan as planner
-from .actions import Actions
+from .actions import COMPONENT, Actions
 from .kueue_workloads import KueueWorkloads
 from .leadership import Elector
 from .machines import Machines
 from .metrics import OperatorMetrics
+from .planner import views
+from .planner.draft import Plan
+from .planner.plan import PlanSettings, plan
 from .progress_records import ProgressRecords
 from .settings import Settings
 from .startup import StartupTimes
@@ -51,48 +53,88 @@ log = logging.getLogger("ddp_operator")
 
 @dataclass
 class Controller:
-    """The operator's memory between events; lost on restart, which only costs API calls."""
+    """The operator's memory between events; lost on restart, which only costs API calls.
 
-    settings: Settings = field(default_factory=Settings)
+    Built whole from its settings, its credentials and kopf's index of jobs: its API sessions
+    (the controller's, gated by :meth:`acting`, and the elector's own) and every part exist
+    from construction; :meth:`start` sets them running."""
+
+    settings: Settings
+    credentials: Callable[[], kopf.ConnectionInfo | None]
+    jobs: kopf.Index[Any, Any]  # kopf's jobs_by_name index
+    # This replica's name: in the Lease, and in its requests' user agent (audit logs).
+    identity: str
+    instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
     # Pods created but not yet seen by the watch: name -> when created.
     expected: dict[Key, dict[str, float]] = field(default_factory=dict)
-    api: kube.Kube | None = None
-    jobs: kopf.Index[Any, Any] | None = None  # kopf's jobs_by_name index
-    pods: informer.Cache[planner.PodView] = field(
-        default_factory=lambda: informer.Cache(render.LABEL_JOB, planner.view)
+    pods: informer.Cache[views.PodView] = field(
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, views.view)
     )
     services: informer.Cache[str] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
     )
     progress: ProgressRecords = field(default_factory=ProgressRecords)
-    workloads: KueueWorkloads = field(
-        default_factory=KueueWorkloads
-    )  # queued jobs' Kueue Workloads
-    watches: informer.Watches | None = None
-    machines: Machines | None = None  # Nodes and their heartbeats, once the watches start
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    elector: Elector | None = None  # None: no leader election, this process always acts
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    elector: Elector | None = field(init=False)  # None: no leader election, this one acts
+    api: kube.Kube = field(init=False)  # every request but the elector's
+    workloads: KueueWorkloads = field(init=False)  # queued jobs' Kueue Workloads
     trainer: TrainerObjects = field(init=False)  # the trainer pods' accounts (and ConfigMaps)
     actions: Actions = field(init=False)  # carries out each plan
+    watches: informer.Watches = field(init=False)
+    machines: Machines = field(init=False)  # Nodes and their heartbeats
     startup: StartupTimes = field(init=False)
     queue: WorkQueue = field(init=False)
 
     def __post_init__(self) -> None:
-        self.trainer = TrainerObjects(self.pods)
+        ours, agent = self.settings, f"{COMPONENT}/{self.identity}"
+        self.elector = None
+        if ours.leader_election:
+            self.elector = Elector(
+                kube.Kube(self.credentials, 1, attempts=1, user_agent=agent),  # never queued
+                ours.lease_namespace,  # behind the controller's requests
+                ours.lease_name,
+                self.identity,
+                ours.lease,
+                self.leading,
+            )
+        self.api = kube.Kube(
+            self.credentials,
+            ours.workers,
+            on_error=lambda code: self.metrics.api_errors.labels(code).inc(),
+            may_write=self.acting,
+            user_agent=agent,
+        )
+        self.workloads = KueueWorkloads(self.api)
+        self.trainer = TrainerObjects(self.pods, self.api, self.spawn)
         self.pods.removed = self.progress.pod_removed  # a deleted pod's last report is kept
-        self.actions = Actions(self.metrics, self.trainer)
+        self.actions = Actions(self.metrics, self.trainer, self.api, self.instance)
+        caches: dict[str, informer.Cache[Any]] = {
+            "pods": self.pods,
+            "services": self.services,
+            "configmaps": self.progress.cache,
+        }
+        if ours.kueue:
+            caches[queueing.WORKLOADS] = self.workloads.cache
+        self.watches = informer.Watches(
+            self.api,
+            caches,
+            self.changed,
+            lambda namespace: self.queue.release(namespace),
+            api_versions={queueing.WORKLOADS: queueing.KUEUE_API},
+        )
+        self.machines = Machines(ours.node_lost_grace_s, self._machine_changed)
         self.startup = StartupTimes(self.metrics)
         self.queue = WorkQueue(
             self.reconcile,
-            lambda key: list(self.jobs.get(key, [])) if self.jobs is not None else [],
-            lambda: list(self.jobs or []),
-            lambda namespace: self.watches is not None and self.watches.ready(namespace),
+            lambda key: list(self.jobs.get(key, [])),
+            lambda: list(self.jobs),
+            self.watches.ready,
             self.spawn,
             self.metrics.reconcile.observe,
             self.acting,
         )
-        self.metrics.leader.set(1)  # until an elector says otherwise
+        self.metrics.leader.set(1 if self.elector is None else 0)  # the elector says when
 
     def acting(self) -> bool:
         """Whether this replica may write now: the gate of the API client and of reconciles."""
@@ -110,28 +152,17 @@ class Controller:
         self.actions.status_written_at.clear()
         self.queue.due.clear()
 
-    def start_watches(self, api: kube.Kube) -> None:
-        """Fills the pod and Service caches, then keeps them current; reconciles start after."""
-        self.api = self.workloads.api = self.actions.api = api
+    def start(self) -> None:
+        """Runs the elector (if any), reads the trainer policy, fills the pod and Service
+        caches and keeps them current, watches the machines, and starts the clock;
+        reconciles start once the caches are filled."""
+        if self.elector is not None:
+            self.spawn(self.elector.run())
         # The admission policy is read first: the bundled trainer's jobs wait for it.
-        self.trainer.start(api, self.spawn, self.settings.trainer_policy)
-        caches: dict[str, informer.Cache[Any]] = {
-            "pods": self.pods,
-            "services": self.services,
-            "configmaps": self.progress.cache,
-        }
-        if self.settings.kueue:
-            caches[queueing.WORKLOADS] = self.workloads.cache
-        self.watches = informer.Watches(
-            api,
-            caches,
-            self.changed,
-            self.queue.release,
-            api_versions={queueing.WORKLOADS: queueing.KUEUE_API},
-        )
+        self.trainer.start(self.settings.trainer_policy)
         self.watches.start()
-        self.machines = Machines(self.settings.node_lost_grace_s, self._machine_changed)
-        self.machines.start(api, self.spawn)
+        self.machines.start(self.api, self.spawn)
+        self.spawn(self.queue.clock(self.settings.resync_s))
 
     def _machine_changed(self, key: Key) -> None:
         """A Node's readiness changed: reconcile the jobs with pods on it."""
@@ -226,10 +257,10 @@ class Controller:
         key: Key,
         job: DDPJob,
         status: dict[str, Any],
-        observed: list[planner.PodView],
+        observed: list[views.PodView],
         pending: Collection[str],
         in_pod: bool,
-    ) -> tuple[planner.Plan, dict[str, Any] | None]:
+    ) -> tuple[Plan, dict[str, Any] | None]:
         """What to do for a valid spec, and the job's Kueue Workload when it is queued;
         ``in_pod``: its new pods report into their own pod (else into the job's ConfigMap)."""
         cfg = self.settings.render
@@ -245,19 +276,22 @@ class Controller:
         progress, refused = self.progress.latest(
             key, job.metadata.get("uid", ""), observed, status.get("progress")
         )
-        p = planner.plan(
+        rules = PlanSettings(
+            cfg,
+            self.settings.backoff_base_s,
+            self.settings.completion_grace_s,
+            self.settings.node_lost_grace_s,
+        )
+        p = plan(
             job,
             status,
             observed,
             dt.datetime.now(dt.UTC),
-            cfg,
-            self.settings.backoff_base_s,
+            rules,
             pending=pending,
             admission=admission,
             progress=progress,
-            completion_grace_s=self.settings.completion_grace_s,
-            machines=self.machines.views() if self.machines is not None else {},
-            node_lost_grace_s=self.settings.node_lost_grace_s,
+            machines=self.machines.views(),
         )
         for why in refused:
             p.warn("ProgressRejected", why)

@@ -1,5 +1,5 @@
-"""Why a job's pods cannot start or run, read from their statuses: pure, like the planner that
-uses it. The kubelet's and the scheduler's reasons become one DDPJob reason, with a message
+"""Why a job's pods cannot start or run, from what :func:`ddp_operator.planner.views.problem`
+reads of their statuses: pure, like the planner that uses it. The kubelet's and the scheduler's reasons become one DDPJob reason, with a message
 that names the pods, what is wrong (image, claim, command, capacity, memory) and the fix.
 
 | pod status | DDPJob reason | outcome |
@@ -17,32 +17,27 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobSpec
 
 from . import render
-
-if TYPE_CHECKING:
-    from .plan import PodView
-
-IMAGE_REASONS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+from .planner.views import (
+    COMMAND_EXIT_CODES,
+    CONFIG_REASONS,
+    IMAGE_REASONS,
+    OOM,
+    START_REASONS,
+    UNSCHEDULABLE,
+    PodView,
 )
-CONFIG_REASONS = frozenset(
-    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
-)
-START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
-OOM = "OOMKilled"
-UNSCHEDULABLE = "Unschedulable"
+
 # Reasons of failures that are counted like any other, named while the job restarts.
 COUNTED_REASONS = frozenset({OOM, *START_REASONS})
 WAITS_SAID_AFTER_S = 10.0  # pod age before Unschedulable is said (it is often a moment's)
-COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
 SIGKILL_EXIT_CODE = 137  # 128 + SIGKILL: what a process the kernel's OOM killer ended exits with
 # How runc and crun say that the program to run is missing or cannot be run (not found, no
 # such file, permission denied, exec format error), naming it; a mount's or a cgroup's trouble
@@ -51,41 +46,6 @@ _COMMAND_FAILED = re.compile(
     r'exec: "(?P<exec>[^"]+)"|"(?P<path>[^"]+)": executable file not found|exec format error'
 )
 _CLAIM_MISSING = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
-
-
-@dataclass(frozen=True)
-class PodProblem:
-    """What a pod's status says stops it: a container's waiting or terminated reason, or the
-    scheduler's (PodScheduled False), with its message and the container's image."""
-
-    reason: str
-    message: str = ""
-    image: str = ""
-    scheduler: bool = False  # the scheduler's (not placed yet), not a container's
-
-
-def read(pod: Mapping[str, Any]) -> PodProblem | None:
-    """The problem a pod body shows, if any (a part of :func:`ddp_operator.plan.view`)."""
-    status = pod.get("status") or {}
-    for cs in status.get("containerStatuses") or []:
-        if cs.get("name") not in (render.CONTAINER, render.STORE_CONTAINER):
-            continue
-        image = cs.get("image") or ""
-        state = cs.get("state") or {}
-        waiting = state.get("waiting") or {}
-        if waiting.get("reason") in IMAGE_REASONS | CONFIG_REASONS:
-            return PodProblem(waiting["reason"], waiting.get("message") or "", image)
-        # The store restarts in place (restartPolicy Always): its last end counts too.
-        term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
-        reason = term.get("reason") or ""
-        if reason in START_REASONS or reason == OOM or term.get("exitCode") in COMMAND_EXIT_CODES:
-            message = term.get("message") or f"exit code {term.get('exitCode')}"
-            return PodProblem(reason or "Error", message, image)
-    for c in status.get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            reason = c.get("reason") or UNSCHEDULABLE
-            return PodProblem(reason, c.get("message") or "", scheduler=True)
-    return None
 
 
 class Effect(StrEnum):

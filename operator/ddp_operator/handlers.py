@@ -1,6 +1,6 @@
 """The kopf wiring: start-up, the DDPJob watch and index, shutdown. Everything else is in
-:mod:`ddp_operator.controller` (I/O) and :mod:`ddp_operator.plan`/:mod:`~ddp_operator.bookkeeping`
-(decisions).
+:mod:`ddp_operator.controller` (I/O) and :mod:`ddp_operator.planner`/
+:mod:`~ddp_operator.bookkeeping` (decisions).
 
 Run it with ``kopf run --standalone -m ddp_operator.handlers --all-namespaces`` (or ``-n NS``).
 kopf watches DDPJobs, with an index and a watching handler (``on.event``) only: no timers or
@@ -15,7 +15,6 @@ deadline, TTL, resync) runs from the controller's clock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import ctypes
@@ -32,11 +31,7 @@ from ddp_api.contract import GROUP, PLURAL, VERSION
 from . import kube
 from .actions import COMPONENT
 from .controller import Controller
-from .leadership import Elector
 from .settings import Settings
-
-# The operator's one controller; its settings are read from the environment once, at start-up.
-CONTROLLER = Controller()
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -84,37 +79,20 @@ async def configure(**kw: Any) -> None:
     # kopf's "handler succeeded" line for every job event is noise at scale; errors stay.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _limit_malloc_arenas()
-    ours = CONTROLLER.settings = Settings.from_env(os.environ)
-    CONTROLLER.actions.instance = os.environ.get("HOSTNAME", COMPONENT)  # its Events' reporter
-    CONTROLLER.jobs = kw["jobs_by_name"]
-    metrics = CONTROLLER.metrics
-    credentials = lambda: kube.login(settings=settings)  # noqa: E731
-    me = ours.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    agent = f"{COMPONENT}/{me}"
-    if ours.leader_election:
-        CONTROLLER.elector = Elector(
-            kube.Kube(credentials, 1, attempts=1, user_agent=agent),  # never queued behind ours
-            ours.lease_namespace,
-            ours.lease_name,
-            me,
-            ours.lease,
-            CONTROLLER.leading,
-        )
-        metrics.leader.set(0)
-        CONTROLLER.spawn(CONTROLLER.elector.run())
-    CONTROLLER.start_watches(
-        kube.Kube(
-            credentials,
-            ours.workers,
-            on_error=lambda code: metrics.api_errors.labels(code).inc(),
-            may_write=CONTROLLER.acting,
-            user_agent=agent,
-        )
+    ours = Settings.from_env(os.environ)  # read once, at start-up
+    # The operator's one controller, which every handler finds in kopf's memo.
+    controller = kw["memo"].controller = Controller(
+        ours,
+        lambda: kube.login(settings=settings),
+        kw["jobs_by_name"],
+        ours.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        instance=os.environ.get("HOSTNAME", COMPONENT),  # its Events' reporter
     )
-    CONTROLLER.spawn(CONTROLLER.queue.clock(CONTROLLER.settings.resync_s))
+    controller.start()
+    metrics = controller.metrics
     metrics.watch_jobs(lambda: _indexed_jobs(kw["jobs_by_name"]))
-    metrics.track_queue(CONTROLLER.queue.depth)
-    metrics.serve(CONTROLLER.settings.metrics_port)
+    metrics.track_queue(controller.queue.depth)
+    metrics.serve(ours.metrics_port)
 
 
 def _indexed_jobs(index: kopf.Index[Any, Any]) -> list[Any]:
@@ -122,18 +100,19 @@ def _indexed_jobs(index: kopf.Index[Any, Any]) -> list[Any]:
 
 
 @kopf.on.cleanup()
-async def shutdown(**_: Any) -> None:
-    CONTROLLER.metrics.stop()
-    elector, api = CONTROLLER.elector, CONTROLLER.api
+async def shutdown(**kw: Any) -> None:
+    controller: Controller | None = getattr(kw["memo"], "controller", None)
+    if controller is None:  # start-up did not get that far
+        return
+    controller.metrics.stop()
+    elector, api = controller.elector, controller.api
     if elector is not None:  # stop writing, let the writes in flight land, give the Lease up
-        await elector.release(lambda: api.drained(5.0) if api is not None else asyncio.sleep(0))
+        await elector.release(lambda: api.drained(5.0))
         await elector.api.close()
-    for task in list(CONTROLLER.tasks):
+    for task in list(controller.tasks):
         task.cancel()
-    if CONTROLLER.watches is not None:
-        await CONTROLLER.watches.stop()
-    if api is not None:
-        await api.close()
+    await controller.watches.stop()
+    await api.close()
 
 
 def _not_deleted(**kw: Any) -> bool:
@@ -153,7 +132,8 @@ async def jobs_by_name(**kw: Any) -> Any:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_job_event(**kw: Any) -> None:
+    controller: Controller = kw["memo"].controller
     if kw["event"]["type"] == "DELETED":
-        CONTROLLER.forget((kw["namespace"], kw["name"]), kw["body"].metadata.get("uid") or "")
+        controller.forget((kw["namespace"], kw["name"]), kw["body"].metadata.get("uid") or "")
         return
-    await CONTROLLER.queue.enqueue((kw["namespace"], kw["name"]))
+    await controller.queue.enqueue((kw["namespace"], kw["name"]))

@@ -5,7 +5,8 @@ kopf handles every watch event of every object with its full machinery (memories
 selection, patch bookkeeping, logging contexts); at hundreds of pods coming up at once that was
 most of the operator's CPU, taken from the API server on a small control plane. The planner
 reads a handful of fields of each pod, so these caches keep only those (a
-:class:`~ddp_operator.plan.PodView`) and tell the controller which job's observation changed.
+:class:`~ddp_operator.planner.views.PodView`) and tell the controller which job's observation
+changed.
 
 Like client-go's informers: one LIST (paged), then a WATCH from its resourceVersion with
 bookmarks, resumed from the last resourceVersion seen when the server ends it, and a new LIST

@@ -17,7 +17,7 @@ from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
 
 from . import informer, kube, queueing, render
-from . import plan as planner
+from .planner.views import PodView
 
 Key = tuple[str, str]
 
@@ -26,7 +26,7 @@ Key = tuple[str, str]
 class KueueWorkloads:
     """The Workloads of queued jobs (a watch keeps ``cache``), and what was read to admit them."""
 
-    api: kube.Kube | None = None
+    api: kube.Kube
     cache: informer.Cache[dict[str, Any]] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, _workload_view)
     )
@@ -47,7 +47,6 @@ class KueueWorkloads:
     ) -> queueing.Admission:
         """Creates the job's Workload if it has none; returns what Kueue decided. ``worker``
         is the job's pod as rendered: the Workload asks quota for ``spec.nodes`` of it."""
-        assert self.api is not None
         if workload is None:
             if status.get("phase") not in TERMINAL_PHASES:
                 pcn = worker["spec"].get("priorityClassName")
@@ -70,12 +69,11 @@ class KueueWorkloads:
     async def sync(
         self,
         workload: dict[str, Any],
-        observed: Sequence[planner.PodView],
+        observed: Sequence[PodView],
         status: dict[str, Any],
     ) -> None:
         """Releases an evicted Workload's quota once the job's pods are gone; marks the Workload
         of a finished job Finished (both applied as Kueue's own job reconciler applies them)."""
-        assert self.api is not None
         now = rfc3339(dt.datetime.now(dt.UTC))
         phase = status.get("phase")
         if phase in TERMINAL_PHASES:
@@ -93,7 +91,6 @@ class KueueWorkloads:
             await self.api.must("PATCH", path + query, body, queueing.APPLY_PATCH, ok=(404, 409))
 
     async def _flavor(self, name: str) -> dict[str, Any]:
-        assert self.api is not None
         if name not in self.flavors:
             path = f"/apis/{queueing.KUEUE_API}/{queueing.RESOURCE_FLAVORS}/{name}"
             r = await self.api.must("GET", path)
@@ -101,7 +98,6 @@ class KueueWorkloads:
         return self.flavors[name]
 
     async def _priority(self, name: str) -> int | None:
-        assert self.api is not None
         if name not in self.priorities:
             r = await self.api.must(
                 "GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}", ok=(404,)

@@ -2,7 +2,8 @@
 kubelet's heartbeat (its Lease in ``kube-node-lease``, renewed every 10 s), so that a machine
 that went silent is known lost before its Node says so (kube-controller-manager waits 50 s).
 
-The decisions are pure (:func:`plan.silent_machines`, :func:`plan.stalled`); this part keeps the
+The decisions are pure (:func:`~ddp_operator.planner.lost_machines.silent_machines`,
+:func:`~ddp_operator.planner.lost_machines.stalled`); this part keeps the
 caches and the clock, and tells the controller which machine changed.
 """
 
@@ -20,7 +21,8 @@ from typing import Any
 from ddp_api.contract import rfc3339
 
 from . import informer, kube
-from . import plan as planner
+from .planner import lost_machines
+from .planner.views import MachineView, machine_view
 
 log = logging.getLogger("ddp_operator")
 
@@ -35,8 +37,8 @@ class Machines:
 
     grace_s: float
     changed: Callable[[Key], None]
-    nodes: informer.ByName[planner.MachineView] = field(
-        default_factory=lambda: informer.ByName(planner.machine_view)
+    nodes: informer.ByName[MachineView] = field(
+        default_factory=lambda: informer.ByName(machine_view)
     )
     leases: informer.ByName[str] = field(default_factory=lambda: informer.ByName(_renewed))
     # Machine -> when its Lease was last seen renewed (our monotonic clock, our wall clock).
@@ -55,7 +57,7 @@ class Machines:
         spawn(_keep(leases))
         spawn(self.watch_silence())
 
-    def views(self) -> dict[str, planner.MachineView]:
+    def views(self) -> dict[str, MachineView]:
         """The Nodes as the planner sees them, the silent ones marked since their last Lease."""
         return {
             n: dataclasses.replace(v, silent_since=self.silent[n]) if n in self.silent else v
@@ -78,19 +80,19 @@ class Machines:
         the jobs with pods on it are reconciled then (``plan`` deletes those pods).
 
         Silence is what this process did not hear: when it was itself stopped (its machine
-        frozen, then back: a tick comes :data:`plan.STALLED_S` late), every machine is heard
-        afresh instead, or it would take them all for lost."""
+        frozen, then back: a tick comes :data:`~ddp_operator.planner.lost_machines.STALLED_S`
+        late), every machine is heard afresh instead, or it would take them all for lost."""
         tick_s = min(2.0, self.grace_s / 4 or 2.0)
         last = time.monotonic()
         while True:
             now = time.monotonic()
-            if planner.stalled(last, now, tick_s):
+            if lost_machines.stalled(last, now, tick_s):
                 log.warning("this operator was stopped for %.0fs: every machine heard afresh",
                             now - last - tick_s)  # fmt: skip
                 wall = dt.datetime.now(dt.UTC)
                 self.heard = {name: (now, wall) for name in self.heard}
             heard = {name: mono for name, (mono, _) in self.heard.items()}
-            for name in planner.silent_machines(heard, now, self.grace_s) - set(self.silent):
+            for name in lost_machines.silent_machines(heard, now, self.grace_s) - set(self.silent):
                 self.silent[name] = rfc3339(self.heard[name][1])
                 log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name,
                             self.grace_s)  # fmt: skip

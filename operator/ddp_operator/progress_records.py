@@ -15,7 +15,7 @@ from typing import Any
 from ddp_api import contract
 
 from . import informer, render, reports
-from . import plan as planner
+from .planner.views import PodView
 
 Key = tuple[str, str]
 
@@ -34,7 +34,7 @@ class ProgressRecords:
         self,
         key: Key,
         uid: str,
-        pods: Iterable[planner.PodView],
+        pods: Iterable[PodView],
         current: Mapping[str, Any] | None,
     ) -> tuple[dict[str, Any] | None, list[str]]:
         """The job's newest valid record, when it is no older than ``current``
@@ -72,7 +72,7 @@ class ProgressRecords:
             return None, refused
         return newest, refused
 
-    def pod_removed(self, key: Key, view: planner.PodView) -> None:
+    def pod_removed(self, key: Key, view: PodView) -> None:
         """Keeps the record of a pod that left the cache when it is its job's newest so far."""
         record = view.progress
         if record is None or not record.owner:

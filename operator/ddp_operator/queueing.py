@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from ddp_api.contract import KIND
-from ddp_api.ddpjob import DDPJob, PodTemplateOverrides
+from ddp_api.ddpjob import ConditionStatus, DDPJob, PodTemplateOverrides
 from ddp_api.metav1 import owner_reference, transition_time
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -96,7 +96,7 @@ def find_condition(wl: Mapping[str, Any], ctype: str) -> dict[str, Any] | None:
 
 def _true(wl: Mapping[str, Any], ctype: str) -> bool:
     c = find_condition(wl, ctype)
-    return c is not None and c.get("status") == "True"
+    return c is not None and c.get("status") == ConditionStatus.TRUE
 
 
 def quota_reserved(wl: Mapping[str, Any]) -> bool:
@@ -191,7 +191,7 @@ def admission(wl: Mapping[str, Any] | None, queue: str) -> Admission:
         return Admission(State.QUEUED, queue, reason="Pending", message="creating the Workload")
     name = (wl.get("metadata") or {}).get("name", "")
     evicted = find_condition(wl, "Evicted")
-    if evicted is not None and evicted.get("status") == "True":
+    if evicted is not None and evicted.get("status") == ConditionStatus.TRUE:
         return Admission(
             State.EVICTED,
             queue,
@@ -313,18 +313,24 @@ def release(wl: Mapping[str, Any], now: str) -> dict[str, Any] | None:
     (QuotaReserved=False "Pending", Admitted=False "NoReservation", Requeued) so that Kueue
     queues the Workload again; None when there is nothing to release."""
     evicted = find_condition(wl, "Evicted")
-    if evicted is None or evicted.get("status") != "True" or not quota_reserved(wl):
+    if evicted is None or evicted.get("status") != ConditionStatus.TRUE or not quota_reserved(wl):
         return None
     gen = (wl.get("metadata") or {}).get("generation")
     reason, message = evicted.get("reason", ""), evicted.get("message", "")
     conds = _managed(wl)
-    requeued = "True" if reason in REQUEUED_REASONS else "False"
+    requeued = ConditionStatus.TRUE if reason in REQUEUED_REASONS else ConditionStatus.FALSE
     _set(conds, _cond("Requeued", requeued, reason, message, gen), now)
-    _set(conds, _cond("QuotaReserved", "False", "Pending", message, gen), now)
-    if "Admitted" in conds and conds["Admitted"].get("status") != "False":
+    _set(conds, _cond("QuotaReserved", ConditionStatus.FALSE, "Pending", message, gen), now)
+    if "Admitted" in conds and conds["Admitted"].get("status") != ConditionStatus.FALSE:
         _set(
             conds,
-            _cond("Admitted", "False", "NoReservation", "The workload has no reservation", gen),
+            _cond(
+                "Admitted",
+                ConditionStatus.FALSE,
+                "NoReservation",
+                "The workload has no reservation",
+                gen,
+            ),
             now,
         )
     patch = _status_patch(wl, list(conds.values()))
@@ -341,7 +347,7 @@ def finish(wl: Mapping[str, Any], succeeded: bool, message: str, now: str) -> di
     gen = (wl.get("metadata") or {}).get("generation")
     conds = _managed(wl)
     reason = "Succeeded" if succeeded else "Failed"
-    _set(conds, _cond("Finished", "True", reason, message, gen), now)
+    _set(conds, _cond("Finished", ConditionStatus.TRUE, reason, message, gen), now)
     return _status_patch(wl, list(conds.values()))
 
 

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .leadership import Durations
-from .plan import COMPLETION_GRACE_S, NODE_LOST_GRACE_S
+from .planner.completion import COMPLETION_GRACE_S
+from .planner.lost_machines import NODE_LOST_GRACE_S
 from .render import DEFAULT_TRAINER_POLICY, OperatorConfig
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from ddp_api.ddpjob import DDPJob
 
 from . import informer, kube, render
-from . import plan as planner
+from .planner.views import PodView
 from .progress_policy import ProgressPolicy
 
 log = logging.getLogger("ddp_operator")
@@ -28,9 +28,9 @@ RBAC = "rbac.authorization.k8s.io/v1"
 
 @dataclass
 class TrainerObjects:
-    pods: informer.Cache[planner.PodView]  # the controller's pod cache (who runs as what)
-    api: kube.Kube | None = None
-    spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None
+    pods: informer.Cache[PodView]  # the controller's pod cache (who runs as what)
+    api: kube.Kube
+    spawn: Callable[[Coroutine[Any, Any, None]], None]
     policy: ProgressPolicy = field(default_factory=ProgressPolicy)
     # (what, job uid or namespace) -> the create of a job's trainer ServiceAccount, Role+binding,
     # ConfigMap, or of a namespace's trainer account or its RoleBinding
@@ -44,14 +44,11 @@ class TrainerObjects:
     def __post_init__(self) -> None:
         self.policy.changed = self._policy_changed
 
-    def start(
-        self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None], policy: str
-    ) -> None:
+    def start(self, policy: str) -> None:
         """Reads the admission policy (and binding) ``policy``, the name also of the ClusterRole
         that the namespaces' RoleBindings grant."""
-        self.api, self.spawn = api, spawn
         self.policy.name = policy
-        self.policy.start(api, spawn)
+        self.policy.start(self.api, self.spawn)
 
     async def in_pod(self, job: DDPJob) -> bool:
         """Whether the job's new pods report into their own pod, as the namespace's account
@@ -124,7 +121,7 @@ class TrainerObjects:
         if self.policy.in_force:
             self._once(("namespace-rbac", ns), lambda: self._grant(ns))
 
-    def settle(self, ns: str, observed: list[planner.PodView]) -> None:
+    def settle(self, ns: str, observed: list[PodView]) -> None:
         """Keeps the namespace's grant as the policy says, for a reconcile of one of its jobs
         (``observed``: its pods): granted while they run as the namespace's account and the
         policy is in force (also after a restart of the operator, or the policy's return); else
@@ -156,7 +153,6 @@ class TrainerObjects:
         return task
 
     async def _post(self, obj: dict[str, Any]) -> None:
-        assert self.api is not None
         await self.api.must("POST", kube.path_of(obj), obj, ok=(409,))  # 409: already there
 
     async def _post_all(self, *objs: dict[str, Any]) -> None:
@@ -184,7 +180,7 @@ class TrainerObjects:
                 self.withdraw_soon(ns)
 
     def withdraw_soon(self, ns: str) -> None:
-        if ns in self.withdrawn or self.spawn is None:
+        if ns in self.withdrawn:
             return
         self.withdrawn.add(ns)
         self.made.pop(("namespace-rbac", ns), None)
@@ -193,7 +189,6 @@ class TrainerObjects:
     async def _withdraw(self, ns: str) -> None:
         """Deletes the namespace's RoleBinding: without the policy, ``patch`` on pods would
         reach every pod of the namespace."""
-        assert self.api is not None
         path = kube.group_path(RBAC, ns, "rolebindings", render.PROGRESS_ACCOUNT)
         try:
             r = await self.api.call("DELETE", path)
@@ -231,7 +226,6 @@ class TrainerObjects:
             self.retiring.discard(ns)
 
     async def _retire_legacy(self, ns: str) -> None:
-        assert self.api is not None
         if any(v.account == render.LEGACY_TRAINER_ACCOUNT for v in self.pods.in_namespace(ns)):
             return
         name = render.LEGACY_TRAINER_ACCOUNT

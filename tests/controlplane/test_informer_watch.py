@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from ddp_devcluster.plane import ControlPlane
-from ddp_operator import informer, kube, plan, render
+from ddp_operator import informer, kube, render
+from ddp_operator.planner import views
 
 pytestmark = pytest.mark.controlplane
 
@@ -57,7 +58,7 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
         api = kube.Kube(
             lambda: kube.login(logger=log, settings=kopf.OperatorSettings()), concurrency=4
         )
-        cache = informer.Cache(render.LABEL_JOB, plan.view)
+        cache = informer.Cache(render.LABEL_JOB, views.view)
         changed: list[informer.Key] = []
         w = informer.Informer(api, "pods", ns, cache, changed.append, watch_s=2)
         task = asyncio.create_task(w.run())
@@ -115,7 +116,7 @@ def test_watches_do_not_take_the_slots_of_requests(
         api = kube.Kube(
             lambda: kube.login(logger=log, settings=kopf.OperatorSettings()), concurrency=1
         )
-        caches = [informer.Cache(render.LABEL_JOB, plan.view) for _ in range(2 * len(namespaces))]
+        caches = [informer.Cache(render.LABEL_JOB, views.view) for _ in range(2 * len(namespaces))]
         watches = [
             informer.Informer(api, plural, ns, caches[i], lambda key: None, watch_s=60)
             for i, (plural, ns) in enumerate(

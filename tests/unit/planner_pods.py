@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_api import contract
-from ddp_operator import plan as planner
 from ddp_operator import render
+from ddp_operator.planner import views
 
 SERVERS = {
     render.ROLE_STORE: render.store_name("j"),
@@ -20,11 +20,11 @@ def pod(
     uid: str = "",
     role: str = render.ROLE_WORKER,
     **changes: Any,
-) -> planner.PodView:
+) -> views.PodView:
     """Node pod ``index`` (the store or the lighthouse for their ``role``), Ready while
     Running; ``changes`` sets any other field (exit_code, machine, created, finished...)."""
     name = render.worker_name("j", index) if role == render.ROLE_WORKER else SERVERS[role]
-    return planner.PodView(
+    return views.PodView(
         name=name,
         uid=uid or f"uid-{name}-{phase}",
         role=role,

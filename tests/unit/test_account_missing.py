@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ddp_operator import informer, plan
+from ddp_operator import informer, kube
 from ddp_operator.actions import missing_account
+from ddp_operator.planner import views
 from ddp_operator.trainer_objects import TrainerObjects
 
 REFUSED = (
@@ -25,7 +26,11 @@ def test_only_admission_s_missing_account_refusal_counts() -> None:
 
 def test_a_missing_namespace_account_is_made_again_by_the_next_reconcile() -> None:
     async def scene() -> None:
-        objects = TrainerObjects(informer.Cache("ddp.dev/job-name", plan.view))
+        objects = TrainerObjects(
+            informer.Cache("ddp.dev/job-name", views.view),
+            kube.Kube(lambda: None, 1),
+            asyncio.ensure_future,
+        )
         made: list[str] = []
 
         async def post(what: str) -> None:

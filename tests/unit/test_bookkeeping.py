@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from ddp_api.ddpjob import DDPJob, DDPJobSpec
 from ddp_operator import bookkeeping, kube, render
-from ddp_operator import plan as planner
+from ddp_operator.planner.plan import PlanSettings, plan
 from ddp_operator.settings import Settings
 
 
@@ -60,7 +60,7 @@ def test_a_new_jobs_first_status_is_written_after_its_pods_and_a_counted_failure
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": {"nodes": 2}}
     )
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    first = planner.plan(job, {}, [], now, render.OperatorConfig(default_image="t"))
+    first = plan(job, {}, [], now, PlanSettings(render.OperatorConfig(default_image="t")))
     assert first.status["handledFailures"] == [] and any(o["kind"] == "Pod" for o in first.create)
     diff = bookkeeping.status_diff({}, first.status)
     assert "handledFailures" not in diff and "phase" in diff

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from ddp_api import contract
 from ddp_api.ddpjob import DDPJob, Progress
 from ddp_api.trainer_config import load_settings
-from ddp_operator import kube, plan, render, reports
+from ddp_operator import kube, render, reports
+from ddp_operator.planner import views
 from ddp_trainer import node, rdzv_store
 from ddp_trainer.progress import (
     configmap_patch,
@@ -130,7 +131,7 @@ def test_the_trainer_patches_its_own_pods_annotation_which_the_operator_reads() 
     )  # fmt: skip
     pod["metadata"]["uid"] = "p-1"
     pod["metadata"]["annotations"].update(pod_patch(sent)["metadata"]["annotations"])
-    record = plan.view(pod).progress
+    record = views.view(pod).progress
     assert record is not None and record.owner == "u-1"
     assert reports.parse(record) == {"groups": None, **sent}
     # The namespace's account is bound to the chart's ClusterRole (the release's name).

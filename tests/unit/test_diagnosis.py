@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from ddp_api.ddpjob import DDPJob
-from ddp_operator import plan as planner
 from ddp_operator import render
+from ddp_operator.planner import draft, views
+from ddp_operator.planner.plan import PlanSettings, plan
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 CFG = render.OperatorConfig(default_image="trainer:test")
+RULES = PlanSettings(CFG)
 YOUNG = "2026-01-01T11:59:50Z"  # 10 s before NOW
 OLD = "2026-01-01T11:50:00Z"  # 600 s before NOW: past the default startupDeadlineSeconds (300)
 IMAGE = "ghcr.io/x/y:9.9"
@@ -202,16 +204,16 @@ CASES = {
 }
 
 
-def observe(pod: dict[str, Any], spec: dict[str, Any], created: str) -> planner.Plan:
+def observe(pod: dict[str, Any], spec: dict[str, Any], created: str) -> draft.Plan:
     """The job with node 0, node 1 and the store, one of them replaced by ``pod``."""
     pod["metadata"]["creationTimestamp"] = created
-    shown = planner.view(pod)
-    others = [planner.view(body(i, created)) for i in (-1, 0, 1) if i != shown.index]
+    shown = views.view(pod)
+    others = [views.view(body(i, created)) for i in (-1, 0, 1) if i != shown.index]
     status = {"phase": "Pending", "startTime": OLD}
-    return planner.plan(job(**spec), status, [*others, shown], NOW, CFG)
+    return plan(job(**spec), status, [*others, shown], NOW, RULES)
 
 
-def said(p: planner.Plan) -> tuple[str, str, str]:
+def said(p: draft.Plan) -> tuple[str, str, str]:
     """(phase, reason, message) of the job's current condition, and status.reason agrees."""
     phase = p.status["phase"]
     cond = next(c for c in p.status["conditions"] if c["type"] == phase)
@@ -287,33 +289,33 @@ def test_a_kill_the_runtime_did_not_call_oomkilled_names_the_memory_limit(backof
 
 def test_pods_with_one_problem_are_named_together_and_it_is_said_once() -> None:
     pods = [
-        planner.view(body(1, YOUNG, "Pending", waiting("ErrImagePull", "not found"))),
-        planner.view(body(-1, YOUNG, "Pending", waiting("ImagePullBackOff", "Back-off"))),
-        planner.view(body(0, YOUNG, "Pending", waiting("ImagePullBackOff", "Back-off"))),
+        views.view(body(1, YOUNG, "Pending", waiting("ErrImagePull", "not found"))),
+        views.view(body(-1, YOUNG, "Pending", waiting("ImagePullBackOff", "Back-off"))),
+        views.view(body(0, YOUNG, "Pending", waiting("ImagePullBackOff", "Back-off"))),
     ]
     assert len({*pods, *pods}) == 3  # views are hashable and compared by value (the cache)
-    first = planner.plan(job(), {"startTime": YOUNG}, pods, NOW, CFG)
+    first = plan(job(), {"startTime": YOUNG}, pods, NOW, RULES)
     _, reason, message = said(first)
     assert reason == "ImagePullFailed"
     assert message.startswith(f"j-node-0, j-node-1 and the store j-rdzv cannot pull image {IMAGE}")
     assert [r for t, r, _ in first.events if t == "Warning"] == ["ImagePullFailed"]
-    again = planner.plan(job(), first.status, pods, NOW, CFG)
+    again = plan(job(), first.status, pods, NOW, RULES)
     assert said(again)[1] == "ImagePullFailed"
     assert [r for t, r, _ in again.events if t == "Warning"] == []  # not every reconcile
 
 
 def test_an_oom_kill_stays_named_until_the_job_is_running_again() -> None:
-    oom = planner.view(body(0, YOUNG, "Failed", ended("OOMKilled", 137)))
-    running = [planner.view(body(i, YOUNG)) for i in (-1, 1)]
-    first = planner.plan(job(), {"startTime": YOUNG}, [*running, oom], NOW, CFG)
+    oom = views.view(body(0, YOUNG, "Failed", ended("OOMKilled", 137)))
+    running = [views.view(body(i, YOUNG)) for i in (-1, 1)]
+    first = plan(job(), {"startTime": YOUNG}, [*running, oom], NOW, RULES)
     assert said(first)[:2] == ("Restarting", "OOMKilled") and first.delete == ["j-node-0"]
     later = NOW + dt.timedelta(seconds=5)
     status = {**first.status, "phase": "Restarting"}
-    second = planner.plan(job(), status, running, later, CFG)  # j-node-0 gone, recreated
+    second = plan(job(), status, running, later, RULES)  # j-node-0 gone, recreated
     assert said(second) == said(first)
     assert [r for t, r, _ in second.events if t == "Warning"] == []
-    back = [*running, planner.view(body(0, YOUNG))]
-    assert said(planner.plan(job(), second.status, back, later, CFG))[:2] == (
+    back = [*running, views.view(body(0, YOUNG))]
+    assert said(plan(job(), second.status, back, later, RULES))[:2] == (
         "Running",
         "AllNodesRunning",
     )
@@ -322,11 +324,11 @@ def test_an_oom_kill_stays_named_until_the_job_is_running_again() -> None:
 def test_a_pod_is_called_unschedulable_only_after_a_moment() -> None:
     # A claim made by the same `kubectl apply` is unbound for a moment; the scheduler says so.
     unbound = ("Unschedulable", "0/1 nodes are available: pod has unbound immediate claims")
-    moment = planner.view(body(0, "2026-01-01T11:59:58Z", "Pending", scheduled=unbound))
-    store = planner.view(body(-1, YOUNG))
-    p = planner.plan(job(nodes=1), {"startTime": YOUNG}, [store, moment], NOW, CFG)
+    moment = views.view(body(0, "2026-01-01T11:59:58Z", "Pending", scheduled=unbound))
+    store = views.view(body(-1, YOUNG))
+    p = plan(job(nodes=1), {"startTime": YOUNG}, [store, moment], NOW, RULES)
     assert said(p) == ("Pending", "WaitingForNodes", "starting 1 nodes") and not p.events
     assert p.requeue_after == pytest.approx(8)  # when it may be said
     later = NOW + dt.timedelta(seconds=8)
-    p = planner.plan(job(nodes=1), p.status, [store, moment], later, CFG)
+    p = plan(job(nodes=1), p.status, [store, moment], later, RULES)
     assert said(p)[1] == "Unschedulable" and [r for _, r, _ in p.events] == ["Unschedulable"]

@@ -8,7 +8,8 @@ from typing import Any
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import incidents, render
-from ddp_operator import plan as planner
+from ddp_operator.planner import views
+from ddp_operator.planner.plan import PlanSettings, plan
 
 START = "2026-11-26T10:00:00Z"
 
@@ -71,8 +72,8 @@ JOB = DDPJob.model_validate(
 NOW = dt.datetime(2026, 11, 26, 10, 5, 10, tzinfo=dt.UTC)
 
 
-def worker(index: int, phase: str = "Running") -> planner.PodView:
-    return planner.PodView(
+def worker(index: int, phase: str = "Running") -> views.PodView:
+    return views.PodView(
         name=render.worker_name("j", index),
         uid=f"u-{index}-{phase}",
         role=render.ROLE_WORKER,
@@ -92,12 +93,12 @@ def test_the_planner_opens_an_incident_for_a_failure_and_a_report_closes_it() ->
         "progress": report(40, "2026-11-26T10:05:00Z", eta=120),
     }
     pods = [worker(0), worker(1, "Failed")]
-    failed = planner.plan(JOB, status, pods, NOW, render.OperatorConfig())
+    failed = plan(JOB, status, pods, NOW, PlanSettings())
     (incident,) = failed.status["incidents"]
     assert incident == {"kind": "Failure", "detectedAt": "2026-11-26T10:05:10Z", "atStep": 40}
     later = {**status, **failed.status, "phase": "Running"}
-    back = planner.plan(
-        JOB, later, [worker(0)], NOW + dt.timedelta(seconds=30), render.OperatorConfig(),
+    back = plan(
+        JOB, later, [worker(0)], NOW + dt.timedelta(seconds=30), PlanSettings(),
         progress={**report(31, "2026-11-26T10:05:39Z"), "epoch": None},
     )  # fmt: skip
     (closed,) = back.closed
@@ -113,12 +114,12 @@ def test_kubectl_scale_opens_a_resize_and_a_lost_pod_only_its_own_incident() -> 
             "spec": {"nodes": 3, "minNodes": 1, "maxNodes": 4},
         }
     )
-    grown = planner.plan(
+    grown = plan(
         scaled, {**status, "observedGeneration": 1}, [worker(0), worker(1)], NOW,
-        render.OperatorConfig(),
+        PlanSettings(),
     )  # fmt: skip
     assert [i["kind"] for i in grown.status["incidents"]] == ["Resize"]
     evicted = dataclasses.replace(worker(1), disrupted="EvictionByEvictionAPI")
     same = {**status, "observedGeneration": None}
-    lost = planner.plan(JOB, same, [worker(0), evicted], NOW, render.OperatorConfig())
+    lost = plan(JOB, same, [worker(0), evicted], NOW, PlanSettings())
     assert [i["kind"] for i in lost.status["incidents"]] == ["Disruption"]

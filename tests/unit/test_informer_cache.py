@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_operator import informer, plan, render, reports
+from ddp_operator import informer, render, reports
+from ddp_operator.planner import views
 
 
 def pod(name: str, job: str | None = "a", phase: str = "Pending", ip: str = "") -> dict[str, Any]:
@@ -17,8 +18,8 @@ def pod(name: str, job: str | None = "a", phase: str = "Pending", ip: str = "") 
     }
 
 
-def cache() -> informer.Cache[plan.PodView]:
-    return informer.Cache(render.LABEL_JOB, plan.view)
+def cache() -> informer.Cache[views.PodView]:
+    return informer.Cache(render.LABEL_JOB, views.view)
 
 
 def test_an_event_reports_its_job_only_when_what_the_planner_reads_changed() -> None:
@@ -56,7 +57,7 @@ def test_a_relist_reports_exactly_the_jobs_that_differ() -> None:
 def test_a_pod_that_leaves_is_told_as_it_was_last() -> None:
     gone: list[tuple[tuple[str, str], str, str]] = []
     c = informer.Cache(
-        render.LABEL_JOB, plan.view, removed=lambda key, v: gone.append((key, v.name, v.phase))
+        render.LABEL_JOB, views.view, removed=lambda key, v: gone.append((key, v.name, v.phase))
     )
     for p in (pod("a-0"), pod("b-0", job="b"), pod("c-0", job="c")):
         c.apply("ADDED", p)
@@ -94,7 +95,7 @@ def machine(name: str, ready: str = "True", heartbeat: str = "") -> dict[str, An
 
 
 def test_machines_report_a_node_only_when_its_readiness_changed() -> None:
-    m = informer.ByName(plan.machine_view)
+    m = informer.ByName(views.machine_view)
     assert m.apply("ADDED", machine("m1")) == {("", "m1")}
     assert m.apply("MODIFIED", machine("m1", heartbeat="11:00:10")) == set()  # a heartbeat
     assert m.apply("MODIFIED", machine("m1", "Unknown")) == {("", "m1")}

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import plan
 from ddp_operator.machines import Machines
+from ddp_operator.planner import lost_machines
 
 
 def node(name: str) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def test_a_silent_machine_is_marked_until_its_lease_is_renewed() -> None:
     mono, wall = m.heard["a"]
     m.heard["a"] = (mono - 60, wall)
     heard = {n: t for n, (t, _) in m.heard.items()}
-    assert plan.silent_machines(heard, time.monotonic(), m.grace_s) == {"a"}
+    assert lost_machines.silent_machines(heard, time.monotonic(), m.grace_s) == {"a"}
     m.silent["a"] = "2026-11-24T10:00:00Z"
     assert m.views()["a"].silent_since == "2026-11-24T10:00:00Z"
     assert m.views()["b"].silent_since == ""

@@ -14,13 +14,15 @@ import pytest
 from pydantic import ValidationError
 
 from ddp_api import contract
-from ddp_api.ddpjob import DDPJob, DDPJobSpec
-from ddp_operator import plan as planner
+from ddp_api.ddpjob import DDPJob, DDPJobSpec, Reason
 from ddp_operator import render
+from ddp_operator.planner import completion, draft, views
+from ddp_operator.planner.plan import PlanSettings, plan
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 EARLIER = "2026-01-01T11:00:00Z"
 CFG = render.OperatorConfig(default_image="trainer:test")
+RULES = PlanSettings(CFG)
 PER_STEP = {"mode": "PerStep"}
 
 
@@ -158,7 +160,7 @@ def test_restart_mode_renders_what_it_did_before() -> None:
 
 # -- planner --------------------------------------------------------------------------------------
 def pod(index: int, phase: str = "Running", uid: str = "", role: str = render.ROLE_WORKER,
-        **changes: Any) -> planner.PodView:  # fmt: skip
+        **changes: Any) -> views.PodView:  # fmt: skip
     return planner_pods.pod(index, phase, uid, role, **{"created": EARLIER, **changes})
 
 
@@ -172,37 +174,37 @@ RUNNING = {
 GROUPS = [LIGHTHOUSE, pod(0), pod(1), pod(2)]
 
 
-def created(p: planner.Plan) -> list[str]:
+def created(p: draft.Plan) -> list[str]:
     return p.created_pods()
 
 
-def with_(pods: list[planner.PodView], x: planner.PodView) -> list[planner.PodView]:
+def with_(pods: list[views.PodView], x: views.PodView) -> list[views.PodView]:
     return [y for y in pods if y.name != x.name] + [x]
 
 
 def test_a_new_per_step_job_creates_the_lighthouse_and_its_groups_not_the_store() -> None:
-    p = planner.plan(job(PER_STEP), {}, [], NOW, CFG)
+    p = plan(job(PER_STEP), {}, [], NOW, RULES)
     assert created(p) == ["j-lighthouse", "j-node-0", "j-node-1", "j-node-2"]
     services = [o["metadata"]["name"] for o in p.create if o["kind"] == "Service"]
     assert services == ["j-lighthouse", "j"]
-    unchanged = planner.plan(job(PER_STEP), RUNNING, GROUPS, NOW, CFG)
+    unchanged = plan(job(PER_STEP), RUNNING, GROUPS, NOW, RULES)
     assert created(unchanged) == [] and unchanged.delete == []
     assert unchanged.status["phase"] == "Running"
 
 
 def test_a_deleted_group_is_replaced_alone_as_a_disruption() -> None:
     gone = dataclasses.replace(pod(1), deleting=True)
-    p = planner.plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, gone), NOW, CFG)
+    p = plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, gone), NOW, RULES)
     assert p.delete == [] and p.force == []  # nobody else is touched
     assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
     assert p.status["phase"] == "Running"  # the others train on
-    assert p.status["reason"] == planner.GROUPS_CHANGING
+    assert p.status["reason"] == Reason.GROUPS_CHANGING
     assert [i["kind"] for i in p.status["incidents"]] == ["Disruption"]
     ((_, _, text),) = [e for e in p.events if e[1] == "Disruption"]
     assert "replacing it alone" in text
     # Once it is gone, only it is created again.
     after = {**RUNNING, **p.status}
-    q = planner.plan(job(PER_STEP), after, [LIGHTHOUSE, pod(0), pod(2)], NOW, CFG)
+    q = plan(job(PER_STEP), after, [LIGHTHOUSE, pod(0), pod(2)], NOW, RULES)
     assert created(q) == ["j-node-1"] and q.delete == [] and "disruptions" not in q.status
     assert q.status["phase"] == "Running"
 
@@ -210,13 +212,13 @@ def test_a_deleted_group_is_replaced_alone_as_a_disruption() -> None:
 def test_a_restart_job_still_counts_a_deletion_as_a_failure() -> None:
     store = pod(-1, role=render.ROLE_STORE, uid="s")
     gone = dataclasses.replace(pod(1), deleting=True)
-    p = planner.plan(job(), RUNNING, [store, pod(0), gone, pod(2)], NOW, CFG)
+    p = plan(job(), RUNNING, [store, pod(0), gone, pod(2)], NOW, RULES)
     assert p.status["restarts"] == 1 and "disruptions" not in p.status
 
 
 def test_a_failed_group_counts_against_backoff_limit_and_is_replaced_alone() -> None:
     failed = pod(2, "Failed", uid="f", exit_code=1)
-    p = planner.plan(job(PER_STEP), RUNNING, with_(GROUPS, failed), NOW, CFG)
+    p = plan(job(PER_STEP), RUNNING, with_(GROUPS, failed), NOW, RULES)
     assert p.status["restarts"] == 1 and "disruptions" not in p.status
     assert p.delete == ["j-node-2"]  # itself only
     assert (
@@ -226,26 +228,24 @@ def test_a_failed_group_counts_against_backoff_limit_and_is_replaced_alone() -> 
     # No consequence window: a second group failing a moment later is a failure of its own.
     after = {**RUNNING, **p.status}
     second = pod(0, "Failed", uid="g", exit_code=1)
-    q = planner.plan(job(PER_STEP), after, [LIGHTHOUSE, second, pod(1), failed], NOW, CFG)
+    q = plan(job(PER_STEP), after, [LIGHTHOUSE, second, pod(1), failed], NOW, RULES)
     assert q.status["restarts"] == 2
     # Past backoffLimit the job fails, as in Restart mode.
-    spent = planner.plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, failed), NOW, CFG)
+    spent = plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, failed), NOW, RULES)
     assert spent.status["phase"] == "Failed" and spent.status["reason"] == "BackoffLimitExceeded"
 
 
 def test_too_few_groups_left_is_restarting() -> None:
     failed = [pod(1, "Failed", uid="f1", exit_code=1), pod(2, "Failed", uid="f2", exit_code=1)]
-    p = planner.plan(
-        job({**PER_STEP, "minGroups": 2}), RUNNING, [LIGHTHOUSE, pod(0), *failed], NOW, CFG
-    )
+    p = plan(job({**PER_STEP, "minGroups": 2}), RUNNING, [LIGHTHOUSE, pod(0), *failed], NOW, RULES)
     assert p.status["phase"] == "Restarting"
 
 
 def test_a_group_on_a_lost_machine_goes_alone_as_a_disruption() -> None:
-    machines = {"m1": planner.MachineView("m1", "Unknown", "2026-01-01T11:59:20Z")}
+    machines = {"m1": views.MachineView("m1", "Unknown", "2026-01-01T11:59:20Z")}
     lost = dataclasses.replace(pod(0), machine="m1")
-    p = planner.plan(
-        job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, lost), NOW, CFG, machines=machines
+    p = plan(
+        job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, lost), NOW, RULES, machines=machines
     )
     assert p.force == ["j-node-0"] and p.delete == []
     assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
@@ -255,25 +255,25 @@ def test_a_group_on_a_lost_machine_goes_alone_as_a_disruption() -> None:
 
 def test_a_lost_lighthouse_is_recreated_and_no_group_is_touched() -> None:
     gone = dataclasses.replace(LIGHTHOUSE, deleting=True)
-    p = planner.plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, gone), NOW, CFG)
+    p = plan(job(PER_STEP, backoffLimit=0), RUNNING, with_(GROUPS, gone), NOW, RULES)
     assert p.delete == [] and created(p) == [] and "disruptions" not in p.status
     assert p.status["restarts"] == 0 and p.status["phase"] == "Running"
     assert [i["kind"] for i in p.status["incidents"]] == ["LighthouseLost"]
     ((kind, reason, text),) = p.events
     assert (kind, reason) == ("Warning", "LighthouseLost") and "none is restarted" in text
     after = {**RUNNING, **p.status}
-    q = planner.plan(job(PER_STEP), after, [pod(0), pod(1), pod(2)], NOW, CFG)
+    q = plan(job(PER_STEP), after, [pod(0), pod(1), pod(2)], NOW, RULES)
     assert created(q) == ["j-lighthouse"] and q.delete == []
     # Even while a failed group's backoff runs: the others need it.
     backing_off = {**after, "restarts": 2, "lastFailureTime": "2026-01-01T11:59:59Z"}
-    r = planner.plan(job(PER_STEP), backing_off, [pod(0), pod(1)], NOW, CFG, backoff_base_s=10)
+    r = plan(job(PER_STEP), backing_off, [pod(0), pod(1)], NOW, RULES)
     assert created(r) == ["j-lighthouse"]
 
 
 def test_a_lighthouse_on_a_lost_machine_is_forced_off_it_without_a_disruption() -> None:
-    machines = {"m1": planner.MachineView("m1", "Unknown", "2026-01-01T11:59:20Z")}
+    machines = {"m1": views.MachineView("m1", "Unknown", "2026-01-01T11:59:20Z")}
     lost = dataclasses.replace(LIGHTHOUSE, machine="m1")
-    p = planner.plan(job(PER_STEP), RUNNING, with_(GROUPS, lost), NOW, CFG, machines=machines)
+    p = plan(job(PER_STEP), RUNNING, with_(GROUPS, lost), NOW, RULES, machines=machines)
     assert p.force == ["j-lighthouse"] and "disruptions" not in p.status
     assert [r for _, r, _ in p.events] == ["LighthouseLost"]
 
@@ -282,11 +282,11 @@ def test_scaling_adds_and_removes_the_highest_groups_and_touches_no_other() -> N
     elastic = {"minNodes": 1, "maxNodes": 4}
     moved = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 2}}
     up_job = job(PER_STEP, **{**elastic, "nodes": 4}).model_copy(update=moved)
-    up = planner.plan(up_job, RUNNING, GROUPS, NOW, CFG)
+    up = plan(up_job, RUNNING, GROUPS, NOW, RULES)
     assert created(up) == ["j-node-3"] and up.delete == []
     assert up.status["phase"] == "Running" and "incidents" not in up.status  # no Resize
     down_job = job(PER_STEP, **{**elastic, "nodes": 2}).model_copy(update=moved)
-    down = planner.plan(down_job, RUNNING, [*GROUPS, pod(3)], NOW, CFG)
+    down = plan(down_job, RUNNING, [*GROUPS, pod(3)], NOW, RULES)
     assert down.delete == ["j-node-2", "j-node-3"] and created(down) == []
     assert down.status["restarts"] == 0 and "incidents" not in down.status
     assert down.status["phase"] == "Running"
@@ -295,13 +295,13 @@ def test_scaling_adds_and_removes_the_highest_groups_and_touches_no_other() -> N
 def test_a_job_whose_training_finished_never_fails() -> None:
     done = {**RUNNING, "progress": {"step": 100, "totalSteps": 100}}
     failed = pod(1, "Failed", uid="f", exit_code=1)
-    p = planner.plan(job(PER_STEP, backoffLimit=0), done, with_(GROUPS, failed), NOW, CFG)
+    p = plan(job(PER_STEP, backoffLimit=0), done, with_(GROUPS, failed), NOW, RULES)
     assert p.status["phase"] == "Running" and p.status["restarts"] == 0
     assert [r for _, r, _ in p.events] == ["LostAfterTraining"] and p.delete == ["j-node-1"]
     # The first group to exit 0 completes the job, as in Restart mode.
     finished = pod(0, "Succeeded", exit_code=0, finished="2026-01-01T11:59:00Z")
-    q = planner.plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], NOW, CFG)
+    q = plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], NOW, RULES)
     assert q.status["phase"] == "Running" and q.status["reason"] == "NodesCompleting"
-    late = NOW + dt.timedelta(seconds=planner.COMPLETION_GRACE_S)
-    r = planner.plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], late, CFG)
+    late = NOW + dt.timedelta(seconds=completion.COMPLETION_GRACE_S)
+    r = plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], late, RULES)
     assert r.status["phase"] == "Succeeded" and sorted(r.delete) == ["j-lighthouse", "j-node-2"]

@@ -10,11 +10,14 @@ import pytest
 from planner_pods import pod
 
 from ddp_api.ddpjob import DDPJob
-from ddp_operator import plan as planner
 from ddp_operator import render
+from ddp_operator.planner import converge, draft, lost_machines, stall, views
+from ddp_operator.planner.plan import PlanSettings, plan
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 CFG = render.OperatorConfig(default_image="trainer:test")
+RULES = PlanSettings(CFG, backoff_base_s=10)
+LOST_30 = dataclasses.replace(RULES, node_lost_grace_s=30)
 
 
 def job(**spec: Any) -> DDPJob:
@@ -31,12 +34,12 @@ def job(**spec: Any) -> DDPJob:
 STORE = pod(-1, role=render.ROLE_STORE)
 
 
-def created_pods(p: planner.Plan) -> list[str]:
+def created_pods(p: draft.Plan) -> list[str]:
     return [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"]
 
 
 def test_new_job_creates_services_store_and_one_pod_per_node() -> None:
-    p = planner.plan(job(), {}, [], NOW, CFG)
+    p = plan(job(), {}, [], NOW, RULES)
     assert created_pods(p) == ["j-rdzv", "j-node-0", "j-node-1"]
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Service"] == ["j-rdzv", "j"]
     assert p.status["phase"] == "Pending"
@@ -45,14 +48,14 @@ def test_new_job_creates_services_store_and_one_pod_per_node() -> None:
 
 
 def test_pods_created_but_not_yet_watched_are_not_created_again() -> None:
-    p = planner.plan(job(), {}, [], NOW, CFG, pending={"j-rdzv", "j-node-0"})
+    p = plan(job(), {}, [], NOW, RULES, pending={"j-rdzv", "j-node-0"})
     assert created_pods(p) == ["j-node-1"]
     assert [m for _, r, m in p.events if r == "CreatingPods"] == ["creating j-node-1"]
 
 
 def test_replanning_an_unchanged_state_creates_nothing_new() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    p = planner.plan(job(), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    p = plan(job(), status, [STORE, pod(0), pod(1)], NOW, RULES)
     assert created_pods(p) == []
     assert p.delete == []
     assert p.status["phase"] == "Running"
@@ -60,13 +63,11 @@ def test_replanning_an_unchanged_state_creates_nothing_new() -> None:
 
 def test_scale_up_adds_the_next_indices_and_scale_down_removes_the_highest() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    up = planner.plan(
-        job(nodes=4, minNodes=1, maxNodes=4), status, [STORE, pod(0), pod(1)], NOW, CFG
-    )
+    up = plan(job(nodes=4, minNodes=1, maxNodes=4), status, [STORE, pod(0), pod(1)], NOW, RULES)
     assert created_pods(up) == ["j-node-2", "j-node-3"]
     assert up.status["phase"] == "Scaling"
-    down = planner.plan(
-        job(nodes=1, minNodes=1, maxNodes=4), status, [STORE, pod(0), pod(1), pod(2)], NOW, CFG
+    down = plan(
+        job(nodes=1, minNodes=1, maxNodes=4), status, [STORE, pod(0), pod(1), pod(2)], NOW, RULES
     )
     assert down.delete == ["j-node-1", "j-node-2"]
     assert created_pods(down) == []
@@ -78,74 +79,74 @@ def test_a_pod_not_ready_for_a_moment_is_no_scaling() -> None:
     # "Scaling" at the end of every job.
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     finishing = dataclasses.replace(pod(1), ready=False)
-    p = planner.plan(job(), status, [STORE, pod(0), finishing], NOW, CFG)
+    p = plan(job(), status, [STORE, pod(0), finishing], NOW, RULES)
     assert p.status["phase"] == "Running"
     assert [c["reason"] for c in p.status["conditions"] if c["type"] == "Running"] == [
         "NodesNotReady"
     ]
     assert created_pods(p) == [] and p.delete == []
     # A missing pod is still a change of size.
-    p = planner.plan(job(), status, [STORE, pod(0)], NOW, CFG)
+    p = plan(job(), status, [STORE, pod(0)], NOW, RULES)
     assert p.status["phase"] == "Scaling" and created_pods(p) == ["j-node-1"]
 
 
 def test_a_failed_pod_is_counted_once_deleted_and_recreated_with_growing_backoff() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     failed = pod(1, "Failed", uid="f1", exit_code=137)
-    p = planner.plan(job(), status, [STORE, pod(0), failed], NOW, CFG, backoff_base_s=10)
+    p = plan(job(), status, [STORE, pod(0), failed], NOW, RULES)
     assert p.status["restarts"] == 1
     assert p.status["phase"] == "Restarting"
     assert p.delete == ["j-node-1"]
     assert created_pods(p) == []  # not while the failed pod still exists
     assert ("Warning", "PodFailed") in [(t, r) for t, r, _ in p.events]
     # The same observation again (say after an operator restart): no second count.
-    again = planner.plan(job(), {**status, **p.status}, [STORE, pod(0), failed], NOW, CFG)
+    again = plan(job(), {**status, **p.status}, [STORE, pod(0), failed], NOW, RULES)
     assert again.status["restarts"] == 1
     assert again.delete == ["j-node-1"]
     # The first restart is immediate once the failed pod is gone.
-    after = planner.plan(job(), {**status, **p.status}, [STORE, pod(0)], NOW, CFG)
+    after = plan(job(), {**status, **p.status}, [STORE, pod(0)], NOW, RULES)
     assert created_pods(after) == ["j-node-1"]
     # A second failure waits for the backoff.
     second = pod(1, "Failed", uid="f2", exit_code=137)
-    p2 = planner.plan(job(), {**status, **after.status}, [STORE, pod(0), second], NOW, CFG, 10)
+    p2 = plan(job(), {**status, **after.status}, [STORE, pod(0), second], NOW, RULES)
     assert p2.status["restarts"] == 2
     gone = {**status, **p2.status}
-    assert created_pods(planner.plan(job(), gone, [STORE, pod(0)], NOW, CFG, 10)) == []
+    assert created_pods(plan(job(), gone, [STORE, pod(0)], NOW, RULES)) == []
     later = NOW + dt.timedelta(seconds=11)
-    assert created_pods(planner.plan(job(), gone, [STORE, pod(0)], later, CFG, 10)) == ["j-node-1"]
+    assert created_pods(plan(job(), gone, [STORE, pod(0)], later, RULES)) == ["j-node-1"]
 
 
 def test_backoff_doubles_from_the_second_restart_and_is_capped() -> None:
-    assert [planner.backoff_s(n, 10) for n in (1, 2, 3, 4)] == [0, 10, 20, 40]
-    assert planner.backoff_s(30, 10) == planner.BACKOFF_CAP_S
+    assert [converge.backoff_s(n, 10) for n in (1, 2, 3, 4)] == [0, 10, 20, 40]
+    assert converge.backoff_s(30, 10) == converge.BACKOFF_CAP_S
 
 
 def test_a_running_pod_deleted_by_someone_else_counts_as_a_restart() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    lost = planner.PodView("j-node-0", "u0", render.ROLE_WORKER, 0, "Running", True, True)
-    p = planner.plan(job(), status, [STORE, lost, pod(1)], NOW, CFG)
+    lost = views.PodView("j-node-0", "u0", render.ROLE_WORKER, 0, "Running", True, True)
+    p = plan(job(), status, [STORE, lost, pod(1)], NOW, RULES)
     assert p.status["restarts"] == 1 and p.status["phase"] == "Restarting"
     assert ("Warning", "PodDisrupted") in [(t, r) for t, r, _ in p.events]
     assert created_pods(p) == []  # the old pod still terminates; same name
-    again = planner.plan(job(), {**status, **p.status}, [STORE, lost, pod(1)], NOW, CFG)
+    again = plan(job(), {**status, **p.status}, [STORE, lost, pod(1)], NOW, RULES)
     assert again.status["restarts"] == 1
 
 
 EARLIER = "2026-01-01T11:00:00Z"  # when the job's first pods were created
 
 
-def aged(x: planner.PodView, created: str = EARLIER, **changes: Any) -> planner.PodView:
+def aged(x: views.PodView, created: str = EARLIER, **changes: Any) -> views.PodView:
     return dataclasses.replace(x, created=created, **changes)
 
 
 def test_losing_the_store_costs_no_restart_and_recreates_it() -> None:
     status = {"phase": "Running", "startTime": EARLIER}
     store_gone = aged(STORE, deleting=True)
-    p = planner.plan(job(), status, [store_gone, aged(pod(0)), aged(pod(1))], NOW, CFG)
+    p = plan(job(), status, [store_gone, aged(pod(0)), aged(pod(1))], NOW, RULES)
     assert p.status["restarts"] == 0 and p.status["phase"] == "Running"
     ((kind, reason, text),) = p.events
     assert (kind, reason) == ("Warning", "StoreLost") and "no restart counted" in text
-    gone = planner.plan(job(), {**status, **p.status}, [aged(pod(0)), aged(pod(1))], NOW, CFG)
+    gone = plan(job(), {**status, **p.status}, [aged(pod(0)), aged(pod(1))], NOW, RULES)
     assert created_pods(gone) == ["j-rdzv"] and gone.status["restarts"] == 0
 
 
@@ -157,7 +158,7 @@ def test_workers_failing_with_the_store_cost_one_restart_together() -> None:
         aged(STORE, deleting=True),
         aged(pod(1, "Failed", exit_code=1)),
     ]
-    p = planner.plan(job(), status, observed, NOW, CFG)
+    p = plan(job(), status, observed, NOW, RULES)
     assert p.status["restarts"] == 1 and p.status["phase"] == "Restarting"
     assert [r for t, r, _ in p.events if t == "Warning"] == ["StoreLost", "PodFailed"]
     assert sorted(p.delete) == ["j-node-0", "j-node-1"]  # failed pods go, all recorded
@@ -168,15 +169,15 @@ def test_a_survivor_failing_soon_after_a_counted_failure_is_not_counted_again() 
     status = {"phase": "Restarting", "startTime": EARLIER, "restarts": 1,
               "lastFailureTime": "2026-01-01T11:59:40Z", "handledFailures": ["gone"]}  # fmt: skip
     survivor = aged(pod(1, "Failed", uid="s", exit_code=1))  # 20 s after the loss
-    p = planner.plan(job(), status, [STORE, aged(pod(0)), survivor], NOW, CFG)
+    p = plan(job(), status, [STORE, aged(pod(0)), survivor], NOW, RULES)
     assert p.status["restarts"] == 1 and p.delete == ["j-node-1"]
     assert not [r for t, r, _ in p.events if t == "Warning"]
     assert "s" in p.status["handledFailures"]
     # ... but past the window, or when the failed pod was made after the loss, it counts.
-    late = planner.plan(job(), status, [STORE, survivor], NOW + dt.timedelta(seconds=60), CFG)
+    late = plan(job(), status, [STORE, survivor], NOW + dt.timedelta(seconds=60), RULES)
     assert late.status["restarts"] == 2
     replacement = aged(pod(1, "Failed", uid="r", exit_code=1), created="2026-01-01T11:59:45Z")
-    crash_loop = planner.plan(job(), status, [STORE, aged(pod(0)), replacement], NOW, CFG)
+    crash_loop = plan(job(), status, [STORE, aged(pod(0)), replacement], NOW, RULES)
     assert crash_loop.status["restarts"] == 2
 
 
@@ -184,32 +185,30 @@ def test_a_later_deletion_is_a_disruption_of_its_own_but_one_drain_is_one() -> N
     status = {"phase": "Running", "startTime": EARLIER, "restarts": 1,
               "lastFailureTime": "2026-01-01T11:59:40Z", "handledFailures": ["gone"]}  # fmt: skip
     deleted = aged(pod(1, uid="d"), deleting=True)  # someone deleted it 20 s later
-    p = planner.plan(job(), status, [STORE, aged(pod(0)), deleted], NOW, CFG)
+    p = plan(job(), status, [STORE, aged(pod(0)), deleted], NOW, RULES)
     assert p.status["restarts"] == 2
     assert [r for t, r, _ in p.events if t == "Warning"] == ["PodDisrupted"]
     # Two pods of one drain, seen a moment apart: one restart.
     drain = {**status, "lastFailureTime": "2026-01-01T11:59:58Z"}
-    q = planner.plan(job(), drain, [STORE, aged(pod(0)), deleted], NOW, CFG)
+    q = plan(job(), drain, [STORE, aged(pod(0)), deleted], NOW, RULES)
     assert q.status["restarts"] == 1 and not q.events
 
 
 def test_pods_the_operator_deletes_itself_are_never_counted_as_failures() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    s = planner.plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    s = plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, RULES)
     terminating = [
-        planner.PodView(x.name, x.uid, x.role, x.index, "Running", True, True)
+        views.PodView(x.name, x.uid, x.role, x.index, "Running", True, True)
         for x in (STORE, pod(0), pod(1))
     ]
-    resumed = planner.plan(job(), {**status, **s.status}, terminating, NOW, CFG)
+    resumed = plan(job(), {**status, **s.status}, terminating, NOW, RULES)
     assert resumed.status["restarts"] == 0
     assert resumed.status["phase"] == "Pending"
 
 
 def test_the_restart_budget_fails_the_job_when_spent() -> None:
     status = {"phase": "Restarting", "startTime": "2026-01-01T11:00:00Z", "restarts": 2}
-    p = planner.plan(
-        job(backoffLimit=2), status, [STORE, pod(0), pod(1, "Failed", uid="x")], NOW, CFG
-    )
+    p = plan(job(backoffLimit=2), status, [STORE, pod(0), pod(1, "Failed", uid="x")], NOW, RULES)
     assert p.status["phase"] == "Failed"
     assert p.status["conditions"][-1]["reason"] == "BackoffLimitExceeded"
     assert "j-node-0" in p.delete and "j-rdzv" in p.delete
@@ -223,27 +222,27 @@ def test_exit_code_policy_fails_fast_only_for_program_errors(
     code: int | None, permanent: bool
 ) -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    p = planner.plan(
+    p = plan(
         job(restartPolicy="ExitCode"),
         status,
         [STORE, pod(0), pod(1, "Failed", exit_code=code)],
         NOW,
-        CFG,
+        RULES,
     )
     assert (p.status["phase"] == "Failed") is permanent
 
 
 def test_success_when_every_node_exits_zero() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    one = planner.plan(job(), status, [STORE, pod(0, "Succeeded"), pod(1)], NOW, CFG)
+    one = plan(job(), status, [STORE, pod(0, "Succeeded"), pod(1)], NOW, RULES)
     assert one.status["phase"] == "Running" and created_pods(one) == []
-    both = planner.plan(job(), status, [STORE, pod(0, "Succeeded"), pod(1, "Succeeded")], NOW, CFG)
+    both = plan(job(), status, [STORE, pod(0, "Succeeded"), pod(1, "Succeeded")], NOW, RULES)
     assert both.status["phase"] == "Succeeded"
     assert both.status["completionTime"] == "2026-01-01T12:00:00Z"
     assert both.delete == ["j-rdzv"]
 
 
-def finished(index: int, at: str = "2026-01-01T11:59:50Z", **changes: Any) -> planner.PodView:
+def finished(index: int, at: str = "2026-01-01T11:59:50Z", **changes: Any) -> views.PodView:
     """A node pod whose torchrun exited 0 at ``at`` (10 s before NOW by default)."""
     return aged(pod(index, "Succeeded", exit_code=0), finished=at, **changes)
 
@@ -253,7 +252,7 @@ RUNNING = {"phase": "Running", "startTime": EARLIER}
 
 def test_a_node_lost_after_its_peer_finished_is_not_replaced_and_the_job_succeeds() -> None:
     lost = aged(pod(1, uid="l"), deleting=True)
-    p = planner.plan(job(), RUNNING, [STORE, finished(0), lost], NOW, CFG)
+    p = plan(job(), RUNNING, [STORE, finished(0), lost], NOW, RULES)
     assert created_pods(p) == [] and p.status["restarts"] == 0
     assert p.status["phase"] == "Succeeded"
     cond = p.status["conditions"][-1]
@@ -261,7 +260,7 @@ def test_a_node_lost_after_its_peer_finished_is_not_replaced_and_the_job_succeed
     assert cond["message"] == "j-node-1 was lost after j-node-0 completed training"
     assert "l" in p.status["handledFailures"]
     # Once the pod is gone, no replacement either: the job stays done.
-    later = planner.plan(job(), {**RUNNING, **p.status}, [STORE, finished(0)], NOW, CFG)
+    later = plan(job(), {**RUNNING, **p.status}, [STORE, finished(0)], NOW, RULES)
     assert created_pods(later) == [] and "phase" not in later.status  # kept: Succeeded
 
 
@@ -269,7 +268,7 @@ def test_a_node_lost_before_its_peer_finished_is_not_replaced_once_the_peer_is_d
     # node-1 was deleted and counted; its replacement waits out the backoff when node-0 ends.
     status = {**RUNNING, "restarts": 2, "handledFailures": ["l"],
               "lastFailureTime": "2026-01-01T11:59:55Z"}  # fmt: skip
-    p = planner.plan(job(), status, [STORE, finished(0)], NOW, CFG)
+    p = plan(job(), status, [STORE, finished(0)], NOW, RULES)
     assert created_pods(p) == [] and p.status["restarts"] == 2
     assert p.status["phase"] == "Succeeded"
     assert p.status["conditions"][-1]["message"] == (
@@ -281,7 +280,7 @@ def test_a_replacement_failing_after_a_peer_succeeded_is_no_failure() -> None:
     """As observed on a real kubelet: the replacement cannot join the closed rendezvous."""
     status = {**RUNNING, "restarts": 3}
     failing = aged(pod(1, "Failed", uid="r", exit_code=1), created="2026-01-01T11:59:55Z")
-    p = planner.plan(job(backoffLimit=3), status, [STORE, finished(0), failing], NOW, CFG)
+    p = plan(job(backoffLimit=3), status, [STORE, finished(0), failing], NOW, RULES)
     assert p.status["phase"] == "Succeeded" and p.status["restarts"] == 3
     assert "BackoffLimitExceeded" not in [r for _, r, _ in p.events]
     assert p.status["conditions"][-1]["message"] == (
@@ -292,13 +291,18 @@ def test_a_replacement_failing_after_a_peer_succeeded_is_no_failure() -> None:
 
 def test_the_others_get_a_bounded_time_to_finish_from_the_first_success() -> None:
     observed = [STORE, finished(0), aged(pod(1))]
-    wait = planner.plan(job(), RUNNING, observed, NOW, CFG, completion_grace_s=30)
+    grace_30 = dataclasses.replace(RULES, completion_grace_s=30)
+    wait = plan(job(), RUNNING, observed, NOW, grace_30)
     assert wait.status["phase"] == "Running" and wait.delete == [] and created_pods(wait) == []
     assert wait.status["conditions"][-1]["reason"] == "NodesCompleting"
     assert wait.requeue_after == pytest.approx(20)  # finishedAt + 30 s - NOW
     due = NOW + dt.timedelta(seconds=20)
-    done = planner.plan(
-        job(), {**RUNNING, **wait.status}, observed, due, CFG, completion_grace_s=30
+    done = plan(
+        job(),
+        {**RUNNING, **wait.status},
+        observed,
+        due,
+        grace_30,
     )
     assert done.status["phase"] == "Succeeded"
     assert sorted(done.delete) == ["j-node-1", "j-rdzv"]
@@ -307,16 +311,13 @@ def test_the_others_get_a_bounded_time_to_finish_from_the_first_success() -> Non
     )
     # A node lost while the job waits was lost after the first success, even once it is gone.
     waited = {**RUNNING, **wait.status}
-    gone = planner.plan(job(), waited, [STORE, finished(0)], NOW, CFG, completion_grace_s=30)
+    gone = plan(job(), waited, [STORE, finished(0)], NOW, grace_30)
     assert gone.status["conditions"][-1]["message"] == (
         "j-node-1 was lost after j-node-0 completed training"
     )
     # The first success counts: a later one does not extend the wait.
     three = [*observed, finished(2, at="2026-01-01T12:00:15Z")]
-    assert (
-        planner.plan(job(nodes=3), RUNNING, three, due, CFG, completion_grace_s=30).status["phase"]
-        == "Succeeded"
-    )
+    assert plan(job(nodes=3), RUNNING, three, due, grace_30).status["phase"] == "Succeeded"
 
 
 def test_view_reads_finished_at_and_the_disruption_target_condition() -> None:
@@ -336,66 +337,64 @@ def test_view_reads_finished_at_and_the_disruption_target_condition() -> None:
             ],
         },
     }
-    v = planner.view(body)
+    v = views.view(body)
     assert (v.finished, v.disrupted, v.ready) == (
         "2026-01-01T11:59:50Z",
         "EvictionByEvictionAPI",
         True,
     )
     body["status"]["conditions"][1]["status"] = "False"
-    assert planner.view(body).disrupted == ""
+    assert views.view(body).disrupted == ""
 
 
 def test_a_disruption_is_counted_apart_and_never_spends_the_backoff_limit() -> None:
     status = {**RUNNING, "restarts": 1, "lastFailureTime": "2026-01-01T11:00:00Z"}
     evicted = aged(pod(0, uid="e"), disrupted="EvictionByEvictionAPI")  # deletion not seen yet
-    p = planner.plan(job(backoffLimit=1), status, [STORE, evicted, aged(pod(1))], NOW, CFG)
+    p = plan(job(backoffLimit=1), status, [STORE, evicted, aged(pod(1))], NOW, RULES)
     assert p.status["restarts"] == 1 and p.status["disruptions"] == 1
     assert p.status["phase"] != "Failed"
     ((kind, reason, text),) = p.events
     assert (kind, reason) == ("Warning", "Disruption") and "EvictionByEvictionAPI" in text
     # Seen again while it is deleted, and once gone: not counted twice; then recreated at once.
     again = {**status, **p.status}
-    going = planner.plan(
-        job(backoffLimit=1), again, [STORE, aged(evicted, deleting=True)], NOW, CFG
-    )
+    going = plan(job(backoffLimit=1), again, [STORE, aged(evicted, deleting=True)], NOW, RULES)
     assert going.status["restarts"] == 1 and "disruptions" not in going.status
-    gone = planner.plan(job(backoffLimit=1), again, [STORE, aged(pod(1))], NOW, CFG)
+    gone = plan(job(backoffLimit=1), again, [STORE, aged(pod(1))], NOW, RULES)
     assert created_pods(gone) == ["j-node-0"]
     # Its peer failing because of it follows the disruption: no restart either.
     peer = aged(pod(1, "Failed", uid="s", exit_code=1))
-    after = planner.plan(job(backoffLimit=1), again, [STORE, peer], NOW, CFG)
+    after = plan(job(backoffLimit=1), again, [STORE, peer], NOW, RULES)
     assert after.status["restarts"] == 1 and after.status["phase"] != "Failed"
 
 
 def test_a_pod_that_failed_after_a_node_pressure_eviction_is_a_disruption() -> None:
     evicted = aged(pod(1, "Failed", uid="k", exit_code=137), disrupted="TerminationByKubelet")
-    p = planner.plan(job(backoffLimit=0), RUNNING, [STORE, aged(pod(0)), evicted], NOW, CFG)
+    p = plan(job(backoffLimit=0), RUNNING, [STORE, aged(pod(0)), evicted], NOW, RULES)
     assert p.status["restarts"] == 0 and p.status["disruptions"] == 1
     assert p.delete == ["j-node-1"] and p.status["phase"] != "Failed"
 
 
 def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    s = planner.plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    s = plan(job(suspend=True), status, [STORE, pod(0), pod(1)], NOW, RULES)
     assert sorted(s.delete) == ["j-node-0", "j-node-1", "j-rdzv"]
     assert s.status["phase"] == "Suspended"
-    r = planner.plan(job(), {**status, **s.status}, [], NOW, CFG)
+    r = plan(job(), {**status, **s.status}, [], NOW, RULES)
     assert created_pods(r) == ["j-rdzv", "j-node-0", "j-node-1"]
     assert any(reason == "Resumed" for _, reason, _ in r.events)
 
 
 def test_deadline_fails_the_job() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
-    p = planner.plan(job(activeDeadlineSeconds=60), status, [STORE, pod(0), pod(1)], NOW, CFG)
+    p = plan(job(activeDeadlineSeconds=60), status, [STORE, pod(0), pod(1)], NOW, RULES)
     assert p.status["phase"] == "Failed"
     assert p.status["conditions"][-1]["reason"] == "DeadlineExceeded"
 
 
 def test_ttl_deletes_a_finished_job_only_when_due() -> None:
     done = {"phase": "Succeeded", "completionTime": "2026-01-01T11:59:00Z"}
-    assert not planner.plan(job(ttlSecondsAfterFinished=120), done, [], NOW, CFG).delete_job
-    assert planner.plan(job(ttlSecondsAfterFinished=30), done, [], NOW, CFG).delete_job
+    assert not plan(job(ttlSecondsAfterFinished=120), done, [], NOW, RULES).delete_job
+    assert plan(job(ttlSecondsAfterFinished=30), done, [], NOW, RULES).delete_job
 
 
 def test_view_reads_exit_codes_and_readiness_from_a_pod_body() -> None:
@@ -412,22 +411,22 @@ def test_view_reads_exit_codes_and_readiness_from_a_pod_body() -> None:
             ],
         },
     }
-    v = planner.view(body)
+    v = views.view(body)
     assert (v.index, v.phase, v.exit_code, v.ready) == (1, "Failed", 3, False)
 
 
-def on(x: planner.PodView, machine: str) -> planner.PodView:
+def on(x: views.PodView, machine: str) -> views.PodView:
     return aged(x, machine=machine)
 
 
-def machine(name: str, ready: str, since: str = "2026-01-01T11:59:20Z") -> planner.MachineView:
-    return planner.MachineView(name, ready, since)  # since: 40 s before NOW by default
+def machine(name: str, ready: str, since: str = "2026-01-01T11:59:20Z") -> views.MachineView:
+    return views.MachineView(name, ready, since)  # since: 40 s before NOW by default
 
 
 def test_pods_on_a_machine_not_ready_past_the_grace_are_deleted_at_once_as_a_disruption() -> None:
     observed = [on(STORE, "m1"), on(pod(0, uid="a"), "m1"), on(pod(1), "m2")]
     machines = {"m1": machine("m1", "Unknown"), "m2": machine("m2", "True")}
-    p = planner.plan(job(backoffLimit=0), RUNNING, observed, NOW, CFG, machines=machines)
+    p = plan(job(backoffLimit=0), RUNNING, observed, NOW, RULES, machines=machines)
     assert sorted(p.force) == ["j-node-0", "j-rdzv"] and p.delete == []
     assert p.status["disruptions"] == 1 and p.status["restarts"] == 0  # the store counts nothing
     assert p.status["phase"] == "Restarting"
@@ -439,21 +438,21 @@ def test_pods_on_a_machine_not_ready_past_the_grace_are_deleted_at_once_as_a_dis
     ]
     # Seen again before the watch shows them gone: nothing twice; once gone, recreated.
     again = {**RUNNING, **p.status}
-    q = planner.plan(job(backoffLimit=0), again, observed, NOW, CFG, machines=machines)
+    q = plan(job(backoffLimit=0), again, observed, NOW, RULES, machines=machines)
     assert q.force == [] and "disruptions" not in q.status
     # A pod the operator deleted itself (say, scaled down) would stay Terminating there.
     stuck = aged(on(pod(1, uid="b"), "m1"), deleting=True)
     mine = {**RUNNING, "handledFailures": ["b"]}
-    r = planner.plan(job(nodes=1), mine, [STORE, stuck], NOW, CFG, machines=machines)
+    r = plan(job(nodes=1), mine, [STORE, stuck], NOW, RULES, machines=machines)
     assert r.force == ["j-node-1"] and "disruptions" not in r.status
-    gone = planner.plan(job(backoffLimit=0), again, [on(pod(1), "m2")], NOW, CFG, machines=machines)
+    gone = plan(job(backoffLimit=0), again, [on(pod(1), "m2")], NOW, RULES, machines=machines)
     assert created_pods(gone) == ["j-rdzv", "j-node-0"]
 
 
 def test_a_machine_not_ready_for_less_than_the_grace_is_waited_for() -> None:
     observed = [STORE, on(pod(0), "m1"), on(pod(1), "m2")]
     machines = {"m1": machine("m1", "False", since="2026-01-01T11:59:50Z")}  # 10 s ago
-    p = planner.plan(job(), RUNNING, observed, NOW, CFG, machines=machines, node_lost_grace_s=30)
+    p = plan(job(), RUNNING, observed, NOW, LOST_30, machines=machines)
     assert p.force == [] and "disruptions" not in p.status
     assert p.requeue_after == pytest.approx(20)
 
@@ -462,15 +461,15 @@ def test_a_silent_machine_loses_its_pods_while_its_node_still_says_ready() -> No
     """Its kubelet stopped renewing its Lease 35 s ago (the controller marks it silent): the
     Node is still Ready (kube-controller-manager waits 50 s), the pods go now."""
     observed = [STORE, on(pod(0, uid="a"), "m1"), on(pod(1), "m2")]
-    silent = planner.MachineView("m1", "True", "2026-01-01T10:00:00Z", "2026-01-01T11:59:25Z")
+    silent = views.MachineView("m1", "True", "2026-01-01T10:00:00Z", "2026-01-01T11:59:25Z")
     machines = {"m1": silent, "m2": machine("m2", "True")}
-    p = planner.plan(job(), RUNNING, observed, NOW, CFG, machines=machines, node_lost_grace_s=30)
+    p = plan(job(), RUNNING, observed, NOW, LOST_30, machines=machines)
     assert p.force == ["j-node-0"] and p.status["disruptions"] == 1
     (msg,) = [m for _, r, m in p.events if r == "NodeLost"]
     assert "on machine m1, which has sent no heartbeat (its Lease) for 35s" in msg
     # Once gone, recreated, but not where the scheduler would still put it (its Node is Ready).
-    gone = planner.plan(job(), {**RUNNING, **p.status}, [STORE, on(pod(1), "m2")], NOW, CFG,
-                        machines=machines)  # fmt: skip
+    gone = plan(job(), {**RUNNING, **p.status}, [STORE, on(pod(1), "m2")], NOW, LOST_30,
+                machines=machines)  # fmt: skip
     (new,) = [o for o in gone.create if o["metadata"]["name"] == "j-node-0"]
     terms = new["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -481,15 +480,15 @@ def test_a_silent_machine_loses_its_pods_while_its_node_still_says_ready() -> No
 
 def test_a_machine_is_silent_after_the_grace_and_never_before_two_missed_renewals() -> None:
     heard = {"quiet": 100.0, "fresh": 125.0, "edge": 110.0}
-    assert planner.silent_machines(heard, now=140.0, grace_s=30) == {"quiet", "edge"}
-    assert planner.silent_machines(heard, now=139.0, grace_s=30) == {"quiet"}
+    assert lost_machines.silent_machines(heard, now=140.0, grace_s=30) == {"quiet", "edge"}
+    assert lost_machines.silent_machines(heard, now=139.0, grace_s=30) == {"quiet"}
     # A grace of 0 acts on a NotReady machine at once, but silence needs two missed renewals.
-    assert planner.silent_machines(heard, now=140.0, grace_s=0) == {"quiet", "edge"}
-    assert planner.silent_machines({"m": 100.0}, now=119.0, grace_s=0) == set()
+    assert lost_machines.silent_machines(heard, now=140.0, grace_s=0) == {"quiet", "edge"}
+    assert lost_machines.silent_machines({"m": 100.0}, now=119.0, grace_s=0) == set()
     # The operator's own tick, due 2 s after the last, came 100 s late: it was the one stopped
     # (its machine frozen and back), so the machines are heard afresh, not lost.
-    assert planner.stalled(last=100.0, now=202.0, tick_s=2.0)
-    assert not planner.stalled(last=100.0, now=105.0, tick_s=2.0)  # a busy loop, not a stop
+    assert lost_machines.stalled(last=100.0, now=202.0, tick_s=2.0)
+    assert not lost_machines.stalled(last=100.0, now=105.0, tick_s=2.0)  # a busy loop, not a stop
 
 
 def test_machine_view_reads_the_ready_condition() -> None:
@@ -506,10 +505,10 @@ def test_machine_view_reads_the_ready_condition() -> None:
             ]
         },
     }
-    assert planner.machine_view(body) == machine("m1", "Unknown")
-    assert planner.machine_view({"metadata": {"name": "new"}}).ready == "Unknown"
+    assert views.machine_view(body) == machine("m1", "Unknown")
+    assert views.machine_view({"metadata": {"name": "new"}}).ready == "Unknown"
     pod_body = {"metadata": {"name": "j-node-0"}, "spec": {"nodeName": "m1"}, "status": {}}
-    assert planner.view(pod_body).machine == "m1"
+    assert views.view(pod_body).machine == "m1"
 
 
 # A job Running with both nodes ready since 11:00, its step last seen moving at 11:50.
@@ -526,8 +525,8 @@ STEPPING = {
 }
 
 
-def stall_plan(status: dict[str, Any], at: dt.datetime = NOW, **spec: Any) -> planner.Plan:
-    return planner.plan(job(**spec), status, [STORE, pod(0), pod(1)], at, CFG)
+def stall_plan(status: dict[str, Any], at: dt.datetime = NOW, **spec: Any) -> draft.Plan:
+    return plan(job(**spec), status, [STORE, pod(0), pod(1)], at, RULES)
 
 
 def test_a_job_whose_step_stops_moving_is_restarted_at_its_progress_deadline() -> None:
@@ -551,10 +550,10 @@ def test_a_job_whose_step_stops_moving_is_restarted_at_its_progress_deadline() -
 
 
 def test_the_default_deadline_is_ten_minutes_or_ten_step_times() -> None:
-    assert planner.progress_deadline_s(None, None) == 600
+    assert stall.progress_deadline_s(None, None) == 600
     slow = {"step": 50, "totalSteps": 100, "estimatedRemainingSeconds": 5000}  # 100 s a step
-    assert planner.progress_deadline_s(None, slow) == 1000
-    assert planner.progress_deadline_s(0, slow) == 0 and planner.progress_deadline_s(30, slow) == 30
+    assert stall.progress_deadline_s(None, slow) == 1000
+    assert stall.progress_deadline_s(0, slow) == 0 and stall.progress_deadline_s(30, slow) == 30
     assert stall_plan(STEPPING).status["reason"] == "Stalled"  # 600 s quiet: the default's floor
 
 
@@ -595,8 +594,8 @@ def test_a_job_without_a_report_since_it_became_running_is_starting_not_stalled(
     again = {**STEPPING, "lastStepTime": "2026-01-01T10:00:00Z"}  # before it became Running
     assert stall_plan(again, progressDeadlineSeconds=60).delete == []
     report = {**STEPPING["progress"], "updatedAt": "2026-01-01T11:59:00Z"}  # the same step 57
-    p = planner.plan(
-        job(progressDeadlineSeconds=60), again, [STORE, pod(0), pod(1)], NOW, CFG,
+    p = plan(
+        job(progressDeadlineSeconds=60), again, [STORE, pod(0), pod(1)], NOW, RULES,
         progress=report,
     )  # fmt: skip
     assert p.status["lastStepTime"] == "2026-01-01T12:00:00Z"
@@ -604,8 +603,8 @@ def test_a_job_without_a_report_since_it_became_running_is_starting_not_stalled(
 
 def test_a_new_step_in_a_report_restarts_the_clock() -> None:
     report = {**STEPPING["progress"], "step": 58, "updatedAt": "2026-01-01T12:00:00Z"}
-    p = planner.plan(
-        job(progressDeadlineSeconds=600), STEPPING, [STORE, pod(0), pod(1)], NOW, CFG,
+    p = plan(
+        job(progressDeadlineSeconds=600), STEPPING, [STORE, pod(0), pod(1)], NOW, RULES,
         progress=report,
     )  # fmt: skip
     assert p.status["lastStepTime"] == "2026-01-01T12:00:00Z" and p.delete == []

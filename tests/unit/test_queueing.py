@@ -10,12 +10,14 @@ import pytest
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import informer, queueing, render
-from ddp_operator import plan as planner
+from ddp_operator.planner import views
+from ddp_operator.planner.plan import PlanSettings, plan
 from ddp_operator.settings import Settings
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 STAMP = "2026-01-01T12:00:00Z"
 CFG = render.OperatorConfig(default_image="trainer:test")
+RULES = PlanSettings(CFG)
 Q = queueing.State
 
 
@@ -185,7 +187,7 @@ def test_partial_admission_runs_only_the_admitted_count() -> None:
     admission = {**ADMISSION, "podSetAssignments": [{"name": "node", "count": 1}]}
     wl = workload(cond("QuotaReserved"), cond("Admitted"), admission=admission)
     j = job(nodes=3, minNodes=1, maxNodes=4)
-    p = planner.plan(j, {}, [], NOW, CFG, admission=queueing.admission(wl, "team"))
+    p = plan(j, {}, [], NOW, RULES, admission=queueing.admission(wl, "team"))
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == [
         "j-rdzv",
         "j-node-0",
@@ -196,7 +198,7 @@ def test_partial_admission_runs_only_the_admitted_count() -> None:
 def test_a_queued_job_has_no_pods_and_says_which_queue_it_waits_in() -> None:
     msg = "insufficient quota for cpu in flavor big"
     adm = queueing.admission(workload(cond("QuotaReserved", "False", "Pending", msg)), "team")
-    p = planner.plan(job(), {}, [], NOW, CFG, admission=adm)
+    p = plan(job(), {}, [], NOW, RULES, admission=adm)
     assert p.create == []
     assert p.status["phase"] == "Queued" and p.status["queue"] == "team"
     admitted = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
@@ -206,7 +208,7 @@ def test_a_queued_job_has_no_pods_and_says_which_queue_it_waits_in() -> None:
 
 def test_admission_starts_the_job_with_an_event_naming_the_cluster_queue() -> None:
     status = {"phase": "Queued", "queue": "team"}
-    p = planner.plan(job(), status, [], NOW, CFG, admission=queueing.admission(ADMITTED, "team"))
+    p = plan(job(), status, [], NOW, RULES, admission=queueing.admission(ADMITTED, "team"))
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == [
         "j-rdzv",
         "j-node-0",
@@ -216,14 +218,19 @@ def test_admission_starts_the_job_with_an_event_naming_the_cluster_queue() -> No
     assert ("Normal", "Admitted") in [(e[0], e[1]) for e in p.events]
     admitted = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
     assert admitted["status"] == "True" and "cq" in admitted["message"]
-    again = planner.plan(
-        job(), {**status, **p.status}, [], NOW, CFG, admission=queueing.admission(ADMITTED, "team")
+    again = plan(
+        job(),
+        {**status, **p.status},
+        [],
+        NOW,
+        RULES,
+        admission=queueing.admission(ADMITTED, "team"),
     )
     assert "Admitted" not in [e[1] for e in again.events]
 
 
-def running(i: int) -> planner.PodView:
-    return planner.PodView(
+def running(i: int) -> views.PodView:
+    return views.PodView(
         name=render.worker_name("j", i),
         uid=f"p{i}",
         role=render.ROLE_WORKER,
@@ -237,7 +244,7 @@ def running(i: int) -> planner.PodView:
 def test_eviction_deletes_the_pods_without_counting_a_restart_then_readmission_resumes() -> None:
     status = {"phase": "Running", "queue": "team", "clusterQueue": "cq", "admissions": 1}
     pods = [running(0), running(1)]
-    p = planner.plan(job(), status, pods, NOW, CFG, admission=queueing.admission(EVICTED, "team"))
+    p = plan(job(), status, pods, NOW, RULES, admission=queueing.admission(EVICTED, "team"))
     assert sorted(p.delete) == ["j-node-0", "j-node-1"]
     assert p.status["phase"] == "Queued" and p.status["restarts"] == 0
     assert p.status["clusterQueue"] is None
@@ -247,9 +254,7 @@ def test_eviction_deletes_the_pods_without_counting_a_restart_then_readmission_r
     assert condition["reason"] == "Preempted"
     # The pods are gone; Kueue admits it again: a Readmitted event, pods recreated.
     status = planner_status(status, p.status)
-    again = planner.plan(
-        job(), status, [], NOW, CFG, admission=queueing.admission(ADMITTED, "team")
-    )
+    again = plan(job(), status, [], NOW, RULES, admission=queueing.admission(ADMITTED, "team"))
     assert again.events[0][1] == "Readmitted"
     assert again.status["admissions"] == 2
     assert len([o for o in again.create if o["kind"] == "Pod"]) == 3
@@ -266,7 +271,7 @@ def planner_status(old: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]
 
 
 def test_a_job_without_admission_runs_as_before() -> None:
-    p = planner.plan(job(), {}, [], NOW, CFG)
+    p = plan(job(), {}, [], NOW, RULES)
     assert "queue" not in p.status and p.status["phase"] == "Pending"
 
 
@@ -353,8 +358,8 @@ def test_scaling_an_admitted_job_up_is_capped_at_the_admitted_count() -> None:
     adm = queueing.admission(ADMITTED, "team")  # 2 admitted
     status = {"phase": "Running", "queue": "team", "clusterQueue": "cq", "admissions": 1}
     pods = [running(0), running(1)]
-    up = planner.plan(job(nodes=4, minNodes=1, maxNodes=4), status, pods, NOW, CFG, admission=adm)
+    up = plan(job(nodes=4, minNodes=1, maxNodes=4), status, pods, NOW, RULES, admission=adm)
     assert "j-node-2" not in up.created_pods() and up.delete == []
     assert up.status["ready"] == "2/2"
-    down = planner.plan(job(nodes=1, minNodes=1, maxNodes=4), status, pods, NOW, CFG, admission=adm)
+    down = plan(job(nodes=1, minNodes=1, maxNodes=4), status, pods, NOW, RULES, admission=adm)
     assert down.delete == ["j-node-1"]

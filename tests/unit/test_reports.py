@@ -11,7 +11,9 @@ import pytest
 
 from ddp_api import contract
 from ddp_api.ddpjob import DDPJob
-from ddp_operator import informer, plan, render, reports
+from ddp_operator import informer, render, reports
+from ddp_operator.planner import views
+from ddp_operator.planner.plan import PlanSettings, plan
 from ddp_operator.progress_records import ProgressRecords
 
 GOOD = {
@@ -89,11 +91,12 @@ def test_the_cache_keeps_a_bounded_record_and_finds_the_job_by_name_not_label() 
 JOB = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": {"nodes": 2}}
 NOW = dt.datetime(2026, 11, 24, 10, 0, tzinfo=dt.UTC)
 CFG = render.OperatorConfig()
+RULES = PlanSettings(CFG)
 
 
 def planned(status: dict[str, Any], progress: dict[str, Any] | None) -> dict[str, Any]:
     job = DDPJob.model_validate(JOB)
-    return plan.plan(job, status, [], NOW, CFG, progress=progress).status
+    return plan(job, status, [], NOW, RULES, progress=progress).status
 
 
 def test_the_planner_copies_a_changed_record_and_removes_what_it_unsets() -> None:
@@ -167,9 +170,9 @@ def pod_with(text: str | None, owner: str = "u-1", name: str = "j-node-0") -> di
 
 def view(
     record: dict[str, Any] | str | None, owner: str = "u-1", name: str = "j-node-0"
-) -> plan.PodView:
+) -> views.PodView:
     text = record if record is None or isinstance(record, str) else json.dumps(record)
-    return plan.view(pod_with(text, owner, name))
+    return views.view(pod_with(text, owner, name))
 
 
 def test_a_pods_annotation_is_a_record_of_the_job_that_owns_the_pod() -> None:
@@ -200,7 +203,7 @@ def test_the_newest_record_of_the_jobs_pods_wins_and_never_an_older_than_the_sta
 
 def test_a_deleted_pods_last_record_is_kept_for_its_job() -> None:
     records = ProgressRecords()
-    c = informer.Cache(render.LABEL_JOB, plan.view, removed=records.pod_removed)
+    c = informer.Cache(render.LABEL_JOB, views.view, removed=records.pod_removed)
     c.apply("ADDED", pod_with(json.dumps(at(5, step=60))))
     c.apply("DELETED", pod_with(json.dumps(at(9, step=66))))  # the final report, as deleted
     assert c.get(("ns", "j")) == []

@@ -8,9 +8,9 @@ on: the operator's deadline, too, counts from rank 0's first report): once a ste
 taken :data:`BEFORE_DEADLINE` of the deadline, the interpreter's own watchdog thread writes every
 thread's stack to stderr (the pod's log, with torchrun's rank prefix), and again each period
 while the step does not end. The operator restarts the job at the deadline, a quarter of it
-later. The deadline follows the operator's rule (:func:`ddp_operator.plan.progress_deadline_s`):
-the setting when given, else the larger of :data:`FLOOR_S` and :data:`STEP_TIMES` times the
-step time.
+later. The deadline follows the operator's rule
+(:func:`ddp_operator.planner.stall.progress_deadline_s`): the setting when given, else the larger
+of :data:`FLOOR_S` and :data:`STEP_TIMES` times the step time.
 """
 
 from __future__ import annotations

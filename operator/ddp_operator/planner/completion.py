@@ -1,0 +1,100 @@
+"""The end of a job: once any node pod exits 0 (its torchrun finished training) the job is
+complete; the others get ``completion_grace_s`` to finish (the package docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
+
+from .. import render
+from .draft import Draft, Plan
+from .views import PodView
+
+COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
+
+
+def completion(st: Draft, grace_s: float) -> Plan | None:
+    """Once a node's torchrun exited 0 training is complete: None before."""
+    workers = st.workers
+    succeeded = [x for x in workers if x.phase == "Succeeded"]
+    if not succeeded:
+        return None
+    first = min(
+        succeeded, key=lambda x: (parse_rfc3339(x.finished or x.created) or st.now, x.index)
+    )
+    known = set(st.handled)
+    nodes = st.job.spec.nodes
+    lost = [
+        x
+        for x in workers
+        if x.index < nodes and (x.phase == "Failed" or (x.deleting and not x.done))
+    ]
+    for x in lost:  # not failures: the job is complete; recorded so they never count later
+        if x.uid not in st.handled:
+            st.handled.append(x.uid)
+    running = [x for x in workers if not x.done and not x.deleting]
+    done_at = parse_rfc3339(first.finished or first.created) or st.now
+    left = (done_at - st.now).total_seconds() + grace_s
+    if running and left > 0:
+        st.plan.requeue(left)
+        names = ", ".join(x.name for x in running)
+        return st.result(
+            DDPJobPhase.RUNNING,
+            Reason.NODES_COMPLETING,
+            f"{first.name} completed training; waiting up to {left:.0f}s more for {names}",
+        )
+    if _completing(st.status):  # whatever went since the first success was seen went after it
+        known = set()
+    message = completion_message(st.name, first, lost, running, known, nodes, succeeded, grace_s)
+    return st.finish(DDPJobPhase.SUCCEEDED, Reason.COMPLETED, message)
+
+
+def _completing(status: Mapping[str, Any]) -> bool:
+    """Whether the last plan saw a node finished and waited for the rest."""
+    return any(
+        c.get("reason") == Reason.NODES_COMPLETING and c.get("status") == ConditionStatus.TRUE
+        for c in status.get("conditions") or []
+    )
+
+
+def completion_message(
+    job: str,
+    first: PodView,
+    lost: list[PodView],
+    late: list[PodView],
+    known: Collection[str],
+    nodes: int,
+    succeeded: list[PodView],
+    grace_s: float,
+) -> str:
+    """Says which nodes did not finish, and how: lost after ``first`` completed training (not
+    ``known`` as lost before; ``known`` is empty once the job was seen completing), lost
+    before it (known, or missing), or still running past the grace."""
+
+    def names(pods: Iterable[str]) -> tuple[str, str]:
+        pods = sorted(set(pods))
+        return ", ".join(pods), "was" if len(pods) == 1 else "were"
+
+    done = {x.index for x in succeeded}
+    after = [x.name for x in lost if x.uid not in known and x.index not in done]
+    before = [x.name for x in lost if x.uid in known and x.index not in done]
+    seen = {x.index for x in lost} | {x.index for x in late}
+    missing = [render.worker_name(job, i) for i in range(nodes) if i not in done | seen]
+    (before if known else after).extend(missing)
+    parts = []
+    if after:
+        who, was = names(after)
+        parts.append(f"{who} {was} lost after {first.name} completed training")
+    if before:
+        who, was = names(before)
+        parts.append(f"{who} {was} lost before {first.name} completed training, and not replaced")
+    if late:
+        who, was = names(x.name for x in late)
+        parts.append(
+            f"{who} did not finish within {grace_s:.0f}s after {first.name} completed training"
+            f" and {was} stopped"
+        )
+    return "; ".join(parts) or f"all {len(succeeded)} nodes exited 0"

@@ -1,0 +1,127 @@
+"""Converging on the spec: the Services, the server pod and the missing node pods to create
+(after the backoff), the node pods beyond ``spec.nodes`` to delete, and the phase that says so."""
+
+from __future__ import annotations
+
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import DDPJobPhase, Reason
+
+from .. import diagnosis, render
+from .draft import Draft, Plan, condition
+from .groups import groups_phase
+from .views import PodView
+
+BACKOFF_CAP_S = 300.0
+
+
+def backoff_s(restarts: int, base_s: float, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Delay before recreating after the ``restarts``-th failure: 0, base, 2x base, ... capped."""
+    return 0.0 if restarts <= 1 else min(cap_s, base_s * 2 ** (restarts - 2))
+
+
+def _all_present(workers: list[PodView], nodes: int) -> bool:
+    """Every index below spec.nodes has a pod that is not being deleted."""
+    return {x.index for x in workers if not x.deleting} >= set(range(nodes))
+
+
+def converge(
+    st: Draft,
+    prev_phase: str,
+    cfg: render.OperatorConfig,
+    backoff_base_s: float,
+    found: diagnosis.Diagnosis | None,
+) -> Plan:
+    """Creates what is missing (after any backoff), removes what is beyond spec.nodes; says
+    what ``found`` is while pods show it."""
+    wait, extra = _create_and_scale(st, cfg, backoff_base_s)
+    phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
+    resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
+    # torchrun restarts every worker for the new membership (PerStep: groups come and go alone)
+    restarted = resized and not st.job.spec.per_step
+    if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and restarted:
+        st.incident("Resize")
+    if found is not None:
+        reason, message = found.reason, found.message
+        if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
+            st.plan.warn(found.reason, message)
+    return st.result(phase, reason, message)
+
+
+def _create_and_scale(
+    st: Draft, cfg: render.OperatorConfig, backoff_base_s: float
+) -> tuple[float, list[PodView]]:
+    """The Services, the store and the missing node pods to create once the backoff after the
+    last failure is over (seconds still to wait, else 0), and the node pods beyond spec.nodes
+    to delete (the highest indices go). A PerStep job's lighthouse, in place of the store, is
+    recreated at once, backoff or not: the groups still training need it."""
+    s, p, workers = st.job.spec, st.plan, st.workers
+    p.create += render.render_services(st.job)
+    last_failure = parse_rfc3339(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
+    wait = 0.0
+    if last_failure is not None:
+        wait = (last_failure - st.now).total_seconds() + backoff_s(st.restarts, backoff_base_s)
+    # A pod being deleted keeps its name until it is gone: its successor waits for that.
+    present = {x.index for x in workers}
+    present |= {i for i in range(s.nodes) if render.worker_name(st.name, i) in st.pending}
+    server, role = (
+        (render.render_lighthouse(st.job, cfg), render.ROLE_LIGHTHOUSE)
+        if s.per_step
+        else (render.render_store(st.job, cfg), render.ROLE_STORE)
+    )
+    has_server = server["metadata"]["name"] in st.pending or any(x.role == role for x in st.pods)
+    if not has_server and (wait <= 0 or s.per_step):  # PerStep: the live groups need it now
+        p.create.append(server)
+    if wait > 0:
+        p.requeue(wait)
+    else:
+        for i in range(s.nodes):
+            if i not in present:
+                p.create.append(render.render_worker(st.job, i, st.restarts, cfg))
+    extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
+    if extra:
+        st.delete(extra)
+        p.info("ScalingDown", f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}")
+    if p.created_pods():
+        p.info("CreatingPods", f"creating {', '.join(p.created_pods())}")
+    return wait, extra
+
+
+def _progress_phase(
+    st: Draft, prev_phase: str, wait: float, scaling_down: bool
+) -> tuple[str, str, str]:
+    """(phase, reason, message) of a job that is neither finished nor failed: Restarting after
+    a failure, Running, Scaling or Pending."""
+    s, workers = st.job.spec, st.workers
+    running = [x for x in workers if x.index < s.nodes and x.ready and not x.deleting]
+    # Messages name the target, not the live count (status.ready has it), so that a pod coming
+    # up changes only counts, which the operator writes at a bounded rate.
+    target = f"{s.nodes} nodes"
+    groups = groups_phase(st, prev_phase, len(running), wait, scaling_down)
+    if groups is not None:
+        return groups
+    if "lastFailureTime" in st.new or (
+        prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
+    ):
+        reason: str = Reason.POD_FAILED
+        message = f"restart {st.restarts} of backoffLimit {s.backoff_limit}"
+        if wait > 0:
+            message += f"; recreating in {wait:.0f}s"
+        if st.cause is not None:  # a failure with a diagnosis (OOMKilled) is named
+            reason, message = st.cause[0], f"{st.cause[1]}; {message}"
+        elif "lastFailureTime" not in st.new:  # still restarting: what was said stays
+            said = condition(st.status, DDPJobPhase.RESTARTING)
+            if (
+                said.get("reason") in diagnosis.COUNTED_REASONS
+                or said.get("reason") == Reason.STALLED
+            ):
+                reason, message = said["reason"], said.get("message") or message
+        return DDPJobPhase.RESTARTING, reason, message
+    if len(running) == s.nodes and not scaling_down:
+        return DDPJobPhase.RUNNING, Reason.ALL_NODES_RUNNING, f"{target} running"
+    if prev_phase == DDPJobPhase.RUNNING and _all_present(workers, s.nodes) and not scaling_down:
+        # A kubelet reports a finishing container not ready a moment before its pod ends:
+        # no pod is coming or going, so the job is not scaling.
+        return DDPJobPhase.RUNNING, Reason.NODES_NOT_READY, f"{target}, not all ready"
+    if prev_phase in (DDPJobPhase.RUNNING, DDPJobPhase.SCALING):
+        return DDPJobPhase.SCALING, Reason.NODES_CHANGING, f"scaling to {target}"
+    return DDPJobPhase.PENDING, Reason.WAITING_FOR_NODES, f"starting {target}"

@@ -1,0 +1,180 @@
+"""The plan of one reconcile as it is drafted: what to create and delete, the Events, and the
+status patch, which each policy adds to; :meth:`Draft.result` closes it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_api.contract import rfc3339
+from ddp_api.ddpjob import ConditionStatus, DDPJob, DDPJobPhase
+from ddp_api.metav1 import transition_time
+
+from .. import incidents, render
+from .views import PodView
+
+HANDLED_KEPT = 64
+ADMITTED = "Admitted"  # the condition of a job queued by Kueue
+
+
+@dataclass
+class Plan:
+    """What to do: objects to create (unless present), pods to delete, the status to write."""
+
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)  # pod names
+    force: list[str] = field(default_factory=list)  # pod names to delete with grace period 0
+    status: dict[str, Any] = field(default_factory=dict)  # merge patch of .status
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    closed: list[dict[str, Any]] = field(default_factory=list)  # incidents a report closed
+
+    def warn(self, reason: str, text: str) -> None:
+        self.events.append(("Warning", reason, text))
+
+    def info(self, reason: str, text: str) -> None:
+        self.events.append(("Normal", reason, text))
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.1)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+    def created_pods(self) -> list[str]:
+        return [o["metadata"]["name"] for o in self.create if o["kind"] == "Pod"]
+
+
+def conditions(
+    previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
+) -> list[dict[str, Any]]:
+    """One condition per phase the job has been in; only the current one is True
+    (``lastTransitionTime``: :func:`ddp_api.metav1.transition_time`)."""
+    by_type = {c["type"]: dict(c) for c in previous}
+    by_type.setdefault(phase, {"type": phase, "status": ConditionStatus.FALSE})
+    out = []
+    for ctype, c in by_type.items():
+        status = ConditionStatus.TRUE if ctype == phase else ConditionStatus.FALSE
+        c["lastTransitionTime"] = transition_time(c, status, now)
+        c["status"] = status
+        if ctype == phase:
+            c["reason"], c["message"] = reason, message
+        out.append(c)
+    return out
+
+
+def condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    """The status's condition of type ``ctype`` ({} when it has none)."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
+
+
+@dataclass
+class Draft:
+    """The observation one :func:`ddp_operator.planner.plan.plan` call decides on, and its
+    plan so far."""
+
+    job: DDPJob
+    status: Mapping[str, Any]
+    pods: list[PodView]
+    now: dt.datetime
+    pending: set[str] = field(default_factory=set)
+    plan: Plan = field(default_factory=Plan)
+    new: dict[str, Any] = field(default_factory=dict)
+    handled: list[str] = field(default_factory=list)
+    restarts: int = 0
+    admitted: dict[str, Any] | None = None  # the Admitted condition, for a job Kueue queues
+    cause: tuple[str, str] | None = None  # (reason, message) of a failure counted now
+
+    @property
+    def name(self) -> str:
+        return render.job_key(self.job)[1]
+
+    @property
+    def workers(self) -> list[PodView]:
+        return sorted((x for x in self.pods if x.role == render.ROLE_WORKER), key=lambda x: x.index)
+
+    @property
+    def live(self) -> list[PodView]:
+        return [x for x in self.pods if not x.deleting]
+
+    @property
+    def progress(self) -> Mapping[str, Any] | None:
+        """rank 0's newest report: the one written now, else the one shown."""
+        return self.new.get("progress") or self.status.get("progress")
+
+    def trained(self) -> bool:
+        """Whether rank 0 reported the last step (status.progress.step at totalSteps)."""
+        p = self.progress or {}
+        step, total = p.get("step"), p.get("totalSteps")
+        return step is not None and total is not None and step >= total
+
+    def delete(self, pods: Iterable[PodView]) -> None:
+        """Our own deletions: recorded as handled so they never count as failures."""
+        for x in pods:
+            if x.name not in self.plan.delete:
+                self.plan.delete.append(x.name)
+            if x.uid not in self.handled:
+                self.handled.append(x.uid)
+
+    def incident(self, kind: str) -> None:
+        """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""
+        self.new["incidents"] = incidents.open_incident(
+            self.status, self.new, kind, rfc3339(self.now)
+        )
+
+    def count_disruption(self, kind: str = "Disruption") -> int:
+        """One more disruption in the status, and its incident; returns how many there have
+        been."""
+        self.incident(kind)
+        n = int(self.new.get("disruptions") or self.status.get("disruptions") or 0) + 1
+        self.new["disruptions"] = n
+        self.new["lastDisruptionTime"] = rfc3339(self.now)
+        return n
+
+    def count_failure(self) -> None:
+        """One more restart against backoffLimit, counted now."""
+        self.restarts += 1
+        self.new["lastFailureTime"] = rfc3339(self.now)
+
+    def finish(self, phase: DDPJobPhase, reason: str, message: str) -> Plan:
+        """Ends the job: stops what still runs (finished worker pods stay, for their logs)."""
+        self.delete(x for x in self.live if not x.done or x.role != render.ROLE_WORKER)
+        self.new["completionTime"] = rfc3339(self.now)
+        (self.plan.info if phase == DDPJobPhase.SUCCEEDED else self.plan.warn)(reason, message)
+        return self.result(phase, reason, message)
+
+    def result(self, phase: str | None, reason: str = "", message: str = "") -> Plan:
+        """The plan with its status: ``phase`` None keeps the previous phase and conditions."""
+        new, desired = self.new, self.job.spec.nodes
+        if phase is not None:
+            new["phase"], new["reason"] = phase, reason
+            new["conditions"] = self._conditions(phase, reason, message)
+        alive = [x for x in self.workers if not x.deleting and not x.done]
+        ready = [x for x in alive if x.ready]
+        new["nodes"] = len(alive)
+        new["readyNodes"] = len(ready)
+        new["ready"] = f"{len(ready)}/{desired}"
+        new["restarts"] = self.restarts
+        new["handledFailures"] = self.handled[-HANDLED_KEPT:]
+        world = (self.progress or {}).get("worldSize")
+        if world:
+            new["worldSize"] = world
+        self.plan.status = new
+        return self.plan
+
+    def _conditions(self, phase: str, reason: str, message: str) -> list[dict[str, Any]]:
+        now = rfc3339(self.now)
+        previous = self.status.get("conditions") or []
+        if self.admitted is None:
+            return conditions(previous, phase, reason, message, now)
+        # Admitted sits beside the one-per-phase conditions
+        kept = [c for c in previous if c.get("type") != ADMITTED]
+        out = conditions(kept, phase, reason, message, now)
+        old: dict[str, Any] = next((c for c in previous if c.get("type") == ADMITTED), {})
+        cond = {**old, **self.admitted}
+        cond["lastTransitionTime"] = transition_time(old, cond["status"], now)
+        out.append(cond)
+        return out

@@ -1,0 +1,180 @@
+"""How a lost pod is counted: a disruption, a consequence of the last counted loss, or a
+failure against ``backoffLimit`` (the package docstring); what fails the job at once."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, Reason, RestartPolicy
+
+from .. import diagnosis, render
+from .draft import Draft, Plan
+from .groups import LIGHTHOUSE_GONE
+from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView
+
+DISRUPTION_WINDOW_S = 60.0
+SAME_DELETION_S = 5.0
+
+
+def is_permanent(policy: str, exit_code: int | None) -> bool:
+    """Whether a failed pod fails the job instead of being recreated."""
+    if policy == RestartPolicy.NEVER:
+        return True
+    if policy == RestartPolicy.EXIT_CODE:
+        # 1-127: the program chose to fail; 128+: killed by a signal (preemption, OOM).
+        return exit_code is not None and 1 <= exit_code <= 127
+    return False
+
+
+def follows_disruption(
+    pod: PodView, failed: bool, last_counted: dt.datetime | None, now: dt.datetime
+) -> bool:
+    """Whether ``pod``'s failure (``failed``) or deletion is part of the disruption counted at
+    ``last_counted``: the pod is older than it, and it came within the window (package docs)."""
+    created = parse_rfc3339(pod.created)
+    window = DISRUPTION_WINDOW_S if failed else SAME_DELETION_S
+    return (
+        last_counted is not None
+        and created is not None
+        and created < last_counted
+        and (now - last_counted).total_seconds() <= window
+    )
+
+
+def last_counted(status: Mapping[str, Any]) -> dt.datetime | None:
+    """When the last failure or disruption was counted: what later losses may follow."""
+    stamps = [parse_rfc3339(status.get(k)) for k in ("lastFailureTime", "lastDisruptionTime")]
+    return max((t for t in stamps if t is not None), default=None)
+
+
+def _new_failures(st: Draft) -> list[tuple[PodView, bool]]:
+    """(pod, failed: else deleted while running or marked for a disruption) not counted yet, a
+    disrupted or deleted pod first: it is the likelier cause of what failed with it, and the
+    one an Event names."""
+    nodes = st.job.spec.nodes
+    new: list[tuple[PodView, bool]] = []
+    for x in st.pods:
+        in_job = x.role in SERVER_ROLES or 0 <= x.index < nodes
+        failed = x.phase == "Failed" and not x.deleting
+        # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
+        disrupted = in_job and not x.done and (x.deleting or bool(x.disrupted))
+        if x.uid in st.handled:
+            if failed:
+                st.delete([x])  # counted before; its deletion did not happen yet
+            continue
+        if failed or disrupted:
+            new.append((x, failed))
+    new.sort(
+        key=lambda pair: (
+            pair[1] and not pair[0].disrupted,
+            pair[0].role not in SERVER_ROLES,
+            pair[0].index,
+        )
+    )
+    return new
+
+
+def _what(
+    x: PodView, failed: bool, spec: DDPJobSpec, found: diagnosis.Finding | None = None
+) -> str:
+    if x.disrupted:
+        return f"was disrupted ({DISRUPTION_TARGET}: {x.disrupted})"
+    if not failed:
+        return "was deleted while running"
+    code = "" if x.exit_code is None else f" (exit code {x.exit_code})"
+    if found is not None and found.reason == diagnosis.OOM:
+        return f"failed{code}: {diagnosis.message(found, [x])}"
+    if found is not None and x.problem is not None:
+        return f"could not start{code}: {x.problem.reason}: {x.problem.message}"
+    if x.exit_code is not None:
+        return f"failed with exit code {x.exit_code}{diagnosis.killed_hint(x, spec)}"
+    return f"failed ({x.reason or 'no exit code'})"
+
+
+def failures(st: Draft) -> Plan | None:
+    """Counts each new disruption, and each failure that follows none (package docstring);
+    returns the final plan when one fails the job."""
+    s = st.job.spec
+    last = last_counted(st.status)
+    for x, failed in _new_failures(st):
+        st.handled.append(x.uid)
+        worker = x.role == render.ROLE_WORKER
+        if worker and s.per_step and st.trained():  # training finished: the job cannot fail
+            if failed:
+                st.delete([x])
+            st.plan.info(
+                Reason.LOST_AFTER_TRAINING,
+                f"{x.name} {_what(x, failed, s)} after training reached its last step: not"
+                " counted (the job completes once a replica group exits 0)",
+            )
+            continue
+        found = diagnosis.finding(x, s) if failed and not x.disrupted else None
+        if found is not None and found.outcome == diagnosis.Effect.FAILS:
+            return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
+        what = _what(x, failed, s, found)
+        if found is not None and found.outcome == diagnosis.Effect.COUNTED:
+            st.cause = (found.reason, f"{x.name} {what}")
+        # PerStep: a pod deleted while it runs took nothing down with it, whoever deleted it.
+        if worker and (x.disrupted or (s.per_step and not failed)):
+            if failed:
+                st.delete([x])
+            disruptions = st.count_disruption()
+            last = st.now
+            alone = (
+                "replacing it alone: the other replica groups keep training"
+                if s.per_step
+                else "recreating it"
+            )
+            st.plan.warn(
+                Reason.DISRUPTION,
+                f"{x.name} {what}; {alone} (disruption {disruptions}; disruptions do not"
+                f" count against backoffLimit {s.backoff_limit})",
+            )
+            continue
+        if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
+            return st.finish(
+                DDPJobPhase.FAILED,
+                Reason.POD_FAILED,
+                f"{x.name} {what}; restartPolicy {s.restart_policy.value} treats it as permanent",
+            )
+        if failed:
+            st.delete([x])
+        if x.role == render.ROLE_STORE:
+            st.incident("StoreLost")
+            st.plan.warn(
+                Reason.STORE_LOST,
+                f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
+                " again and resume from the newest checkpoint (no restart counted)",
+            )
+            continue
+        if x.role == render.ROLE_LIGHTHOUSE:
+            st.incident("LighthouseLost")
+            st.plan.warn(
+                Reason.LIGHTHOUSE_LOST,
+                f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})",
+            )
+            continue
+        # PerStep: groups fail alone (a survivor never dies because a peer did), so no failure
+        # is another's consequence.
+        if not s.per_step and follows_disruption(x, failed, last, st.now):
+            continue  # counted with the failure or disruption that began this
+        st.count_failure()
+        last = st.now
+        st.incident("Failure")
+        if st.restarts > s.backoff_limit:
+            return st.finish(
+                DDPJobPhase.FAILED,
+                Reason.BACKOFF_LIMIT_EXCEEDED,
+                f"{x.name} {what}; the job already used its backoffLimit of"
+                f" {s.backoff_limit} restarts",
+            )
+        st.plan.warn(
+            Reason.POD_FAILED if failed else Reason.POD_DISRUPTED,
+            f"{x.name} {what}; recreating it (restart {st.restarts} of backoffLimit"
+            f" {s.backoff_limit}; failures of older pods within {DISRUPTION_WINDOW_S:.0f}s"
+            " count with this one)",
+        )
+    return None

@@ -1,0 +1,115 @@
+"""Lost machines: a pod on a Kubernetes Node not Ready, or silent (no Lease renewal), for longer
+than ``node_lost_grace_s`` is deleted at once and recreated elsewhere (the package docstring)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import ConditionStatus, Reason
+
+from .. import render
+from .draft import Draft
+from .groups import LIGHTHOUSE_GONE
+from .views import MachineView
+
+NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
+SILENCE_FLOOR_S = 20.0  # a machine is silent after two missed Lease renewals at the least
+STALLED_S = 10.0  # the operator's own silence watch this late: it was stopped, not they
+
+
+def silent_machines(heard: Mapping[str, float], now: float, grace_s: float) -> set[str]:
+    """The machines whose heartbeat (kubelet's Lease in kube-node-lease, renewed every 10 s by
+    default) was last seen ``grace_s`` (at least :data:`SILENCE_FLOOR_S`) or more before
+    ``now``, both on the operator's monotonic clock: a machine's own clock is never compared
+    with ours."""
+    after = max(grace_s, SILENCE_FLOOR_S)
+    return {name for name, at in heard.items() if now - at >= after}
+
+
+def stalled(last: float, now: float, tick_s: float) -> bool:
+    """Whether a tick due ``tick_s`` after ``last`` came :data:`STALLED_S` late or more: the
+    operator's own process was stopped (its machine frozen) and has heard nothing meanwhile."""
+    return now - last - tick_s >= STALLED_S
+
+
+def _gone(m: MachineView, now: dt.datetime) -> tuple[float, str]:
+    """For how long a machine has been lost, and how that shows; (0, "") while it is not."""
+    if m.silent_since:
+        silent_s = (now - (parse_rfc3339(m.silent_since) or now)).total_seconds()
+        return silent_s, f"which has sent no heartbeat (its Lease) for {silent_s:.0f}s"
+    if m.ready == ConditionStatus.TRUE:
+        return 0.0, ""
+    gone_s = (now - (parse_rfc3339(m.since) or now)).total_seconds()
+    return gone_s, f"whose Ready condition has been {m.ready} for {gone_s:.0f}s"
+
+
+def avoid_silent(
+    create: list[dict[str, Any]], machines: Mapping[str, MachineView]
+) -> list[dict[str, Any]]:
+    """``create`` with new pods kept off the silent machines: a silent machine's Node still
+    says Ready (and has no taint) until kube-controller-manager's grace runs out, so the
+    scheduler would pick it. A required node affinity term ``kubernetes.io/hostname NotIn``
+    them is added to every term of the pod's own (terms are ORed, expressions within one
+    ANDed)."""
+    silent = sorted(n for n, m in machines.items() if m.silent_since)
+    if not silent:
+        return create
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": silent}
+    for obj in create:
+        if obj.get("kind") != "Pod":
+            continue
+        spec = obj.setdefault("spec", {})
+        node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+        required["nodeSelectorTerms"] = [
+            {**t, "matchExpressions": [*(t.get("matchExpressions") or []), avoid]} for t in terms
+        ]
+    return create
+
+
+def lost_machines(st: Draft, machines: Mapping[str, MachineView], grace_s: float) -> str:
+    """Deletes at once (grace 0) the pods on machines not Ready, or silent, for longer than
+    ``grace_s``; returns what happened, for the condition ("" when nothing did)."""
+    said = []
+    for x in st.pods:
+        m = machines.get(x.machine) if x.machine else None
+        if m is None or x.done:
+            continue
+        gone_s, how = _gone(m, st.now)
+        if not how:
+            continue
+        if gone_s < grace_s:
+            st.plan.requeue(grace_s - gone_s)
+            continue
+        if x.uid in st.handled:  # counted, or deleted by the operator: stuck Terminating there
+            if x.deleting:
+                st.plan.force.append(x.name)
+            continue
+        st.handled.append(x.uid)
+        st.plan.force.append(x.name)
+        what = (
+            f"{x.name} was on machine {m.name}, {how} (more than {grace_s:.0f}s):"
+            " deleted at once, recreated elsewhere"
+        )
+        if x.role == render.ROLE_STORE:
+            st.incident("StoreLost")
+            st.plan.warn(Reason.STORE_LOST, f"{what} (no restart counted)")
+        elif x.role == render.ROLE_LIGHTHOUSE:
+            st.incident("LighthouseLost")
+            st.plan.warn(Reason.LIGHTHOUSE_LOST, f"{what} (no restart counted; {LIGHTHOUSE_GONE})")
+        elif st.job.spec.per_step:
+            n = st.count_disruption("NodeLost")
+            st.plan.warn(
+                Reason.NODE_LOST,
+                f"{what}, alone: the other replica groups keep training (disruption {n}; not"
+                " against backoffLimit)",
+            )
+        else:
+            n = st.count_disruption("NodeLost")
+            st.plan.warn(Reason.NODE_LOST, f"{what} (disruption {n}; not against backoffLimit)")
+        said.append(what)
+    return "; ".join(said)

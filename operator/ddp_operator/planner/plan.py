@@ -1,0 +1,139 @@
+"""The planner's entry: one observation of a job in, one :class:`~.draft.Plan` out, each policy
+asked in turn (the package docstring says what each decides)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_api.contract import rfc3339
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, Reason
+from ddp_api.pods import selector
+
+from .. import diagnosis, incidents, queueing, render, reports
+from . import admission as kueue
+from .completion import COMPLETION_GRACE_S, completion
+from .converge import converge
+from .draft import Draft, Plan
+from .failures import failures
+from .lifecycle import finished, past_deadline, suspended
+from .lost_machines import NODE_LOST_GRACE_S, avoid_silent, lost_machines
+from .stall import stall, stepped_since_running
+from .views import MachineView, PodView
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the operator is configured with that the planner reads (its part of
+    :class:`ddp_operator.settings.Settings`)."""
+
+    render: render.OperatorConfig = field(default_factory=render.OperatorConfig)
+    backoff_base_s: float = 10.0  # first delay before a failed pod is recreated; doubles after
+    # Once a node finished training, how long the others get to finish before they are stopped.
+    completion_grace_s: float = COMPLETION_GRACE_S
+    # A machine not Ready (or silent) this long loses its job pods at once.
+    node_lost_grace_s: float = NODE_LOST_GRACE_S
+
+
+def plan(
+    job: DDPJob,
+    status: Mapping[str, Any],
+    pods: Iterable[PodView],
+    now: dt.datetime,
+    settings: PlanSettings,
+    *,
+    pending: Collection[str] = (),
+    admission: queueing.Admission | None = None,
+    progress: Mapping[str, Any] | None = None,
+    machines: Mapping[str, MachineView] | None = None,
+) -> Plan:
+    """Decides what to do for one observation of a job; see the package docstring.
+
+    ``pending`` names pods created moments ago that the watch has not shown yet; ``admission``
+    is Kueue's decision for a job in a Kueue queue (None: not queued, run as usual);
+    ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
+    into ``status.progress`` with the time it estimates is left
+    (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
+    cluster's Nodes by name (None: not known).
+    """
+    st = Draft(job, status, list(pods), now, pending=set(pending))
+    st.handled = list(status.get("handledFailures") or [])
+    st.restarts = int(status.get("restarts") or 0)
+    st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
+    st.new["selector"] = selector(st.name)
+    if progress is not None:
+        _take_report(st, progress)
+    prev_phase = status.get("phase") or ""
+
+    if prev_phase in TERMINAL_PHASES:
+        return finished(st, prev_phase)
+    if job.spec.suspend:
+        if admission is not None and admission.state != queueing.State.ADMITTED:
+            st.new["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
+        return suspended(st, prev_phase)
+    if admission is not None:
+        st.new["queue"] = admission.queue
+        if admission.state != queueing.State.ADMITTED:
+            return kueue.queued(st, prev_phase, admission)
+        st.job = job = queueing.admitted_job(job, admission)
+        kueue.admitted(st, admission)
+    if prev_phase == DDPJobPhase.SUSPENDED:
+        st.plan.info(
+            Reason.RESUMED, "spec.suspend is false: recreating pods, resuming from checkpoint"
+        )
+
+    late = past_deadline(st)
+    if late is not None:
+        return late
+    lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
+    done = completion(st, settings.completion_grace_s)
+    if done is not None:
+        return done
+    failed = failures(st)
+    if failed is not None:
+        return failed
+    stalled = stall(st, prev_phase)
+    if stalled is not None:
+        return stalled
+    found = _diagnosed(st)
+    if found is not None and found.fails_in is not None:
+        if found.fails_in > 0:
+            st.plan.requeue(found.fails_in)
+        elif not (job.spec.per_step and st.trained()):  # PerStep: a group will exit 0
+            return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
+    converged = converge(st, prev_phase, settings.render, settings.backoff_base_s, found)
+    converged.create = avoid_silent(converged.create, machines or {})
+    if lost:  # the condition names the machine; converge saw the pod still there
+        # PerStep: the groups left go on (groups_phase said Running), the others restart.
+        training = job.spec.per_step and converged.status.get("phase") == DDPJobPhase.RUNNING
+        phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
+        return st.result(phase, Reason.NODE_LOST, lost)
+    return converged
+
+
+def _take_report(st: Draft, progress: Mapping[str, Any]) -> None:
+    """Copies rank 0's newest report into the status when it differs, moves ``lastStepTime``
+    (from which the progress deadline counts) and closes the incidents a new report ends."""
+    shown = st.status.get("progress")
+    progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
+    if reports.without_unset(progress) != reports.without_unset(shown):
+        st.new["progress"] = progress  # None values: fields the merge patch removes
+    fresh = progress.get("updatedAt") != (shown or {}).get("updatedAt")  # a new report
+    moved = progress.get("step") != (shown or {}).get("step")
+    if moved or (fresh and not stepped_since_running(st.status)):
+        st.new["lastStepTime"] = rfc3339(st.now)  # the progress deadline counts from here
+    if fresh:
+        changes, st.plan.closed = incidents.account(st.status, shown, progress)
+        st.new.update(changes)
+
+
+def _diagnosed(st: Draft) -> diagnosis.Diagnosis | None:
+    """The running pods' problem that the job shows (:mod:`~ddp_operator.diagnosis`); a
+    reconcile is due when what they show may have settled."""
+    alive = [x for x in st.live if not x.done]
+    settled = diagnosis.settled_in(alive, st.job.spec, st.now)
+    if settled is not None:
+        st.plan.requeue(settled)
+    return diagnosis.diagnose(alive, st.job.spec, st.now)

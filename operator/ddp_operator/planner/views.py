@@ -1,0 +1,153 @@
+"""What the planner sees of a pod and of a Kubernetes Node, read from their API bodies: pure,
+and importing no policy, so that every policy (and :mod:`ddp_operator.diagnosis`) can use it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus
+
+from .. import render, reports
+
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
+# The job's server pod: the rendezvous store (Restart mode) or the lighthouse (PerStep mode).
+SERVER_ROLES = (render.ROLE_STORE, render.ROLE_LIGHTHOUSE)
+CONTAINERS = (render.CONTAINER, render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
+
+# The kubelet's and the runtime's reasons that :func:`problem` reads (what they mean for the
+# job: :mod:`ddp_operator.diagnosis`).
+IMAGE_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+)
+CONFIG_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
+OOM = "OOMKilled"
+UNSCHEDULABLE = "Unschedulable"
+COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """What a pod's status says stops it: a container's waiting or terminated reason, or the
+    scheduler's (PodScheduled False), with its message and the container's image."""
+
+    reason: str
+    message: str = ""
+    image: str = ""
+    scheduler: bool = False  # the scheduler's (not placed yet), not a container's
+
+
+def problem(pod: Mapping[str, Any]) -> PodProblem | None:
+    """The problem a pod body shows, if any (a part of :func:`view`)."""
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") not in (render.CONTAINER, render.STORE_CONTAINER):
+            continue
+        image = cs.get("image") or ""
+        state = cs.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in IMAGE_REASONS | CONFIG_REASONS:
+            return PodProblem(waiting["reason"], waiting.get("message") or "", image)
+        # The store restarts in place (restartPolicy Always): its last end counts too.
+        term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+        reason = term.get("reason") or ""
+        if reason in START_REASONS or reason == OOM or term.get("exitCode") in COMMAND_EXIT_CODES:
+            message = term.get("message") or f"exit code {term.get('exitCode')}"
+            return PodProblem(reason or "Error", message, image)
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == ConditionStatus.FALSE:
+            reason = c.get("reason") or UNSCHEDULABLE
+            return PodProblem(reason, c.get("message") or "", scheduler=True)
+    return None
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the planner needs to know of one observed pod."""
+
+    name: str
+    uid: str
+    role: str
+    index: int
+    phase: str
+    ready: bool
+    deleting: bool
+    exit_code: int | None = None
+    reason: str = ""
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, seconds)
+    account: str = ""  # spec.serviceAccountName ("" when it has none, or no credential)
+    finished: str = ""  # the container's terminated.finishedAt (RFC 3339), once it ended
+    disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
+    machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
+    problem: PodProblem | None = None  # what its status says stops it
+    progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
+
+    @property
+    def done(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+def view(pod: Mapping[str, Any]) -> PodView:
+    """Reads a pod body from the API into a :class:`PodView`."""
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    exit_code, reason, finished = None, "", ""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and cs.get("name") in CONTAINERS:
+            exit_code, reason = term.get("exitCode"), term.get("reason", "")
+            finished = term.get("finishedAt") or ""
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conds.get("Ready") or {}).get("status") == ConditionStatus.TRUE
+    target = conds.get(DISRUPTION_TARGET) or {}
+    disrupted = (
+        (target.get("reason") or DISRUPTION_TARGET)
+        if target.get("status") == ConditionStatus.TRUE
+        else ""
+    )
+    phase = status.get("phase", "Pending")
+    return PodView(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        role=labels.get(render.LABEL_ROLE, ""),
+        index=int(labels.get(render.LABEL_INDEX, "-1")),
+        phase=phase,
+        ready=ready and phase == "Running",
+        deleting=bool(meta.get("deletionTimestamp")),
+        exit_code=exit_code,
+        reason=reason,
+        created=meta.get("creationTimestamp") or "",
+        account=(pod.get("spec") or {}).get("serviceAccountName") or "",
+        finished=finished,
+        disrupted=disrupted,
+        machine=(pod.get("spec") or {}).get("nodeName") or "",
+        problem=problem(pod),
+        progress=reports.record_of_pod(pod),
+    )
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """What the planner needs to know of one Kubernetes Node: its Ready condition."""
+
+    name: str
+    ready: str  # True, False or Unknown
+    since: str  # the Ready condition's lastTransitionTime (RFC 3339)
+    # Set by the controller once the machine's kubelet has renewed its Lease for no less than
+    # the grace period: when the operator last saw it renewed (RFC 3339, the operator's clock).
+    silent_since: str = ""
+
+
+def machine_view(node: Mapping[str, Any]) -> MachineView:
+    """Reads a Node body from the API into a :class:`MachineView`."""
+    conds = (node.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    return MachineView(
+        name=(node.get("metadata") or {}).get("name", ""),
+        ready=ready.get("status") or ConditionStatus.UNKNOWN,
+        since=ready.get("lastTransitionTime") or "",
+    )
