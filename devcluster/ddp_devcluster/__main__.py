@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the pinned binaries into the cache")
     b.add_argument("--force", action="store_true")
-    b.add_argument("--for", dest="what", default="all", help="all | kind (only what `make up` and `make demo` run)")
+    b.add_argument("--for", dest="what", default="all", help="all | kind (make up)")
     for name in ("up", "serve"):
         p = sub.add_parser(name)
         p.add_argument("--nodes", type=int, default=2, help="kwok nodes to create")
