@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_devcluster import images
+from ddp_devcluster.containers import podman
 from ddp_devcluster.kind import cluster, registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,21 +38,21 @@ def log(msg: str) -> None:
 
 
 def nodes() -> list[str]:
-    out = subprocess.run(
-        ["podman", "ps", "--format", "{{.Names}}",
-         "--filter", f"label=io.x-k8s.kind.cluster={cluster.NAME}"],
-        env=cluster.kind_env(), capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    out = podman(
+        "ps",
+        "--format",
+        "{{.Names}}",
+        "--filter",
+        f"label=io.x-k8s.kind.cluster={cluster.NAME}",
+        check=True,
+    ).stdout
     return sorted(out.split())
 
 
 def forget(ref: str) -> None:
     """Removes ``ref`` from every machine's containerd; its unshared layers go with it."""
     for node in nodes():
-        subprocess.run(
-            ["podman", "exec", node, "ctr", "-n", "k8s.io", "images", "rm", "--sync", ref],
-            env=cluster.kind_env(), capture_output=True, check=False,
-        )  # fmt: skip
+        podman("exec", node, "ctr", "-n", "k8s.io", "images", "rm", "--sync", ref)
 
 
 def code_changed_image(base_ref: str) -> str:
@@ -102,8 +102,7 @@ def main() -> int:
     second = cluster.pull_everywhere(kubeconfig, remote2, log)
     second_wall = time.monotonic() - t0
     forget(remote2)  # the bench's image goes; the real one stays on the machines
-    subprocess.run(["podman", "rmi", changed], env=images.podman_env(), capture_output=True,
-                   check=False)  # fmt: skip
+    podman("rmi", changed)
 
     sizes = images.sizes([trainer])
     result = {
