@@ -25,7 +25,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import yaml
 
+from ddp_api.contract import KIND
 from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_api.pods import selector as worker_selector
 
 from .operator_process import NAMESPACE, REPO
 from .plane import kubectl
@@ -118,7 +120,7 @@ class Harness:
         """``kubectl apply`` of files of manifests/examples; ``edit`` may adjust the DDPJob."""
         docs = [d for f in files for d in yaml.safe_load_all((EXAMPLES / f).read_text()) if d]
         for d in docs:
-            if edit is not None and d["kind"] == "DDPJob":
+            if edit is not None and d["kind"] == KIND:
                 edit(d)
         return self.apply(*docs, ns=ns)
 
@@ -143,7 +145,7 @@ class Harness:
 
     def workers(self, job: str, *, ns: str | None = None) -> dict[str, dict[str, Any]]:
         """Name -> pod, of the job's node pods."""
-        return self.pods(f"ddp.dev/job-name={job},ddp.dev/role=worker", ns=ns)
+        return self.pods(worker_selector(job), ns=ns)
 
     def worker_uids(self, job: str, *, ns: str | None = None) -> dict[str, str]:
         """Name -> uid of the job's node pods (which of them were made again)."""

@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from ddp_api.contract import GROUP, KIND, VERSION
+
 from . import certs, versions
 from .managed import ManagedProcess, http_ok
 from .paths import cache_dir
@@ -35,7 +37,7 @@ from .plane import binary as plane_binary
 from .procs import free_port
 
 MODULE = "sigs.k8s.io/kueue"
-EXTERNAL_FRAMEWORK = "DDPJob.v1alpha1.ddp.dev"
+EXTERNAL_FRAMEWORK = f"{KIND}.{VERSION}.{GROUP}"
 NAMESPACE = "kueue-system"
 API = "kueue.x-k8s.io/v1beta2"
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddp_api.contract import GROUP, PLURAL
+
 from .managed import ManagedProcess, http_ok
 from .paths import source_path
 from .plane import MARKER_ENV, ClusterAPI, Process
@@ -25,7 +27,7 @@ from .procs import free_port
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 INSTALL = [
-    MANIFESTS / "crd" / "ddp.dev_ddpjobs.yaml",
+    MANIFESTS / "crd" / f"{GROUP}_{PLURAL}.yaml",
     MANIFESTS / "namespace.yaml",
     MANIFESTS / "rbac" / "operator.yaml",
     MANIFESTS / "rbac" / "trainer-progress.yaml",
@@ -39,7 +41,7 @@ def install(plane: ClusterAPI) -> None:
     and admission policy), and waits for the CRD."""
     for path in INSTALL:
         plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    plane.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddp.dev", "--timeout=60s")
+    plane.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
 
 
 @dataclass
