@@ -82,25 +82,28 @@ def summary(pulls: dict[str, float | None]) -> dict[str, Any]:
     }
 
 
+Pulls = dict[str, float | None]  # machine -> seconds of its pull (None: the image was there)
+
+
+def push_and_pull(kubeconfig: Path, local_ref: str) -> tuple[str, float, Pulls, float]:
+    """Pushes ``local_ref`` to the registry and pulls it onto every machine: (the remote ref,
+    the push's seconds, each machine's pull, the pull's wall-clock seconds)."""
+    t0 = time.monotonic()
+    remote = registry.push(local_ref, log)
+    push_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    pulls = cluster.pull_everywhere(kubeconfig, remote, log)
+    return remote, push_s, pulls, time.monotonic() - t0
+
+
 def main() -> int:
     refs = images.ensure_images(("trainer",), log=log)
     cluster.down(log=log)
     kubeconfig = cluster.up(log=log)
     trainer = refs["trainer"]
-    t0 = time.monotonic()
-    remote = registry.push(trainer, log)
-    push_s = time.monotonic() - t0
-    t0 = time.monotonic()
-    first = cluster.pull_everywhere(kubeconfig, remote, log)
-    first_wall = time.monotonic() - t0
-
+    remote, push_s, first, first_wall = push_and_pull(kubeconfig, trainer)
     changed = code_changed_image(trainer)
-    t0 = time.monotonic()
-    remote2 = registry.push(changed, log)
-    push2_s = time.monotonic() - t0
-    t0 = time.monotonic()
-    second = cluster.pull_everywhere(kubeconfig, remote2, log)
-    second_wall = time.monotonic() - t0
+    remote2, push2_s, second, second_wall = push_and_pull(kubeconfig, changed)
     forget(remote2)  # the bench's image goes; the real one stays on the machines
     podman("rmi", changed)
 
