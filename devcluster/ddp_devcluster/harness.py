@@ -151,6 +151,25 @@ class Harness:
         """Name -> uid of the job's node pods (which of them were made again)."""
         return {n: p["metadata"]["uid"] for n, p in self.workers(job, ns=ns).items()}
 
+    def replaced(
+        self,
+        job: str,
+        pod: str,
+        uid: str,
+        what: str = "",
+        timeout_s: float | None = None,
+        *,
+        ns: str | None = None,
+    ) -> dict[str, Any]:
+        """Waits until the job's node pod ``pod`` is there again with a uid other than ``uid``
+        (made again); that pod."""
+
+        def new() -> dict[str, Any] | None:
+            p = self.workers(job, ns=ns).get(pod)
+            return p if p and p["metadata"]["uid"] != uid else None
+
+        return self.until(what or f"a new {pod}", new, timeout_s, ns=ns)
+
     def logs(self, pod: str, container: str = "", *, ns: str | None = None) -> str:
         where = ["-c", container] if container else []
         return self.k("logs", pod, *where, ns=ns, check=False)

@@ -307,10 +307,7 @@ def test_a_failed_pod_is_recreated_and_counted(c: Cluster) -> None:
     c.running("flaky", 2)
     old = c.workers("flaky")["flaky-node-1"]["metadata"]["uid"]
     c.exit("flaky-node-1", 137)
-    c.until(
-        "a new flaky-node-1",
-        lambda: (p := c.workers("flaky").get("flaky-node-1")) and p["metadata"]["uid"] != old,
-    )
+    c.replaced("flaky", "flaky-node-1", old)
     status = c.running("flaky", 2)
     # What was counted, and why, if the count is off (it was 2 once, under heavy load).
     assert status["restarts"] == 1, (
@@ -329,10 +326,7 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
     c.running("lost", 2)
     old = c.workers("lost")["lost-node-0"]["metadata"]["uid"]
     c.k("delete", "pod", "lost-node-0", "--wait=false")
-    c.until(
-        "a new lost-node-0",
-        lambda: (p := c.workers("lost").get("lost-node-0")) and p["metadata"]["uid"] != old,
-    )
+    c.replaced("lost", "lost-node-0", old)
     status = c.running("lost", 2)
     assert status["restarts"] == 1, (
         status, c.events("lost"), c.operator_log(60), c.kwok_log("lost-node-0")
@@ -352,10 +346,7 @@ def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
     }
     path = f"/api/v1/namespaces/{c.ns}/pods/evicted-node-1/eviction"
     c.cp.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
-    c.until(
-        "a new evicted-node-1",
-        lambda: (p := c.workers("evicted").get("evicted-node-1")) and p["metadata"]["uid"] != old,
-    )
+    c.replaced("evicted", "evicted-node-1", old)
     status = c.running("evicted", 2)  # backoffLimit 0: a failure would have failed the job
     assert status["disruptions"] == 1 and status["restarts"] == 0
     assert any(
@@ -1026,12 +1017,7 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
     c.until("b's progress", step("b", 50))
     uid = c.workers("b")["b-node-1"]["metadata"]["uid"]
     c.k("delete", "pod", "b-node-1")
-    new = c.until(
-        "b-node-1 replaced",
-        lambda: (
-            ((p := c.workers("b").get("b-node-1")) and p["metadata"]["uid"] != uid and p) or None
-        ),
-    )
+    new = c.replaced("b", "b-node-1", uid, "b-node-1 replaced")
     assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
     assert env_of(new)["DDPJOB_PROGRESS_INTO"] == "pod"
     c.report_in_pod("b-node-1", {**GOOD_PROGRESS, "step": 60, "updatedAt": "2026-11-24T10:01:00Z"})
@@ -1098,12 +1084,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     assert old_pod.call("PATCH", status, old_report, merge=True) == 200
     c.until("the old report", lambda: c.status("old").get("progress", {}).get("step") == 5 or None)
     c.k("delete", "pod", "old-node-1")  # replaced with the job's own account
-
-    def replaced(name: str) -> dict[str, Any] | None:
-        pod = c.workers("old").get(name)
-        return pod if pod and pod["metadata"]["uid"] != uids[name] else None
-
-    new = c.until("node-1 replaced", lambda: replaced("old-node-1"))
+    new = c.replaced("old", "old-node-1", uids["old-node-1"], "node-1 replaced")
     assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
     assert c.workers("old")["old-node-0"]["metadata"]["uid"] == uids["old-node-0"]
     # node-0 still runs as the old account: its path stays open
@@ -1122,7 +1103,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     )
     c.until("the old account deleted", lambda: not c.k(*legacy, "-o", "name").strip() or None)
     assert old_pod.call("PATCH", status, old_report, merge=True) in (401, 403)
-    c.until("node-0 replaced", lambda: replaced("old-node-0"))
+    c.replaced("old", "old-node-0", uids["old-node-0"], "node-0 replaced")
     c.report_in_pod("old-node-0", {**GOOD_PROGRESS, "step": 40})  # the new path
     c.until("the new report", lambda: c.status("old")["progress"].get("step") == 40 or None)
     assert c.status("old")["phase"] in ("Running", "Restarting")
