@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from ddpjobs import ddpjob
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import plan as planner
@@ -28,12 +29,7 @@ NO_CLAIM = (
 
 
 def job(**spec: Any) -> DDPJob:
-    return DDPJob.model_validate(
-        {
-            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
-            "spec": {"nodes": 2, **spec},
-        }
-    )
+    return ddpjob({"nodes": 2, **spec})
 
 
 def body(
