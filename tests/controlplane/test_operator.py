@@ -142,6 +142,13 @@ class Cluster(KwokNamespace):
             ),
         )
 
+    def progressed(self, job: str, step: int, what: str = "") -> bool:
+        """Waits until the job's ``status.progress`` is at ``step``."""
+        return self.until(
+            what or f"{job}'s progress",
+            lambda: self.status(job).get("progress", {}).get("step") == step or None,
+        )
+
     def reason(self, job: str, reason: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Waits until ``status.reason`` (the reason of the phase's condition) is ``reason``."""
         return self.until(
@@ -377,7 +384,7 @@ def test_a_job_whose_step_stops_moving_is_restarted_as_stalled_then_counted(c: C
         return uids
 
     report_step_5()
-    c.until("step 5", lambda: c.status("hung").get("progress", {}).get("step") == 5 or None)
+    c.progressed("hung", 5, "step 5")
     first = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
     c.k("patch", "ddpjob", "hung", "--type=merge", "-p", '{"spec":{"progressDeadlineSeconds":2}}')
     # Durable fields, not the reason: on kwok the pods are back and Running within a poll.
@@ -806,6 +813,22 @@ GOOD_PROGRESS = {
 }  # fmt: skip
 
 
+def job_writes(
+    jobs: str, job_b: dict[str, Any], nodes: int
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """Writes a trainer's token must not make to the DDPJobs at ``jobs``: the status of job b
+    and of its own job a (marked Succeeded), a's nodes, and b (``job_b``) and its status put
+    back whole."""
+    forged = {"status": {"phase": "Succeeded"}}
+    return [
+        ("PATCH", f"{jobs}/b/status", forged),
+        ("PATCH", f"{jobs}/a/status", forged),
+        ("PATCH", f"{jobs}/a", {"spec": {"nodes": nodes}}),
+        ("PUT", f"{jobs}/b", job_b),
+        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+    ]
+
+
 @pytest.fixture
 def without_policy(c: Cluster) -> Iterator[None]:
     """The trainers' admission policy not in force (its binding deleted) while a test runs:
@@ -825,14 +848,8 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
     pod_a = c.account("a-trainer")
     jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
     maps = f"/api/v1/namespaces/{c.ns}/configmaps"
-    forged = {"status": {"phase": "Succeeded"}}
-    job_b = c.job("b")
     for method, path, body in (
-        ("PATCH", f"{jobs}/b/status", forged),
-        ("PATCH", f"{jobs}/a/status", forged),
-        ("PATCH", f"{jobs}/a", {"spec": {"nodes": 2}}),
-        ("PUT", f"{jobs}/b", job_b),
-        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+        *job_writes(jobs, c.job("b"), nodes=2),
         ("GET", f"{jobs}/a", None),
         ("GET", f"{maps}/a-progress", None),
         ("GET", f"{maps}/b-progress", None),
@@ -845,7 +862,7 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
 
     # A valid record reaches status.progress (and `kubectl get`); job B's stays empty.
     c.report("a", GOOD_PROGRESS)
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 30 or None)
+    c.progressed("a", 30)
     assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
 
     # Forged or malformed records change nothing but an Event each.
@@ -868,7 +885,7 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
     record = json.dumps({**GOOD_PROGRESS, "step": 77})
     relabel = {"metadata": {"labels": {"ddp.dev/job-name": "b"}}, "data": {"progress": record}}
     assert pod_a.call("PATCH", f"{maps}/a-progress", relabel, merge=True) == 200
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 77 or None)
+    c.progressed("a", 77)
     assert "progress" not in c.status("b")
 
 
@@ -883,14 +900,9 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
     pods = f"/api/v1/namespaces/{c.ns}/pods"
     own = f"{pods}/a-node-0"
-    forged = {"status": {"phase": "Succeeded"}}
-    job_b, record = c.job("b"), json.dumps(GOOD_PROGRESS)
+    record = json.dumps(GOOD_PROGRESS)
     for method, path, body in (  # RBAC: nothing but patch on pods
-        ("PATCH", f"{jobs}/b/status", forged),
-        ("PATCH", f"{jobs}/a/status", forged),
-        ("PATCH", f"{jobs}/a", {"spec": {"nodes": 1}}),
-        ("PUT", f"{jobs}/b", job_b),
-        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+        *job_writes(jobs, c.job("b"), nodes=1),
         ("GET", f"{jobs}/a", None),
         ("GET", own, None),
         ("DELETE", f"{pods}/b-node-0", None),
@@ -923,7 +935,7 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
 
     # A valid record reaches status.progress (and `kubectl get`); job B's stays empty.
     assert pod_a.call("PATCH", own, annotated(record), merge=True) == 200
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 30 or None)
+    c.progressed("a", 30)
     assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
 
     # Forged or malformed records change nothing but an Event each, naming the pod and rule.
@@ -950,15 +962,15 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     # Rank 0 moved (an elastic round): the newest record of the job's pods is its progress,
     # and a pod's older record never replaces it.
     c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 40, "updatedAt": "2026-11-24T10:00:09Z"})
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 40 or None)
+    c.progressed("a", 40)
     c.report_in_pod("a-node-0", {**GOOD_PROGRESS, "step": 35, "updatedAt": "2026-11-24T10:00:05Z"})
     c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 41, "updatedAt": "2026-11-24T10:00:09Z"})
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 41 or None)
+    c.progressed("a", 41)
 
     # The final record of a pod deleted right after it is kept.
     c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 42, "updatedAt": "2026-11-24T10:00:10Z"})
     c.k("delete", "pod", "a-node-1", "--wait=false")
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 42 or None)
+    c.progressed("a", 42)
 
 
 def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_their_own(
@@ -975,14 +987,11 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
     c.until("the namespace's grant", lambda: c.k(*grant, check=False).strip() or None)
     pod_a, own = c.pod_account("a-node-0"), f"/api/v1/namespaces/{c.ns}/pods/a-node-0"
 
-    def step(job: str, n: int) -> Any:
-        return lambda: c.status(job).get("progress", {}).get("step") == n or None
-
     def report_a(n: int) -> int:
         return pod_a.call("PATCH", own, annotated(json.dumps({**GOOD_PROGRESS, "step": n})), True)
 
     assert report_a(31) == 200
-    c.until("a's progress", step("a", 31))
+    c.progressed("a", 31)
     c.policy(present=False)
     try:
         c.until("the grant withdrawn", lambda: not c.k(*grant, check=False).strip() or None)
@@ -1005,23 +1014,23 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
             ),
         )
         c.report("b", GOOD_PROGRESS)
-        c.until("b's progress", step("b", 30))
+        c.progressed("b", 30)
     finally:
         c.policy(present=True)
 
     # Back: a's pod may report again (the grant is made again at a's next reconcile) ...
     c.until("a's grant again", lambda: report_a(33) == 200 or None)
-    c.until("a's progress", step("a", 33))
+    c.progressed("a", 33)
     # ... b's pods keep their own account and ConfigMap until each is replaced ...
     c.report("b", {**GOOD_PROGRESS, "step": 50})
-    c.until("b's progress", step("b", 50))
+    c.progressed("b", 50)
     uid = c.workers("b")["b-node-1"]["metadata"]["uid"]
     c.k("delete", "pod", "b-node-1")
     new = c.replaced("b", "b-node-1", uid, "b-node-1 replaced")
     assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
     assert env_of(new)["DDPJOB_PROGRESS_INTO"] == "pod"
     c.report_in_pod("b-node-1", {**GOOD_PROGRESS, "step": 60, "updatedAt": "2026-11-24T10:01:00Z"})
-    c.until("b's progress", step("b", 60))
+    c.progressed("b", 60)
     # ... and b's objects go with b, by the garbage collector.
     kinds = "serviceaccount,role,rolebinding,configmap"
     per_job = ("get", kinds, "-l", f"{render.LABEL_JOB}=b", "-o", "name")
@@ -1082,7 +1091,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     status = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs/old/status"
     old_report = {"status": {"progress": {"step": 5, "totalSteps": 88}}}
     assert old_pod.call("PATCH", status, old_report, merge=True) == 200
-    c.until("the old report", lambda: c.status("old").get("progress", {}).get("step") == 5 or None)
+    c.progressed("old", 5, "the old report")
     c.k("delete", "pod", "old-node-1")  # replaced with the job's own account
     new = c.replaced("old", "old-node-1", uids["old-node-1"], "node-1 replaced")
     assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
