@@ -811,6 +811,12 @@ GOOD_PROGRESS = {
     "epoch": 0, "step": 30, "totalSteps": 88, "loss": 0.5, "samplesPerSecond": 9.0,
     "lastCheckpoint": "step-00000030.pt", "updatedAt": "2026-11-24T10:00:00Z", "worldSize": 1,
 }  # fmt: skip
+# Progress records the operator rejects (with an Event saying why), however they are written.
+FORGERIES: tuple[tuple[Any, str], ...] = (
+    ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
+    ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
+    ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
+)
 
 
 def job_writes(
@@ -866,12 +872,7 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
     assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
 
     # Forged or malformed records change nothing but an Event each.
-    for record, why in (
-        ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
-        ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
-        ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
-        ("x" * 10_000, "10000 characters, over 4096"),
-    ):
+    for record, why in (*FORGERIES, ("x" * 10_000, "10000 characters, over 4096")):
         c.report("a", record)
 
         def rejected(why: str = why) -> bool | None:
@@ -939,11 +940,7 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
 
     # Forged or malformed records change nothing but an Event each, naming the pod and rule.
-    for forgery, why in (
-        ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
-        ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
-        ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
-    ):
+    for forgery, why in FORGERIES:
         c.report_in_pod("a-node-1", forgery)  # rank 0 may be any of the job's pods
 
         def rejected(why: str = why) -> bool | None:
