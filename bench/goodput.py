@@ -41,6 +41,7 @@ sys.path[:0] = [str(REPO / p) for p in SOURCES]
 from cluster_env import Cluster  # noqa: E402
 from test_cluster import machines  # noqa: E402
 
+from ddp_api.pods import LABEL_JOB  # noqa: E402
 from ddp_devcluster import goodput  # noqa: E402
 from ddp_devcluster.chart import install_chart  # noqa: E402
 from ddp_devcluster.kind import cluster as kind  # noqa: E402
@@ -93,10 +94,10 @@ def one_incident(cl: Cluster, kind_: str, index: int) -> dict[str, Any]:
         return out
     log(f"powering off {machine} ({pod})")
     kind.power_off(machine)
-    old = cl.pods(f"ddp.dev/job-name={JOB}", ns=NS)[pod]["metadata"]["uid"]
+    old = cl.pods(f"{LABEL_JOB}={JOB}", ns=NS)[pod]["metadata"]["uid"]
 
     def replaced() -> bool:
-        now = cl.pods(f"ddp.dev/job-name={JOB}", ns=NS).get(pod)
+        now = cl.pods(f"{LABEL_JOB}={JOB}", ns=NS).get(pod)
         return bool(now and now["metadata"]["uid"] != old)
 
     cl.until(f"{pod} replaced", replaced, 300, ns=NS)

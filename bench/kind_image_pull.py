@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_devcluster import images
+from ddp_devcluster.containers import podman
 from ddp_devcluster.kind import cluster, registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,21 +38,21 @@ def log(msg: str) -> None:
 
 
 def nodes() -> list[str]:
-    out = subprocess.run(
-        ["podman", "ps", "--format", "{{.Names}}",
-         "--filter", f"label=io.x-k8s.kind.cluster={cluster.NAME}"],
-        env=cluster.kind_env(), capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    out = podman(
+        "ps",
+        "--format",
+        "{{.Names}}",
+        "--filter",
+        f"label=io.x-k8s.kind.cluster={cluster.NAME}",
+        check=True,
+    ).stdout
     return sorted(out.split())
 
 
 def forget(ref: str) -> None:
     """Removes ``ref`` from every machine's containerd; its unshared layers go with it."""
     for node in nodes():
-        subprocess.run(
-            ["podman", "exec", node, "ctr", "-n", "k8s.io", "images", "rm", "--sync", ref],
-            env=cluster.kind_env(), capture_output=True, check=False,
-        )  # fmt: skip
+        podman("exec", node, "ctr", "-n", "k8s.io", "images", "rm", "--sync", ref)
 
 
 def code_changed_image(base_ref: str) -> str:
@@ -82,28 +82,30 @@ def summary(pulls: dict[str, float | None]) -> dict[str, Any]:
     }
 
 
+Pulls = dict[str, float | None]  # machine -> seconds of its pull (None: the image was there)
+
+
+def push_and_pull(kubeconfig: Path, local_ref: str) -> tuple[str, float, Pulls, float]:
+    """Pushes ``local_ref`` to the registry and pulls it onto every machine: (the remote ref,
+    the push's seconds, each machine's pull, the pull's wall-clock seconds)."""
+    t0 = time.monotonic()
+    remote = registry.push(local_ref, log)
+    push_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    pulls = cluster.pull_everywhere(kubeconfig, remote, log)
+    return remote, push_s, pulls, time.monotonic() - t0
+
+
 def main() -> int:
     refs = images.ensure_images(("trainer",), log=log)
     cluster.down(log=log)
     kubeconfig = cluster.up(log=log)
     trainer = refs["trainer"]
-    t0 = time.monotonic()
-    remote = registry.push(trainer, log)
-    push_s = time.monotonic() - t0
-    t0 = time.monotonic()
-    first = cluster.pull_everywhere(kubeconfig, remote, log)
-    first_wall = time.monotonic() - t0
-
+    remote, push_s, first, first_wall = push_and_pull(kubeconfig, trainer)
     changed = code_changed_image(trainer)
-    t0 = time.monotonic()
-    remote2 = registry.push(changed, log)
-    push2_s = time.monotonic() - t0
-    t0 = time.monotonic()
-    second = cluster.pull_everywhere(kubeconfig, remote2, log)
-    second_wall = time.monotonic() - t0
+    remote2, push2_s, second, second_wall = push_and_pull(kubeconfig, changed)
     forget(remote2)  # the bench's image goes; the real one stays on the machines
-    subprocess.run(["podman", "rmi", changed], env=images.podman_env(), capture_output=True,
-                   check=False)  # fmt: skip
+    podman("rmi", changed)
 
     sizes = images.sizes([trainer])
     result = {

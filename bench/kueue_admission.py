@@ -33,6 +33,8 @@ from typing import Any
 import kubernetes
 import yaml
 
+from ddp_api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from ddp_api.pods import LABEL_JOB
 from ddp_devcluster.kueue import API, KueueProcess, operator_rbac
 from ddp_devcluster.operator_process import NAMESPACE, OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
@@ -60,9 +62,7 @@ class Seen:
                     "kueue.x-k8s.io", "v1beta2", NS, "workloads", **kw
                 ),
                 lambda **kw: core.list_namespaced_pod(NS, **kw),
-                lambda **kw: custom.list_namespaced_custom_object(
-                    "ddp.dev", "v1alpha1", NS, "ddpjobs", **kw
-                ),
+                lambda **kw: custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, **kw),
             )
         ]
         for t in self.threads:
@@ -90,7 +90,7 @@ class Seen:
 
     def _saw(self, obj: dict[str, Any], now: float) -> None:
         kind, meta = obj.get("kind"), obj.get("metadata") or {}
-        job = (meta.get("labels") or {}).get("ddp.dev/job-name", "")
+        job = (meta.get("labels") or {}).get(LABEL_JOB, "")
         status = obj.get("status") or {}
         if kind == "Workload":
             if any(
@@ -98,7 +98,7 @@ class Seen:
                 for c in status.get("conditions") or []
             ):
                 self.admitted.setdefault(job, now)
-        elif kind == "DDPJob":
+        elif kind == KIND:
             if status.get("phase") == "Succeeded":
                 self.succeeded.setdefault(meta["name"], now)
         else:
@@ -165,8 +165,8 @@ def main() -> None:
             for i in range(args.jobs):
                 name = f"b{i:03d}"
                 job = {
-                    "apiVersion": "ddp.dev/v1alpha1",
-                    "kind": "DDPJob",
+                    "apiVersion": API_VERSION,
+                    "kind": KIND,
                     "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
                     "spec": {"nodes": n, "resources": {"requests": {"cpu": "1"}}},
                 }

@@ -50,6 +50,7 @@ from cluster_env import Cluster  # noqa: E402
 from test_cluster import machines, metrics  # noqa: E402
 
 from ddp_api.contract import parse_rfc3339  # noqa: E402
+from ddp_api.pods import LABEL_JOB  # noqa: E402
 from ddp_devcluster.chart import install_chart  # noqa: E402
 from ddp_devcluster.kind import cluster as kind  # noqa: E402
 
@@ -65,7 +66,7 @@ def log(msg: str) -> None:
 
 
 def pods(cl: Cluster) -> dict[str, dict[str, Any]]:
-    out = json.loads(cl.k("get", "pods", "-n", NS, "-l", f"ddp.dev/job-name={JOB}", "-o", "json"))
+    out = json.loads(cl.k("get", "pods", "-n", NS, "-l", f"{LABEL_JOB}={JOB}", "-o", "json"))
     return {p["metadata"]["name"]: p for p in out["items"]}
 
 

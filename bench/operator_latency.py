@@ -50,6 +50,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from ddp_api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from ddp_api.ddpjob import DDPJob
 from ddp_devcluster.operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
@@ -165,8 +166,8 @@ def job_body(name: str, nodes: int, own_command: bool = False) -> dict[str, Any]
         {"command": ["python", "train.py"]} if own_command else {"trainer": {"workload": "digits"}}
     )
     return {
-        "apiVersion": "ddp.dev/v1alpha1",
-        "kind": "DDPJob",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {"nodes": nodes, **runs, "checkpoint": {"volume": {"emptyDir": {}}}},
     }
@@ -180,7 +181,7 @@ def create_job(
     api: kubernetes.client.ApiClient, ns: str, name: str, nodes: int, own_command: bool = False
 ) -> None:
     kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-        "ddp.dev", "v1alpha1", ns, "ddpjobs", job_body(name, nodes, own_command)
+        GROUP, VERSION, ns, PLURAL, job_body(name, nodes, own_command)
     )
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import kubernetes
 
-from ddp_api.contract import API_VERSION, GROUP, PLURAL, VERSION
+from ddp_api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
@@ -109,7 +109,7 @@ def main() -> None:
         with OperatorProcess(cp, Path(tmp)):
             job = {
                 "apiVersion": API_VERSION,
-                "kind": "DDPJob",
+                "kind": KIND,
                 "metadata": {"name": JOB},
                 "spec": {"nodes": 2, "checkpoint": {"volume": {"emptyDir": {}}}},
             }

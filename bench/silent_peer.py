@@ -28,6 +28,7 @@ import json
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +74,17 @@ def measure(
         try:
             ckpt = launcher.workdir / "ckpt"
             _, endpoint = launcher.store()
-            silent, survivor = (
-                launcher.node(
-                    name,
-                    endpoint=endpoint,
-                    nnodes=nnodes,
-                    nproc=1,
-                    settings=settings,
-                    checkpoint_dir=ckpt,
-                    is_host=False,
-                    rdzv_conf=rdzv_conf,
-                )
-                for name in ("silent", "survivor")
+            node = partial(
+                launcher.node,
+                endpoint=endpoint,
+                nnodes=nnodes,
+                nproc=1,
+                settings=settings,
+                checkpoint_dir=ckpt,
+                is_host=False,
+                rdzv_conf=rdzv_conf,
             )
+            silent, survivor = node("silent"), node("survivor")
             wait_until(lambda: events(ckpt, "hold"), 300, f"the hold after step {HOLD}")
             workers = set(descendants(survivor.popen.pid))
             stopped = time.time()
@@ -101,16 +100,7 @@ def measure(
                 due = replace_after_s is not None and time.time() - stopped >= replace_after_s
                 if due and replaced is None:
                     replaced = time.time()
-                    launcher.node(
-                        "replacement",
-                        endpoint=endpoint,
-                        nnodes=nnodes,
-                        nproc=1,
-                        settings=settings,
-                        checkpoint_dir=ckpt,
-                        is_host=False,
-                        rdzv_conf=rdzv_conf,
-                    )
+                    node("replacement")
                 after = [s for s in events(ckpt, "step") if s["time"] > stopped]
                 if after:
                     first_step = after[0]

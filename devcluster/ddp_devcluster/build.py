@@ -76,8 +76,21 @@ def _k8s_version_flags(pkg: str, version: str) -> list[str]:
     ]
 
 
-def tools() -> list[GoTool]:
+def _kubernetes(name: str, *binaries: str) -> GoTool:
+    """A build of ``binaries`` of k8s.io/kubernetes at the pinned version, stamped with it."""
     k = versions.KUBERNETES
+    return GoTool(
+        name=name,
+        version=k,
+        module="k8s.io/kubernetes",
+        binaries={b: f"k8s.io/kubernetes/cmd/{b}" for b in binaries},
+        ldflags=_k8s_version_flags("k8s.io/component-base/version", k)
+        + _k8s_version_flags("k8s.io/client-go/pkg/version", k),
+        staging_replaces=True,
+    )
+
+
+def tools() -> list[GoTool]:
     return [
         GoTool(
             name="etcd",
@@ -85,18 +98,7 @@ def tools() -> list[GoTool]:
             module="go.etcd.io/etcd/server/v3",
             binaries={"etcd": "go.etcd.io/etcd/server/v3"},
         ),
-        GoTool(
-            name="kubernetes",
-            version=k,
-            module="k8s.io/kubernetes",
-            binaries={
-                b: f"k8s.io/kubernetes/cmd/{b}"
-                for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-            },
-            ldflags=_k8s_version_flags("k8s.io/component-base/version", k)
-            + _k8s_version_flags("k8s.io/client-go/pkg/version", k),
-            staging_replaces=True,
-        ),
+        _kubernetes("kubernetes", "kube-apiserver", "kube-controller-manager", "kube-scheduler"),
         GoTool(
             name="kwok",
             version=versions.KWOK,
@@ -131,17 +133,7 @@ def tools() -> list[GoTool]:
         # The kind node image: kubelet and kube-proxy (and kubeadm, which kind runs on its
         # nodes) of the plane's version, built apart from the plane so that the plane's
         # binaries stay cached.
-        GoTool(
-            name="kubernetes-node",
-            version=k,
-            module="k8s.io/kubernetes",
-            binaries={
-                b: f"k8s.io/kubernetes/cmd/{b}" for b in ("kubelet", "kube-proxy", "kubeadm")
-            },
-            ldflags=_k8s_version_flags("k8s.io/component-base/version", k)
-            + _k8s_version_flags("k8s.io/client-go/pkg/version", k),
-            staging_replaces=True,
-        ),
+        _kubernetes("kubernetes-node", "kubelet", "kube-proxy", "kubeadm"),
         GoTool(
             name="containerd",
             version=versions.CONTAINERD,

@@ -43,37 +43,39 @@ def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def _validity(builder: x509.CertificateBuilder) -> x509.CertificateBuilder:
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, ca: bool
+) -> x509.CertificateBuilder:
+    """A certificate of ``key`` for ``subject``, valid from 5 minutes ago for 7 days, a CA's
+    or not."""
     now = dt.datetime.now(dt.UTC)
-    return builder.not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(
-        now + dt.timedelta(days=7)
+    return (
+        x509.CertificateBuilder()
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=7))
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
+
+
+def _key_usage(**granted: bool) -> x509.KeyUsage:
+    """KeyUsage with the ``granted`` usages only (x509.KeyUsage wants all nine named)."""
+    usages = ("digital_signature", "content_commitment", "key_encipherment",
+              "data_encipherment", "key_agreement", "key_cert_sign", "crl_sign",
+              "encipher_only", "decipher_only")  # fmt: skip
+    return x509.KeyUsage(**{**dict.fromkeys(usages, False), **granted})
 
 
 def make_ca() -> tuple[KeyPair, ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = _key()
     name = _name("ddp-devcluster-ca")
+    usage = _key_usage(digital_signature=True, key_cert_sign=True, crl_sign=True)
     cert = (
-        _validity(x509.CertificateBuilder())
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(name, name, key, ca=True)
+        .add_extension(usage, critical=True)
         .sign(key, hashes.SHA256())
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key)), key, cert
@@ -90,21 +92,9 @@ def issue(
     """A leaf certificate for a client (``orgs`` become RBAC groups) or a server (SANs)."""
     key = _key()
     server = bool(dns or ips)
-    builder = (
-        _validity(x509.CertificateBuilder())
-        .subject_name(_name(cn, orgs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [x509.ExtendedKeyUsageOID.SERVER_AUTH]
-                if server
-                else [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
+    usage = x509.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = _builder(_name(cn, orgs), ca_cert.subject, key, ca=False).add_extension(
+        x509.ExtendedKeyUsage([usage]), critical=False
     )
     if server:
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]

@@ -30,7 +30,9 @@ from typing import Any
 
 import yaml
 
+from ddp_api.contract import KIND
 from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_api.pods import LABEL_JOB
 from ddp_client.curves import curves, draw_curves
 from ddp_client.live import LiveView
 from ddp_trainer.progress import read_run_log
@@ -55,7 +57,7 @@ def example_documents(interval_s: str = PROGRESS_INTERVAL_S) -> list[dict[str, A
     for name in EXAMPLE_FILES:
         docs += [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
     for d in docs:
-        if d.get("kind") == "DDPJob" and d["metadata"]["name"] == JOB:
+        if d.get("kind") == KIND and d["metadata"]["name"] == JOB:
             template = d["spec"].setdefault("template", {})
             env = template.setdefault("env", [])
             env.append({"name": "DDPJOB_PROGRESS_INTERVAL_S", "value": interval_s})
@@ -234,7 +236,7 @@ def results(h: Harness, out: Path) -> str:
     header("4/4 results")
     print(indent(h.k("get", "ddpj", JOB)))
     print("  the job's pods ran on these machines:")
-    print(indent("\n".join(pod_machines(h.pods(f"ddp.dev/job-name={JOB}")))))
+    print(indent("\n".join(pod_machines(h.pods(f"{LABEL_JOB}={JOB}")))))
     ckpt = out / "checkpoints"
     shutil.copytree(kind.claim_folder(h, CLAIM), ckpt)
     logs = copy_logs(h, out / "logs")

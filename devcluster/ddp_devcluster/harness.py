@@ -25,7 +25,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import yaml
 
+from ddp_api.contract import KIND
 from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_api.pods import selector as worker_selector
 
 from .operator_process import NAMESPACE, REPO
 from .plane import kubectl
@@ -118,7 +120,7 @@ class Harness:
         """``kubectl apply`` of files of manifests/examples; ``edit`` may adjust the DDPJob."""
         docs = [d for f in files for d in yaml.safe_load_all((EXAMPLES / f).read_text()) if d]
         for d in docs:
-            if edit is not None and d["kind"] == "DDPJob":
+            if edit is not None and d["kind"] == KIND:
                 edit(d)
         return self.apply(*docs, ns=ns)
 
@@ -143,11 +145,30 @@ class Harness:
 
     def workers(self, job: str, *, ns: str | None = None) -> dict[str, dict[str, Any]]:
         """Name -> pod, of the job's node pods."""
-        return self.pods(f"ddp.dev/job-name={job},ddp.dev/role=worker", ns=ns)
+        return self.pods(worker_selector(job), ns=ns)
 
     def worker_uids(self, job: str, *, ns: str | None = None) -> dict[str, str]:
         """Name -> uid of the job's node pods (which of them were made again)."""
         return {n: p["metadata"]["uid"] for n, p in self.workers(job, ns=ns).items()}
+
+    def replaced(
+        self,
+        job: str,
+        pod: str,
+        uid: str,
+        what: str = "",
+        timeout_s: float | None = None,
+        *,
+        ns: str | None = None,
+    ) -> dict[str, Any]:
+        """Waits until the job's node pod ``pod`` is there again with a uid other than ``uid``
+        (made again); that pod."""
+
+        def new() -> dict[str, Any] | None:
+            p = self.workers(job, ns=ns).get(pod)
+            return p if p and p["metadata"]["uid"] != uid else None
+
+        return self.until(what or f"a new {pod}", new, timeout_s, ns=ns)
 
     def logs(self, pod: str, container: str = "", *, ns: str | None = None) -> str:
         where = ["-c", container] if container else []

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import yaml
 
+from .containers import image_id, podman, podman_checked, podman_env, run_checked
 from .paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
-CONTAINERS_CONF = REPO / "devcluster" / "containers.conf"
 # Bump when the way a stand-in is made changes: its key changes, so it is rebuilt.
 SCRIPT_VERSION = "1"
 SUITE = "bookworm"
@@ -175,25 +175,10 @@ def tls_flags(env: Mapping[str, str]) -> list[str]:
     return ["--volume", f"{bundle}:{CA_BUNDLE}:ro"]
 
 
-def podman_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for podman and buildah: the project's containers.conf unless the caller
-    set ``CONTAINERS_CONF`` already."""
-    env = dict(os.environ if base is None else base)
-    env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
-    return env
-
-
 # ---- I/O ----------------------------------------------------------------------------------
 
 
-def _run(argv: list[str]) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=podman_env(), check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return str(proc.stdout)
-
-
-def _run_logged(argv: list[str], what: str, log: Log, every_s: float = 15.0) -> list[str]:
+def run_logged(argv: list[str], what: str, log: Log, every_s: float = 15.0) -> list[str]:
     """Runs a long command, logging each of buildah's STEP lines and, every ``every_s``
     seconds, the output so far and its rate (also through silent phases such as a layer
     commit); returns its output lines, whose tail goes into the error on failure."""
@@ -238,13 +223,7 @@ def _run_logged(argv: list[str], what: str, log: Log, every_s: float = 15.0) -> 
 
 def _label(ref: str, label: str) -> str | None:
     """A label of an image in local storage; None when the image is not there."""
-    proc = subprocess.run(
-        ["podman", "image", "inspect", "--format", f'{{{{index .Labels "{label}"}}}}', ref],
-        capture_output=True,
-        text=True,
-        env=podman_env(),
-        check=False,
-    )
+    proc = podman("image", "inspect", "--format", f'{{{{index .Labels "{label}"}}}}', ref)
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -253,7 +232,7 @@ def _import(tarball: Path, ref: str, key: str, changes: list[str], log: Log) -> 
     for c in changes:
         argv += ["--change", c]
     log(f"importing {tarball.name} ({tarball.stat().st_size / 2**20:.0f} MiB) as {ref}")
-    _run([*argv, str(tarball), ref])
+    run_checked([*argv, str(tarball), ref])
 
 
 def _python_rootfs(tarball: Path, log: Log) -> None:
@@ -267,7 +246,7 @@ def _python_rootfs(tarball: Path, log: Log) -> None:
     debs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tarball.parent, prefix="rootfs-") as tmp:
         root = Path(tmp) / "root"
-        _run_logged(
+        run_logged(
             [
                 "debootstrap",
                 "--variant=minbase",
@@ -292,7 +271,7 @@ def _python_rootfs(tarball: Path, log: Log) -> None:
         for p in (root / "var" / "cache" / "apt").glob("*.bin"):
             p.unlink()
         partial = tarball.with_suffix(".partial")
-        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."])
+        run_checked(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."])
         partial.rename(tarball)
 
 
@@ -318,7 +297,7 @@ def _pip() -> Path:
             return venv / "bin" / "pip"
     venv = cache_dir() / "images" / "pip-venv"
     if not (venv / "bin" / "pip").is_file():
-        _run([sys.executable, "-m", "venv", str(venv)])
+        run_checked([sys.executable, "-m", "venv", str(venv)])
     return venv / "bin" / "pip"
 
 
@@ -330,7 +309,7 @@ def _uv_wheel(version: str, log: Log) -> Path:
         return found[0]
     where.mkdir(parents=True, exist_ok=True)
     log(f"downloading uv=={version} from PyPI")
-    _run(
+    run_checked(
         [str(_pip()), "download", "-q", "--no-deps", "--only-binary=:all:",
          "--platform", "manylinux_2_17_x86_64", "--python-version", "3.11",
          "-d", str(where), f"uv=={version}"]
@@ -355,7 +334,7 @@ def ensure_uv_base(version: str, log: Log = _default_log) -> str:
                 (root / name).write_bytes(z.read(member))
                 (root / name).chmod(0o755)
         tarball = Path(tmp) / "uv.tar"
-        _run(["tar", "-C", str(root), "--numeric-owner", "--owner=0", "--group=0",
+        run_checked(["tar", "-C", str(root), "--numeric-owner", "--owner=0", "--group=0",
               "-cf", str(tarball), "uv", "uvx"])  # fmt: skip
         _import(tarball, ref, key, ['ENTRYPOINT ["/uv"]'], log)
     return ref
@@ -372,19 +351,12 @@ def build_image(b: ImageBuild, log: Log = _default_log, context: Path = REPO) ->
     for k, v in b.build_args:
         argv += ["--build-arg", f"{k}={v}"]
     argv += tls_flags(os.environ)
-    before = _image_id(b.ref)
-    lines = _run_logged([*argv, str(context)], f"build {b.name} ({b.ref})", log)
-    if before and before != _image_id(b.ref):
+    before = image_id(b.ref)
+    lines = run_logged([*argv, str(context)], f"build {b.name} ({b.ref})", log)
+    if before and before != image_id(b.ref):
         # The image the tag left, now dangling; kept where a later build step still uses it.
-        subprocess.run(["podman", "rmi", before], env=podman_env(), capture_output=True,
-                       check=False)  # fmt: skip
+        podman("rmi", before)
     return lines
-
-
-def _image_id(ref: str) -> str | None:
-    argv = ["podman", "image", "inspect", "--format", "{{.Id}}", ref]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=podman_env(), check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def default_refs() -> dict[str, str]:
@@ -423,7 +395,7 @@ def save_archive(ref: str, path: Path, fmt: str = "docker-archive") -> Path:
     RepoTags, which ctr imports under that name; ``oci-archive`` is the alternative."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    _run(["podman", "save", "--format", fmt, "-o", str(path), ref])
+    podman_checked("save", "--format", fmt, "-o", str(path), ref)
     return path
 
 
@@ -434,7 +406,7 @@ def save_oci_archive(ref: str, path: Path) -> Path:
 def sizes(refs: Iterable[str]) -> dict[str, int]:
     out = {}
     for ref in refs:
-        out[ref] = int(_run(["podman", "image", "inspect", "--format", "{{.Size}}", ref]).strip())
+        out[ref] = int(podman_checked("image", "inspect", "--format", "{{.Size}}", ref).strip())
     return out
 
 

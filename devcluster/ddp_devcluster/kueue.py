@@ -20,8 +20,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +27,17 @@ from typing import Any
 
 import yaml
 
+from ddp_api.contract import GROUP, KIND, VERSION
+
 from . import certs, versions
+from .managed import ManagedProcess, http_ok
 from .paths import cache_dir
 from .plane import MARKER_ENV, ClusterAPI, Process
 from .plane import binary as plane_binary
 from .procs import free_port
 
 MODULE = "sigs.k8s.io/kueue"
-EXTERNAL_FRAMEWORK = "DDPJob.v1alpha1.ddp.dev"
+EXTERNAL_FRAMEWORK = f"{KIND}.{VERSION}.{GROUP}"
 NAMESPACE = "kueue-system"
 API = "kueue.x-k8s.io/v1beta2"
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
@@ -176,13 +177,14 @@ def webhook_configurations(
 
 
 @dataclass
-class KueueProcess:
+class KueueProcess(ManagedProcess):
     """``kueue`` (the controller manager) in a child process; ``start()`` installs its CRDs."""
 
     plane: ClusterAPI
     workdir: Path
     process: Process | None = None
     startup_s: float = 0.0
+    name = "kueue"
 
     @property
     def log(self) -> Path:
@@ -222,14 +224,15 @@ class KueueProcess:
             ca_key,
             ca_cert,
         )
-        self.process = Process("kueue", argv, self.log, env)
-        self.process.start()
-        self._wait(self._ready, "kueue /readyz", timeout_s)
+        self.launch(argv, env)
+        self.wait_for(self._ready, "kueue /readyz", timeout_s, poll_s=0.3)
 
         manifests = (source / "config" / "components" / "webhook" / "manifests.yaml").read_text()
         for hook in webhook_configurations(manifests, self.webhook_port, ca.cert_pem, host):
             self.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(hook))
-        self._wait(self._webhook_answers, "Kueue's webhooks through the API server", 60)
+        self.wait_for(
+            self._webhook_answers, "Kueue's webhooks through the API server", 60, poll_s=0.3
+        )
         self.startup_s = time.monotonic() - t0
         return self
 
@@ -260,12 +263,7 @@ class KueueProcess:
                 f'{mount} && exec "$@"', "sh", *argv]  # fmt: skip
 
     def _ready(self) -> bool:
-        try:
-            url = f"http://127.0.0.1:{self.health_port}/readyz"
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ok(f"http://127.0.0.1:{self.health_port}/readyz", timeout_s=2)
 
     def _webhook_answers(self) -> bool:
         """A server-side dry run of a ResourceFlavor passes the mutating and validating hooks."""
@@ -275,33 +273,10 @@ class KueueProcess:
         )
         return out.returncode == 0
 
-    def _wait(self, ok: Any, what: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and not self.process.alive():
-                raise RuntimeError(f"kueue exited while waiting for {what}:\n{self.tail()}")
-            if ok():
-                return
-            time.sleep(0.3)
-        raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}:\n{self.tail()}")
-
     def stop(self) -> None:
         """Stops Kueue and removes its webhook configurations (they would refuse every request
         for Kueue's kinds with Kueue gone)."""
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
             name = f"kueue-{kind.removesuffix('webhookconfiguration')}-webhook-configuration"
             self.plane.kubectl("delete", kind, name, "--ignore-not-found", check=False)
-        if self.process is not None:
-            self.process.stop()
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def __enter__(self) -> KueueProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop()

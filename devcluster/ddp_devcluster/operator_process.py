@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddp_api.contract import GROUP, PLURAL
+
+from .managed import ManagedProcess, http_ok
 from .paths import source_path
 from .plane import MARKER_ENV, ClusterAPI, Process
 from .procs import free_port
@@ -27,7 +27,7 @@ from .procs import free_port
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 INSTALL = [
-    MANIFESTS / "crd" / "ddp.dev_ddpjobs.yaml",
+    MANIFESTS / "crd" / f"{GROUP}_{PLURAL}.yaml",
     MANIFESTS / "namespace.yaml",
     MANIFESTS / "rbac" / "operator.yaml",
     MANIFESTS / "rbac" / "trainer-progress.yaml",
@@ -41,11 +41,11 @@ def install(plane: ClusterAPI) -> None:
     and admission policy), and waits for the CRD."""
     for path in INSTALL:
         plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    plane.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddp.dev", "--timeout=60s")
+    plane.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
 
 
 @dataclass
-class OperatorProcess:
+class OperatorProcess(ManagedProcess):
     """``kopf run`` of ``ddp_operator.handlers`` in a child process, watching ``namespaces``
     (all when empty) as ServiceAccount ``service_account`` of the operator's namespace."""
 
@@ -58,6 +58,8 @@ class OperatorProcess:
     health_port: int = 0
     metrics_port: int = 0
     identity: str = field(default_factory=lambda: f"operator-{uuid.uuid4().hex[:8]}")
+    name = "ddp-operator"
+    tail_lines = 60
 
     @property
     def log(self) -> Path:
@@ -92,26 +94,12 @@ class OperatorProcess:
             "-m",
             "ddp_operator.handlers",
         ]
-        self.process = Process("ddp-operator", argv, self.log, env)
-        self.process.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.healthy():
-            if not self.process.alive():
-                raise RuntimeError(f"the operator exited; its log:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the operator is not healthy after {timeout_s}s:\n{self.tail()}"
-                )
-            time.sleep(0.2)
+        self.launch(argv, env)
+        self.wait_for(self.healthy, "the operator's /healthz", timeout_s)
         return self
 
     def healthy(self) -> bool:
-        try:
-            url = f"http://127.0.0.1:{self.health_port}/healthz"
-            with urllib.request.urlopen(url, timeout=1) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ok(f"http://127.0.0.1:{self.health_port}/healthz")
 
     @property
     def metrics_url(self) -> str:
@@ -123,22 +111,6 @@ class OperatorProcess:
             os.killpg(self.process.popen.pid, signal.SIGKILL)
             self.process.popen.wait()
 
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
     def pid(self) -> int:
         assert self.process is not None and self.process.popen is not None
         return self.process.popen.pid
-
-    def tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def __enter__(self) -> OperatorProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

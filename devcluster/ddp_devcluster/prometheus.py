@@ -11,8 +11,6 @@ PromQL on ``/api/v1/query``, so a test reads metrics as a user's Prometheus stor
 from __future__ import annotations
 
 import json
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -21,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from .managed import ManagedProcess, http_ok
 from .plane import Process, binary
 from .procs import free_port
 
@@ -60,14 +59,21 @@ def samples(answer: Mapping[str, Any]) -> list[tuple[dict[str, str], float]]:
     return [(dict(r["metric"]), float(r["value"][1])) for r in answer["data"]["result"]]
 
 
-class PrometheusServer:
+class PrometheusServer(ManagedProcess):
     """``prometheus`` scraping ``targets`` (job name -> ``host:port`` list), on a free port."""
+
+    name = "prometheus"
+    tail_lines = 30
 
     def __init__(self, workdir: Path, targets: Mapping[str, Sequence[str]]):
         self.workdir = workdir
         self.targets = targets
         self.port = 0
         self.process: Process | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "prometheus.log"
 
     @property
     def url(self) -> str:
@@ -84,36 +90,12 @@ class PrometheusServer:
             f"--storage.tsdb.path={self.workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]
-        self.process = Process("prometheus", argv, self.workdir / "prometheus.log", {})
-        self.process.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._ready():
-            if not self.process.alive():
-                raise RuntimeError(f"prometheus exited:\n{self.process.tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prometheus not ready in {timeout_s}s:\n{self.process.tail()}")
-            time.sleep(0.2)
+        self.launch(argv, {})
+        self.wait_for(lambda: http_ok(self.url + "/-/ready"), "prometheus /-/ready", timeout_s)
         return self
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
         """An instant query: (labels, value) per series."""
         url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
         with urllib.request.urlopen(url, timeout=5) as r:
             return samples(json.loads(r.read()))
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-    def __enter__(self) -> PrometheusServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import kopf
 import pytest
@@ -121,12 +120,23 @@ def one_leads(cp: ControlPlane, leader: OperatorProcess, standby: OperatorProces
     )
 
 
-def replaced(c: KwokNamespace, pod: str, uid: str) -> Callable[[], dict[str, Any] | None]:
-    def probe() -> dict[str, Any] | None:
-        p = c.pods(f"ddp.dev/job-name={pod.rsplit('-', 2)[0]}").get(pod)
-        return p if p and p["metadata"]["uid"] != uid else None
-
-    return probe
+def leader_and_job(
+    cp: ControlPlane,
+    replicas: Callable[..., OperatorProcess],
+    prefix: str,
+    job: str,
+    account: str = SERVICE_ACCOUNT,
+) -> tuple[OperatorProcess, OperatorProcess, KwokNamespace, str]:
+    """Replica a (as ``account``) leads and b stands by; ``job`` runs on 2 nodes in a fresh
+    namespace named after ``prefix``: (a, b, that namespace, the uid of the job's node 1)."""
+    a = replicas("a", account)
+    until("a leads", lambda: holder(cp) == a.identity or None)
+    b = replicas("b")
+    one_leads(cp, a, b)
+    c = KwokNamespace(cp, a, prefix)
+    c.submit(job, {"nodes": 2})
+    c.running(job, 2)
+    return a, b, c, c.workers(job)[f"{job}-node-1"]["metadata"]["uid"]
 
 
 def assert_one_writer_at_a_time(
@@ -158,19 +168,12 @@ def test_a_killed_leader_s_standby_acts_within_the_lease_a_stopped_one_s_at_once
     both, the old leader's writes all precede the new one's, and no pod is created twice."""
     cp = control_plane
     since = dt.datetime.now(dt.UTC)
-    a = replicas("a")
-    until("a leads", lambda: holder(cp) == a.identity or None)
-    b = replicas("b")
-    one_leads(cp, a, b)
-    c = KwokNamespace(cp, a, "leader")
-    c.submit("warm", {"nodes": 2})
-    c.running("warm", 2)
-    uid = c.workers("warm")["warm-node-1"]["metadata"]["uid"]
+    a, b, c, uid = leader_and_job(cp, replicas, "leader", "warm")
 
     killed = time.monotonic()
     a.kill()  # SIGKILL: no cleanup, the Lease stays a's until it is not renewed for 6 s
     c.k("delete", "pod", "warm-node-1", "--wait=false")
-    c.until("warm-node-1 replaced", replaced(c, "warm-node-1", uid), LEASE_S + 30)
+    c.replaced("warm", "warm-node-1", uid, "warm-node-1 replaced", LEASE_S + 30)
     took = time.monotonic() - killed
     print(f"\nleader SIGKILLed -> the standby's replacement pod: {took:.1f}s "
           f"(lease {LEASE_S:g}s, read every {RETRY_S:g}s)")  # fmt: skip
@@ -201,7 +204,7 @@ def test_a_killed_leader_s_standby_acts_within_the_lease_a_stopped_one_s_at_once
     assert took < LEASE_S  # released, not expired
     uid = c.workers("warm")["warm-node-0"]["metadata"]["uid"]
     c.k("delete", "pod", "warm-node-0", "--wait=false")
-    c.until("warm-node-0 replaced by a", replaced(c, "warm-node-0", uid))
+    c.replaced("warm", "warm-node-0", uid, "warm-node-0 replaced by a")
     log = [r for r in requests(cp, since) if r.write and r.resource != "leases"]
     before, after = [r.at for r in log if r.by(b)], [r.at for r in log if r.by(a)]
     assert after and (not before or max(before) < min(after)), (before, after)
@@ -223,14 +226,7 @@ def test_a_leader_whose_renewals_are_refused_stops_before_its_standby_takes_over
                f"--serviceaccount={NAMESPACE}:{account}")  # fmt: skip
     try:
         since = dt.datetime.now(dt.UTC)
-        a = replicas("a", account)
-        until("a leads", lambda: holder(cp) == a.identity or None)
-        b = replicas("b")
-        one_leads(cp, a, b)
-        c = KwokNamespace(cp, a, "partition")
-        c.submit("cut", {"nodes": 2})
-        c.running("cut", 2)
-        uid = c.workers("cut")["cut-node-1"]["metadata"]["uid"]
+        a, b, c, uid = leader_and_job(cp, replicas, "partition", "cut", account)
 
         cut = time.monotonic()
         cp.kubectl("delete", "rolebinding", account, "-n", NAMESPACE)
@@ -241,7 +237,7 @@ def test_a_leader_whose_renewals_are_refused_stops_before_its_standby_takes_over
         assert stopped < RENEW_DEADLINE_S + 2 * RETRY_S + 1  # its last renewal was before the cut
         assert "stopped acting: Lease" in a.tail(300)
         c.k("delete", "pod", "cut-node-1", "--wait=false")
-        c.until("cut-node-1 replaced", replaced(c, "cut-node-1", uid), LEASE_S + 30)
+        c.replaced("cut", "cut-node-1", uid, "cut-node-1 replaced", LEASE_S + 30)
         print(f"renewals refused -> the standby's replacement pod: {time.monotonic() - cut:.1f}s")
         assert holder(cp) == b.identity and leads(a) == 0 and leads(b) == 1
         c.running("cut", 2)

@@ -142,6 +142,13 @@ class Cluster(KwokNamespace):
             ),
         )
 
+    def progressed(self, job: str, step: int, what: str = "") -> bool:
+        """Waits until the job's ``status.progress`` is at ``step``."""
+        return self.until(
+            what or f"{job}'s progress",
+            lambda: self.status(job).get("progress", {}).get("step") == step or None,
+        )
+
     def reason(self, job: str, reason: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Waits until ``status.reason`` (the reason of the phase's condition) is ``reason``."""
         return self.until(
@@ -307,10 +314,7 @@ def test_a_failed_pod_is_recreated_and_counted(c: Cluster) -> None:
     c.running("flaky", 2)
     old = c.workers("flaky")["flaky-node-1"]["metadata"]["uid"]
     c.exit("flaky-node-1", 137)
-    c.until(
-        "a new flaky-node-1",
-        lambda: (p := c.workers("flaky").get("flaky-node-1")) and p["metadata"]["uid"] != old,
-    )
+    c.replaced("flaky", "flaky-node-1", old)
     status = c.running("flaky", 2)
     # What was counted, and why, if the count is off (it was 2 once, under heavy load).
     assert status["restarts"] == 1, (
@@ -329,10 +333,7 @@ def test_a_pod_deleted_by_someone_else_is_recreated_and_counted(c: Cluster) -> N
     c.running("lost", 2)
     old = c.workers("lost")["lost-node-0"]["metadata"]["uid"]
     c.k("delete", "pod", "lost-node-0", "--wait=false")
-    c.until(
-        "a new lost-node-0",
-        lambda: (p := c.workers("lost").get("lost-node-0")) and p["metadata"]["uid"] != old,
-    )
+    c.replaced("lost", "lost-node-0", old)
     status = c.running("lost", 2)
     assert status["restarts"] == 1, (
         status, c.events("lost"), c.operator_log(60), c.kwok_log("lost-node-0")
@@ -352,10 +353,7 @@ def test_an_evicted_pod_is_a_disruption_not_a_failure(c: Cluster) -> None:
     }
     path = f"/api/v1/namespaces/{c.ns}/pods/evicted-node-1/eviction"
     c.cp.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
-    c.until(
-        "a new evicted-node-1",
-        lambda: (p := c.workers("evicted").get("evicted-node-1")) and p["metadata"]["uid"] != old,
-    )
+    c.replaced("evicted", "evicted-node-1", old)
     status = c.running("evicted", 2)  # backoffLimit 0: a failure would have failed the job
     assert status["disruptions"] == 1 and status["restarts"] == 0
     assert any(
@@ -386,7 +384,7 @@ def test_a_job_whose_step_stops_moving_is_restarted_as_stalled_then_counted(c: C
         return uids
 
     report_step_5()
-    c.until("step 5", lambda: c.status("hung").get("progress", {}).get("step") == 5 or None)
+    c.progressed("hung", 5, "step 5")
     first = {n: p["metadata"]["uid"] for n, p in c.workers("hung").items()}
     c.k("patch", "ddpjob", "hung", "--type=merge", "-p", '{"spec":{"progressDeadlineSeconds":2}}')
     # Durable fields, not the reason: on kwok the pods are back and Running within a poll.
@@ -813,6 +811,28 @@ GOOD_PROGRESS = {
     "epoch": 0, "step": 30, "totalSteps": 88, "loss": 0.5, "samplesPerSecond": 9.0,
     "lastCheckpoint": "step-00000030.pt", "updatedAt": "2026-11-24T10:00:00Z", "worldSize": 1,
 }  # fmt: skip
+# Progress records the operator rejects (with an Event saying why), however they are written.
+FORGERIES: tuple[tuple[Any, str], ...] = (
+    ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
+    ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
+    ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
+)
+
+
+def job_writes(
+    jobs: str, job_b: dict[str, Any], nodes: int
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """Writes a trainer's token must not make to the DDPJobs at ``jobs``: the status of job b
+    and of its own job a (marked Succeeded), a's nodes, and b (``job_b``) and its status put
+    back whole."""
+    forged = {"status": {"phase": "Succeeded"}}
+    return [
+        ("PATCH", f"{jobs}/b/status", forged),
+        ("PATCH", f"{jobs}/a/status", forged),
+        ("PATCH", f"{jobs}/a", {"spec": {"nodes": nodes}}),
+        ("PUT", f"{jobs}/b", job_b),
+        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+    ]
 
 
 @pytest.fixture
@@ -834,14 +854,8 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
     pod_a = c.account("a-trainer")
     jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
     maps = f"/api/v1/namespaces/{c.ns}/configmaps"
-    forged = {"status": {"phase": "Succeeded"}}
-    job_b = c.job("b")
     for method, path, body in (
-        ("PATCH", f"{jobs}/b/status", forged),
-        ("PATCH", f"{jobs}/a/status", forged),
-        ("PATCH", f"{jobs}/a", {"spec": {"nodes": 2}}),
-        ("PUT", f"{jobs}/b", job_b),
-        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+        *job_writes(jobs, c.job("b"), nodes=2),
         ("GET", f"{jobs}/a", None),
         ("GET", f"{maps}/a-progress", None),
         ("GET", f"{maps}/b-progress", None),
@@ -854,16 +868,11 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
 
     # A valid record reaches status.progress (and `kubectl get`); job B's stays empty.
     c.report("a", GOOD_PROGRESS)
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 30 or None)
+    c.progressed("a", 30)
     assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
 
     # Forged or malformed records change nothing but an Event each.
-    for record, why in (
-        ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
-        ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
-        ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
-        ("x" * 10_000, "10000 characters, over 4096"),
-    ):
+    for record, why in (*FORGERIES, ("x" * 10_000, "10000 characters, over 4096")):
         c.report("a", record)
 
         def rejected(why: str = why) -> bool | None:
@@ -877,7 +886,7 @@ def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: C
     record = json.dumps({**GOOD_PROGRESS, "step": 77})
     relabel = {"metadata": {"labels": {"ddp.dev/job-name": "b"}}, "data": {"progress": record}}
     assert pod_a.call("PATCH", f"{maps}/a-progress", relabel, merge=True) == 200
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 77 or None)
+    c.progressed("a", 77)
     assert "progress" not in c.status("b")
 
 
@@ -892,14 +901,9 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
     pods = f"/api/v1/namespaces/{c.ns}/pods"
     own = f"{pods}/a-node-0"
-    forged = {"status": {"phase": "Succeeded"}}
-    job_b, record = c.job("b"), json.dumps(GOOD_PROGRESS)
+    record = json.dumps(GOOD_PROGRESS)
     for method, path, body in (  # RBAC: nothing but patch on pods
-        ("PATCH", f"{jobs}/b/status", forged),
-        ("PATCH", f"{jobs}/a/status", forged),
-        ("PATCH", f"{jobs}/a", {"spec": {"nodes": 1}}),
-        ("PUT", f"{jobs}/b", job_b),
-        ("PUT", f"{jobs}/b/status", {**job_b, "status": forged["status"]}),
+        *job_writes(jobs, c.job("b"), nodes=1),
         ("GET", f"{jobs}/a", None),
         ("GET", own, None),
         ("DELETE", f"{pods}/b-node-0", None),
@@ -932,15 +936,11 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
 
     # A valid record reaches status.progress (and `kubectl get`); job B's stays empty.
     assert pod_a.call("PATCH", own, annotated(record), merge=True) == 200
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 30 or None)
+    c.progressed("a", 30)
     assert c.status("a")["progress"]["loss"] == 0.5 and "progress" not in c.status("b")
 
     # Forged or malformed records change nothing but an Event each, naming the pod and rule.
-    for forgery, why in (
-        ({"phase": "Succeeded", "step": 31}, "phase is not a field of status.progress"),
-        ('{"step": 32, "loss": NaN}', "NaN is not a number JSON allows"),
-        ({"step": 99, "totalSteps": 88}, "step 99 is beyond totalSteps 88"),
-    ):
+    for forgery, why in FORGERIES:
         c.report_in_pod("a-node-1", forgery)  # rank 0 may be any of the job's pods
 
         def rejected(why: str = why) -> bool | None:
@@ -959,15 +959,15 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     # Rank 0 moved (an elastic round): the newest record of the job's pods is its progress,
     # and a pod's older record never replaces it.
     c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 40, "updatedAt": "2026-11-24T10:00:09Z"})
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 40 or None)
+    c.progressed("a", 40)
     c.report_in_pod("a-node-0", {**GOOD_PROGRESS, "step": 35, "updatedAt": "2026-11-24T10:00:05Z"})
     c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 41, "updatedAt": "2026-11-24T10:00:09Z"})
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 41 or None)
+    c.progressed("a", 41)
 
     # The final record of a pod deleted right after it is kept.
     c.report_in_pod("a-node-1", {**GOOD_PROGRESS, "step": 42, "updatedAt": "2026-11-24T10:00:10Z"})
     c.k("delete", "pod", "a-node-1", "--wait=false")
-    c.until("a's progress", lambda: c.status("a").get("progress", {}).get("step") == 42 or None)
+    c.progressed("a", 42)
 
 
 def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_their_own(
@@ -984,14 +984,11 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
     c.until("the namespace's grant", lambda: c.k(*grant, check=False).strip() or None)
     pod_a, own = c.pod_account("a-node-0"), f"/api/v1/namespaces/{c.ns}/pods/a-node-0"
 
-    def step(job: str, n: int) -> Any:
-        return lambda: c.status(job).get("progress", {}).get("step") == n or None
-
     def report_a(n: int) -> int:
         return pod_a.call("PATCH", own, annotated(json.dumps({**GOOD_PROGRESS, "step": n})), True)
 
     assert report_a(31) == 200
-    c.until("a's progress", step("a", 31))
+    c.progressed("a", 31)
     c.policy(present=False)
     try:
         c.until("the grant withdrawn", lambda: not c.k(*grant, check=False).strip() or None)
@@ -1014,28 +1011,23 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
             ),
         )
         c.report("b", GOOD_PROGRESS)
-        c.until("b's progress", step("b", 30))
+        c.progressed("b", 30)
     finally:
         c.policy(present=True)
 
     # Back: a's pod may report again (the grant is made again at a's next reconcile) ...
     c.until("a's grant again", lambda: report_a(33) == 200 or None)
-    c.until("a's progress", step("a", 33))
+    c.progressed("a", 33)
     # ... b's pods keep their own account and ConfigMap until each is replaced ...
     c.report("b", {**GOOD_PROGRESS, "step": 50})
-    c.until("b's progress", step("b", 50))
+    c.progressed("b", 50)
     uid = c.workers("b")["b-node-1"]["metadata"]["uid"]
     c.k("delete", "pod", "b-node-1")
-    new = c.until(
-        "b-node-1 replaced",
-        lambda: (
-            ((p := c.workers("b").get("b-node-1")) and p["metadata"]["uid"] != uid and p) or None
-        ),
-    )
+    new = c.replaced("b", "b-node-1", uid, "b-node-1 replaced")
     assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
     assert env_of(new)["DDPJOB_PROGRESS_INTO"] == "pod"
     c.report_in_pod("b-node-1", {**GOOD_PROGRESS, "step": 60, "updatedAt": "2026-11-24T10:01:00Z"})
-    c.until("b's progress", step("b", 60))
+    c.progressed("b", 60)
     # ... and b's objects go with b, by the garbage collector.
     kinds = "serviceaccount,role,rolebinding,configmap"
     per_job = ("get", kinds, "-l", f"{render.LABEL_JOB}=b", "-o", "name")
@@ -1096,14 +1088,9 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     status = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs/old/status"
     old_report = {"status": {"progress": {"step": 5, "totalSteps": 88}}}
     assert old_pod.call("PATCH", status, old_report, merge=True) == 200
-    c.until("the old report", lambda: c.status("old").get("progress", {}).get("step") == 5 or None)
+    c.progressed("old", 5, "the old report")
     c.k("delete", "pod", "old-node-1")  # replaced with the job's own account
-
-    def replaced(name: str) -> dict[str, Any] | None:
-        pod = c.workers("old").get(name)
-        return pod if pod and pod["metadata"]["uid"] != uids[name] else None
-
-    new = c.until("node-1 replaced", lambda: replaced("old-node-1"))
+    new = c.replaced("old", "old-node-1", uids["old-node-1"], "node-1 replaced")
     assert new["spec"]["serviceAccountName"] == render.PROGRESS_ACCOUNT
     assert c.workers("old")["old-node-0"]["metadata"]["uid"] == uids["old-node-0"]
     # node-0 still runs as the old account: its path stays open
@@ -1122,7 +1109,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
     )
     c.until("the old account deleted", lambda: not c.k(*legacy, "-o", "name").strip() or None)
     assert old_pod.call("PATCH", status, old_report, merge=True) in (401, 403)
-    c.until("node-0 replaced", lambda: replaced("old-node-0"))
+    c.replaced("old", "old-node-0", uids["old-node-0"], "node-0 replaced")
     c.report_in_pod("old-node-0", {**GOOD_PROGRESS, "step": 40})  # the new path
     c.until("the new report", lambda: c.status("old")["progress"].get("step") == 40 or None)
     assert c.status("old")["phase"] in ("Running", "Restarting")

@@ -67,6 +67,11 @@ def apply(
     return cp.kubectl("apply", "-n", ns, *flags, "-f", "-", input=manifest, check=False)
 
 
+def scale(cp: ControlPlane, ns: str, job: str, nodes: int) -> subprocess.CompletedProcess[str]:
+    """``kubectl scale`` of the job to ``nodes`` (the scale subresource: spec.nodes)."""
+    return cp.kubectl("scale", "-n", ns, f"ddpjob/{job}", "--replicas", str(nodes), check=False)
+
+
 def accepted(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stderr
 
@@ -205,20 +210,20 @@ def test_scale_within_bounds_is_accepted_and_beyond_is_refused(
 ) -> None:
     cp = ddpjob_crd
     accepted(apply(cp, ns, ELASTIC))
-    cp.kubectl("scale", "-n", ns, "ddpjob/digits", "--replicas", "3")
+    accepted(scale(cp, ns, "digits", 3))
     nodes = cp.kubectl("get", "ddpjob", "digits", "-n", ns, "-o", "jsonpath={.spec.nodes}")
     assert nodes.stdout == "3"
-    beyond = cp.kubectl("scale", "-n", ns, "ddpjob/digits", "--replicas", "5", check=False)
-    refused(beyond, "spec.nodes (5) must be within [spec.minNodes, spec.maxNodes] = [1, 4]")
+    refused(
+        scale(cp, ns, "digits", 5),
+        "spec.nodes (5) must be within [spec.minNodes, spec.maxNodes] = [1, 4]",
+    )
 
 
 def test_nodes_of_a_job_that_is_not_elastic_cannot_change(
     ddpjob_crd: ControlPlane, ns: str
 ) -> None:
-    cp = ddpjob_crd
-    accepted(apply(cp, ns, FIXED))
-    result = cp.kubectl("scale", "-n", ns, "ddpjob/fixed", "--replicas", "3", check=False)
-    refused(result, "spec.nodes", "set spec.minNodes and spec.maxNodes")
+    accepted(apply(ddpjob_crd, ns, FIXED))
+    refused(scale(ddpjob_crd, ns, "fixed", 3), "spec.nodes", "set spec.minNodes and spec.maxNodes")
 
 
 CKPT = {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}, "everySteps": 50, "keep": 3}

@@ -162,7 +162,7 @@ def test_monitors_are_behind_values_and_select_what_serves_metrics() -> None:
         <= one(docs, "Service")["metadata"]["labels"].items()
     )
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
-    # The trainer pods: node pods that declare the port `metrics` (render.py), in the watched
+    # The trainer pods: node pods that declare the port `metrics` (render/worker.py), in the watched
     # namespaces.
     assert pm["spec"]["selector"]["matchLabels"] == {LABEL_ROLE: ROLE_WORKER}
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}

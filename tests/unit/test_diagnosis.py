@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from ddpjobs import ddpjob
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import render
@@ -27,15 +28,14 @@ NO_CLAIM = (
     '0/1 nodes are available: persistentvolumeclaim "ckpt" not found. preemption: 0/1 nodes are'
     " available: 1 Preemption is not helpful for scheduling."
 )
+NOT_ON_PATH = 'exec: "trainx": executable file not found in $PATH'
+NO_MOUNT = "error mounting /ckpt: permission denied"
+NO_MATCH = "1 node(s) didn't match Pod's node affinity/selector"
+UNBOUND = "pod has unbound immediate PersistentVolumeClaims"
 
 
 def job(**spec: Any) -> DDPJob:
-    return DDPJob.model_validate(
-        {
-            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
-            "spec": {"nodes": 2, **spec},
-        }
-    )
+    return ddpjob({"nodes": 2, **spec})
 
 
 def body(
@@ -119,13 +119,7 @@ CASES = {
         ("CommandNotFound", "cannot run /no/such/binary", "fails"),
     ),
     "command not on PATH": (
-        (
-            1,
-            "Failed",
-            ended("ContainerCannotRun", 128, 'exec: "trainx": executable file not found in $PATH'),
-            None,
-            {},
-        ),
+        (1, "Failed", ended("ContainerCannotRun", 128, NOT_ON_PATH), None, {}),
         ("CommandNotFound", "j-node-1 cannot run trainx", "fails"),
     ),
     "a shell's command not found": (
@@ -159,13 +153,7 @@ CASES = {
         ("StartError", "j-node-0 could not start (exit code 128): StartError: cgroup", "counted"),
     ),
     "runtime could not mount": (
-        (
-            0,
-            "Failed",
-            ended("StartError", 128, "error mounting /ckpt: permission denied"),
-            None,
-            {},
-        ),
+        (0, "Failed", ended("StartError", 128, NO_MOUNT), None, {}),
         ("StartError", "could not start (exit code 128): StartError: error mounting", "counted"),
     ),
     "no machine has the cpu": (
@@ -182,23 +170,11 @@ CASES = {
         ("Unschedulable", "untolerated taint", "waits"),
     ),
     "a node selector": (
-        (
-            0,
-            "Pending",
-            None,
-            ("Unschedulable", "1 node(s) didn't match Pod's node affinity/selector"),
-            {},
-        ),
+        (0, "Pending", None, ("Unschedulable", NO_MATCH), {}),
         ("Unschedulable", "spec.template.nodeSelector", "waits"),
     ),
     "a claim not bound yet": (
-        (
-            0,
-            "Pending",
-            None,
-            ("Unschedulable", "pod has unbound immediate PersistentVolumeClaims"),
-            {},
-        ),
+        (0, "Pending", None, ("Unschedulable", UNBOUND), {}),
         ("Unschedulable", "unbound immediate PersistentVolumeClaims", "waits"),
     ),
 }

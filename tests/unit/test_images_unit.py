@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_devcluster import images
+from ddp_devcluster import containers, images
 
 DEB822 = """\
 Types: deb
@@ -78,7 +78,7 @@ def test_tls_bundle_is_mounted_only_where_the_machine_names_one(tmp_path: Path) 
 
 
 def test_podman_gets_the_projects_containers_conf_unless_one_is_set() -> None:
-    assert images.podman_env({})["CONTAINERS_CONF"] == str(images.CONTAINERS_CONF)
-    assert images.podman_env({"CONTAINERS_CONF": "/x"})["CONTAINERS_CONF"] == "/x"
-    conf = images.CONTAINERS_CONF.read_text()
+    assert containers.podman_env({})["CONTAINERS_CONF"] == str(containers.CONTAINERS_CONF)
+    assert containers.podman_env({"CONTAINERS_CONF": "/x"})["CONTAINERS_CONF"] == "/x"
+    conf = containers.CONTAINERS_CONF.read_text()
     assert "default_ulimits = []" in conf and 'runtime = "runc"' in conf

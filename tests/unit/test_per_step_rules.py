@@ -11,6 +11,7 @@ from typing import Any
 
 import planner_pods
 import pytest
+from ddpjobs import ddpjob, env_of
 from pydantic import ValidationError
 
 from ddp_api import contract
@@ -30,20 +31,7 @@ def job(ft: dict[str, Any] | None = None, **spec: Any) -> DDPJob:
     body: dict[str, Any] = {"nodes": 3, **spec}
     if ft is not None:
         body["faultTolerance"] = ft
-    return DDPJob.model_validate(
-        {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
-            "spec": body,
-        }
-    )
-
-
-def env_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
-    }
+    return ddpjob(body)
 
 
 # -- API ------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from ddpjobs import ddpjob
 from planner_pods import pod
 
 from ddp_api.ddpjob import DDPJob
@@ -21,14 +22,7 @@ LOST_30 = dataclasses.replace(RULES, node_lost_grace_s=30)
 
 
 def job(**spec: Any) -> DDPJob:
-    return DDPJob.model_validate(
-        {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 1},
-            "spec": {"nodes": 2, **spec},
-        }
-    )
+    return ddpjob({"nodes": 2, **spec})
 
 
 STORE = pod(-1, role=render.ROLE_STORE)

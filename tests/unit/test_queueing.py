@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from ddpjobs import ddpjob
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import informer, queueing, render
@@ -22,21 +23,9 @@ Q = queueing.State
 
 
 def job(labels: dict[str, str] | None = None, **spec: Any) -> DDPJob:
-    return DDPJob.model_validate(
-        {
-            "metadata": {
-                "name": "j",
-                "namespace": "ns",
-                "uid": "u-1",
-                "generation": 1,
-                "labels": {queueing.QUEUE_LABEL: "team", **(labels or {})},
-            },
-            "spec": {
-                "nodes": 2,
-                "resources": {"requests": {"cpu": "2", "memory": "1Gi"}},
-                **spec,
-            },
-        }
+    return ddpjob(
+        {"nodes": 2, "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}, **spec},
+        labels={queueing.QUEUE_LABEL: "team", **(labels or {})},
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from ddpjobs import ddpjob, env_of
 
 from ddp_api.ddpjob import DDPJob
 from ddp_operator import render
@@ -13,20 +14,12 @@ CFG = render.OperatorConfig(default_image="trainer:test")
 
 
 def job(**spec: object) -> DDPJob:
-    return DDPJob.model_validate(
-        {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": "digits", "namespace": "team", "uid": "abc-123", "generation": 1},
-            "spec": {"nodes": 2, "minNodes": 1, "maxNodes": 4, "nprocPerNode": 2, **spec},
-        }
+    return ddpjob(
+        {"nodes": 2, "minNodes": 1, "maxNodes": 4, "nprocPerNode": 2, **spec},
+        name="digits",
+        namespace="team",
+        uid="abc-123",
     )
-
-
-def env_of(pod: dict) -> dict[str, object]:
-    return {
-        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
-    }
 
 
 def test_worker_pod_carries_the_env_contract() -> None:

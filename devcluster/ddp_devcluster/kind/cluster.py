@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..build import binary
-from ..images import CONTAINERS_CONF, REPO
+from ..containers import podman, podman_checked, podman_env
+from ..images import REPO
 from ..paths import cache_dir, state_dir
 from ..polling import until
 from . import registry
@@ -33,9 +34,8 @@ Log = Callable[[str], None]
 def kind_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """kind's environment: podman as its provider, and the project's containers.conf for the
     podman it runs (without ``default_ulimits = []`` runc cannot start the nodes here)."""
-    env = dict(os.environ if base is None else base)
+    env = podman_env(base)
     env["KIND_EXPERIMENTAL_PROVIDER"] = "podman"
-    env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
     return env
 
 
@@ -60,8 +60,7 @@ def requirements() -> str:
             binary(tool, name)
         except FileNotFoundError as e:
             return str(e)
-    info = subprocess.run(["podman", "info"], env=kind_env(), capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    info = podman("info")
     if info.returncode != 0:
         return f"podman cannot run containers here: {info.stderr.strip()[-500:]}"
     return ""
@@ -130,14 +129,9 @@ def exists(name: str = NAME) -> bool:
 
 
 def _inspect(name: str, field: str) -> str:
-    out = subprocess.run(
-        ["podman", "inspect", "--format", f"{{{{.{field}}}}}", f"{name}-control-plane"],
-        env=kind_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return out.stdout.strip()
+    return podman(
+        "inspect", "--format", f"{{{{.{field}}}}}", f"{name}-control-plane"
+    ).stdout.strip()
 
 
 def _node_image(name: str) -> str:
@@ -245,16 +239,9 @@ def _down(log: Log, name: str) -> None:
         log(f"shared volume folder {shared_dir(name)} removed")
     if registry.stop():
         log("registry stopped")
-    if not _kind("get", "clusters").split():  # the network is shared by every kind cluster
-        proc = subprocess.run(
-            ["podman", "network", "rm", NETWORK],
-            env=kind_env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode == 0:
-            log(f"podman network {NETWORK!r} removed")
+    # the network is shared by every kind cluster
+    if not _kind("get", "clusters").split() and podman("network", "rm", NETWORK).returncode == 0:
+        log(f"podman network {NETWORK!r} removed")
 
 
 def export_logs(where: Path, name: str = NAME) -> None:
@@ -263,10 +250,7 @@ def export_logs(where: Path, name: str = NAME) -> None:
     where.mkdir(parents=True, exist_ok=True)
     for node in _kind("get", "nodes", "--name", name, check=False).split():
         for unit in ("kubelet", "containerd"):
-            proc = subprocess.run(
-                ["podman", "exec", node, "journalctl", "--no-pager", "-u", unit, "-n", "3000"],
-                env=kind_env(), capture_output=True, text=True, check=False,
-            )  # fmt: skip
+            proc = podman("exec", node, "journalctl", "--no-pager", "-u", unit, "-n", "3000")
             (where / f"{node}-{unit}.log").write_text(proc.stdout + proc.stderr)
 
 
@@ -381,8 +365,7 @@ def install(kubeconfig: Path, log: Log = print) -> dict[str, str]:
 def host_address() -> str:
     """This machine's address on kind's podman network: where a node, and the API server on
     the control plane, reach a server of this machine (a webhook)."""
-    out = subprocess.run(["podman", "network", "inspect", NETWORK], env=kind_env(),
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = podman("network", "inspect", NETWORK, check=True)
     return ipv4_gateway(json.loads(out.stdout)[0])
 
 
@@ -444,14 +427,6 @@ def user_tools() -> Path:
 # --- losing a machine -------------------------------------------------------------------------
 
 
-def _podman(*args: str) -> None:
-    proc = subprocess.run(
-        ["podman", *args], env=kind_env(), capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"podman {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
-
-
 FREEZE_TRIES = 5
 
 
@@ -465,7 +440,7 @@ def freeze(node: str) -> None:
     # kernel; runc then gives up ("unable to freeze") and thaws it again: try again, briefly.
     for attempt in range(FREEZE_TRIES):
         try:
-            _podman("pause", node)
+            podman_checked("pause", node)
             return
         except RuntimeError as e:
             if "unable to freeze" not in str(e) or attempt == FREEZE_TRIES - 1:
@@ -477,7 +452,7 @@ def thaw(node: str, kubeconfig: Path | None = None, timeout_s: float = 300) -> N
     """The machine comes back: its kubelet finds its pods deleted and removes them. With
     ``kubeconfig``, returns once the node reports Ready again: until then the taint manager
     goes on evicting its pods (after their tolerations), whatever the next step is."""
-    _podman("unpause", node)
+    podman_checked("unpause", node)
     if kubeconfig is not None:
         wait_ready(kubeconfig, node, timeout_s)
 
@@ -488,7 +463,7 @@ def power_off(node: str) -> None:
     unanswered)."""
     if node.endswith("-control-plane"):
         raise ValueError("powering off the control plane would stop the API server")
-    _podman("stop", "--time", "0", node)
+    podman_checked("stop", "--time", "0", node)
 
 
 def power_on(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
@@ -496,7 +471,7 @@ def power_on(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
     node restarted under podman comes back (kubernetes-sigs/kind#2272: its address may
     change); when it does not, the next :func:`up` finds a node not Ready and makes the
     cluster again."""
-    _podman("start", node)
+    podman_checked("start", node)
     wait_ready(kubeconfig, node, timeout_s)
 
 

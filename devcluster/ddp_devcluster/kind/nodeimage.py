@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import versions
 from ..archive import docker_archive, tar_dir, tar_members
 from ..build import binary, tools
-from ..images import podman_env
+from ..containers import podman, podman_env
 from ..paths import cache_dir
 from .pause import pause_binary
 
@@ -145,10 +145,7 @@ def input_key(parts: dict[str, bytes]) -> str:
 
 
 def _image_exists(ref: str) -> bool:
-    proc = subprocess.run(
-        ["podman", "image", "exists", ref], env=podman_env(), capture_output=True, check=False
-    )
-    return proc.returncode == 0
+    return podman("image", "exists", ref).returncode == 0
 
 
 def _buildah(context: Path, containerfile: Path, ref: str, log_file: Path, *args: str) -> None:
@@ -196,11 +193,9 @@ def _rootfs(base: str) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    subprocess.run(
-        ["podman", "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "/bin/bash",
-         "-v", f"{FILES / 'rootfs.sh'}:/rootfs.sh:ro,z", "-v", f"{tmp}:/out:z", base, "/rootfs.sh"],
-        env=podman_env(), check=True, capture_output=True,
-    )  # fmt: skip
+    podman("run", "--rm", "--pull=never", "--network=none", "--entrypoint", "/bin/bash",
+           "-v", f"{FILES / 'rootfs.sh'}:/rootfs.sh:ro,z", "-v", f"{tmp}:/out:z", base,
+           "/rootfs.sh", check=True)  # fmt: skip
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -343,14 +338,7 @@ def ensure_node_image(log: Log = print) -> str:
 
 def _remove_older(repo: str, keep: str, log: Log) -> None:
     """Removes this repository's other node images (1 GB each); one a cluster runs on stays."""
-    tags = subprocess.run(
-        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
-        env=podman_env(), capture_output=True, text=True, check=False,
-    ).stdout.split()  # fmt: skip
+    tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split()
     for tag in tags:
-        if tag != keep and tag.startswith(repo + ":"):
-            rmi = subprocess.run(
-                ["podman", "rmi", tag], env=podman_env(), capture_output=True, check=False
-            )
-            if rmi.returncode == 0:
-                log(f"removed the older node image {tag}")
+        if tag != keep and tag.startswith(repo + ":") and podman("rmi", tag).returncode == 0:
+            log(f"removed the older node image {tag}")

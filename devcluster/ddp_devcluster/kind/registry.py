@@ -109,14 +109,15 @@ def push(local_ref: str, log: Log = print) -> str:
 
     Layers the registry holds already are not sent again, so after a code change only the
     code layer moves, and an image pushed before is a no-op of about a second."""
-    from ..images import _image_id, _run_logged
+    from ..containers import image_id
+    from ..images import run_logged
 
-    image_id = _image_id(local_ref)
-    if image_id is None:
+    local_id = image_id(local_ref)
+    if local_id is None:
         raise FileNotFoundError(f"{local_ref} is not in podman's storage: run `make images`")
-    ref = remote_ref(local_ref, image_id)
+    ref = remote_ref(local_ref, local_id)
     t0 = time.monotonic()
-    _run_logged(
+    run_logged(
         ["buildah", "push", "--tls-verify=false", "--compression-format", "zstd", "--retry", "2",
          local_ref, f"docker://{PUSH_HOST}{ref.removeprefix(HOST)}"],
         f"push {ref}",
