@@ -10,7 +10,7 @@ import torch
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.checkpoint import CheckpointStore
+from ddp_trainer.state.store import CheckpointStore
 from ddp_trainer.trainer import DistEnv, Trainer
 
 SMALL = {"workload": "digits", "maxSteps": 6, "checkpointEverySteps": 3, "logEverySteps": 1}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from faulty_disk import FailingWrite, FlakyReads
 
-from ddp_trainer.checkpoint import (
+from ddp_trainer.state.store import (
     FORMAT,
     AsyncCheckpointWriter,
     CheckpointStore,

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddp_trainer: invalid settings: {error}", file=sys.stderr)
         return 2
     _setup_logging()
-    from .trainer import run  # torch is imported only once the settings are valid
+    from ddp_trainer.trainer import run  # torch is imported only once the settings are valid
 
     return run(config, checkpoint_dir)
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from . import hold
-from .workloads import evaluate
+from ddp_trainer import hold
+from ddp_trainer.data.workloads import evaluate
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from ddp_trainer.trainer import Trainer
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 

@@ -1,7 +1,7 @@
 """The training loop: DDP + AMP, exact resume from rank-0 checkpoints, checkpoint on SIGTERM.
 
 Built from: :mod:`~ddp_trainer.parts` (model, optimizer, batches, state),
-:mod:`~ddp_trainer.checkpointing` (save and resume), :mod:`~ddp_trainer.tally` (loss,
+:mod:`~ddp_trainer.state.checkpoints` (save and resume), :mod:`~ddp_trainer.reporting.tally` (loss,
 rate, step lines, progress reports), :mod:`~ddp_trainer.ending` (how a run ends) and
 :mod:`~ddp_trainer.distributed` (the process group).
 """
@@ -23,23 +23,29 @@ import torch
 import torch.distributed as dist
 
 from ddp_api.trainer_config import TrainerConfig
-
-from . import checkpoint as ckpt
-from . import ending, hold, loader
-from .batching import Position, advance, step_seed
-from .checkpointing import Checkpoints, about_run
-from .compat import check_resume
-from .distributed import CollectiveTimeout, DistEnv, StepAgreement, any_rank, init_distributed
-from .ending import Interrupted, NonFiniteSteps, too_many_non_finite
-from .loader import MicroBatches
-from .metrics import TrainerMetrics, listen_address, process_metrics, serve
-from .parts import Parts, build_parts, fit_to_run
-from .replicas import per_step
-from .schedule import lr_at
-from .stacks import StackWatch
-from .state import gather, rng_fingerprint, rng_state
-from .tally import Tally
-from .weighting import empty_loss, loss_terms, loss_weight
+from ddp_trainer import ending, hold
+from ddp_trainer.data import loader
+from ddp_trainer.data.batching import Position, advance, step_seed
+from ddp_trainer.data.loader import MicroBatches
+from ddp_trainer.data.weighting import empty_loss, loss_terms, loss_weight
+from ddp_trainer.distributed import (
+    CollectiveTimeout,
+    DistEnv,
+    StepAgreement,
+    any_rank,
+    init_distributed,
+)
+from ddp_trainer.ending import Interrupted, NonFiniteSteps, too_many_non_finite
+from ddp_trainer.parts import Parts, build_parts, fit_to_run
+from ddp_trainer.per_step.replicas import per_step
+from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
+from ddp_trainer.reporting.stacks import StackWatch
+from ddp_trainer.reporting.tally import Tally
+from ddp_trainer.schedule import lr_at
+from ddp_trainer.state import store as ckpt
+from ddp_trainer.state.checkpoints import Checkpoints, about_run
+from ddp_trainer.state.compat import check_resume
+from ddp_trainer.state.train_state import gather, rng_fingerprint, rng_state
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -177,7 +183,7 @@ class Trainer:
 
     def _input_steps(self) -> Iterator[MicroBatches]:
         """This rank's batches of every step left, from the data position on (see
-        :mod:`ddp_trainer.loader`)."""
+        :mod:`ddp_trainer.data.loader`)."""
         p, c = self.parts, self.config
         return loader.steps_from(
             p.train_set,
@@ -301,9 +307,9 @@ class Trainer:
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train in this process (one of torchrun's workers, or alone); returns the exit code.
     PerStep mode (``DDPJOB_FAULT_TOLERANCE``) trains as a replica group instead
-    (:mod:`ddp_trainer.per_step`)."""
+    (:mod:`ddp_trainer.per_step.trainer`)."""
     if per_step(os.environ):
-        from .per_step import run_per_step
+        from ddp_trainer.per_step.trainer import run_per_step
 
         return run_per_step(config, checkpoint_dir)
     env = DistEnv.from_env()

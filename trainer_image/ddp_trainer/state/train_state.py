@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .batching import Position, largest_share, settle, step_seed
+from ddp_trainer.data.batching import Position, largest_share, settle, step_seed
 
 
 class Stateful(Protocol):

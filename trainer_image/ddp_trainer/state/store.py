@@ -5,7 +5,7 @@ Layout of the checkpoint folder::
     manifest.json           {"format": 1, "latest": "step-00000120.pt", "checkpoints": [...]}
     step-00000100.pt        one file per checkpoint (torch.save of a dict of plain types)
     step-00000120.pt
-    metrics.jsonl           progress lines (see ddp_trainer.progress)
+    metrics.jsonl           progress lines (see ddp_trainer.reporting.run_log)
     complete.json           {"runId": "<job uid>", "step": 140, "checkpoint": "step-00000140.pt"}:
                             training of that run is complete (rank 0, after the final checkpoint)
 
@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 import torch
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ddp_trainer.checkpoint")
 
 MANIFEST = "manifest.json"
 COMPLETE = "complete.json"
@@ -446,8 +446,7 @@ def load_for_inference(path: str | os.PathLike[str]) -> torch.nn.Module:
     its weights carry no DDP `module.` prefix.
     """
     from ddp_api.trainer_config import TrainerConfig
-
-    from .workloads import build_model
+    from ddp_trainer.data.workloads import build_model
 
     target = Path(path)
     if target.is_dir():

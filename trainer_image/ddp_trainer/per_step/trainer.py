@@ -24,15 +24,16 @@ zeros, which would make the split below depend on who was healing. So every part
 the same step, ``manager.current_step()``.
 
 **Exactly-once data.** Step s's global batch is Restart mode's (the same permutation and
-cursor arithmetic, :mod:`ddp_trainer.sampler`, :func:`~ddp_trainer.batching.position_after`);
-the participants split it by (participating rank, local rank)
-(:func:`~ddp_trainer.replicas.participant_share`). Each micro-batch's mean loss is weighted by its
-loss terms; the all-reduced vector carries the sample and term counts, and the summed gradient
-is divided by the terms: the update is the full batch's mean whoever took which share. A group
-commits step s only if its all-reduce completed (so every participant's share is in it) and the
-count is the whole batch (:func:`~ddp_trainer.replicas.whole_batch`); a step that fails (a
-peer died mid-step) is redone by the survivors in the next quorum with their new split. A group
-that failed a step which others committed is one step behind: its next quorum heals it.
+cursor arithmetic, :mod:`ddp_trainer.data.sampler`,
+:func:`~ddp_trainer.data.batching.position_after`); the participants split it by (participating
+rank, local rank) (:func:`~ddp_trainer.per_step.replicas.participant_share`). Each micro-batch's
+mean loss is weighted by its loss terms; the all-reduced vector carries the sample and term counts,
+and the summed gradient is divided by the terms: the update is the full batch's mean whoever took
+which share. A group commits step s only if its all-reduce completed (so every participant's share
+is in it) and the count is the whole batch (:func:`~ddp_trainer.per_step.replicas.whole_batch`); a
+step that fails (a peer died mid-step) is redone by the survivors in the next quorum with their new
+split. A group that failed a step which others committed is one step behind: its next quorum heals
+it.
 
 **Errors.** A lost peer shows up as a gloo error or timeout in the all-reduce, a failed
 process-group configure or heal (torchft reports them: no commit), a failed quorum (a lighthouse
@@ -41,8 +42,8 @@ not committed, redo it". Only local failures (a local rank gone, a model error) 
 
 **Checkpoints** are written by the writer: participating rank 0 of the last quorum, local rank
 0, with torchft's own state (``torchft``). A group loads one only when its first quorum's max step
-is 0 (:func:`~ddp_trainer.replicas.loads_checkpoint`: a new job, or every group was lost); else
-it heals from a live peer. Progress reports and the run log come from the writer, with
+is 0 (:func:`~ddp_trainer.per_step.replicas.loads_checkpoint`: a new job, or every group was lost);
+else it heals from a live peer. Progress reports and the run log come from the writer, with
 ``groups``: the groups that trained the last committed step. At the last step the writer saves
 and marks the run complete; the others wait for that record (if the writer dies first, they
 quorum again and one of them is the writer).
@@ -70,16 +71,15 @@ import torch
 import torch.distributed as dist
 
 from ddp_api.trainer_config import TrainerConfig
-
-from . import ending, hold
-from .batching import Position, position_after, step_seed
-from .checkpoint import read_completion
-from .compat import check_resume
-from .distributed import DistEnv, init_distributed
-from .ending import Interrupted, NonFiniteSteps
-from .metrics import TrainerMetrics, listen_address, process_metrics, serve
-from .parts import build_parts, compiled
-from .replicas import (
+from ddp_trainer import ending, hold
+from ddp_trainer.data.batching import Position, position_after, step_seed
+from ddp_trainer.data.sampler import global_order
+from ddp_trainer.data.weighting import empty_loss, loss_terms
+from ddp_trainer.data.workloads import fetch_batch
+from ddp_trainer.distributed import DistEnv, init_distributed
+from ddp_trainer.ending import Interrupted, NonFiniteSteps
+from ddp_trainer.parts import build_parts, compiled
+from ddp_trainer.per_step.replicas import (
     GroupSettings,
     loads_checkpoint,
     mean_divisor,
@@ -89,11 +89,11 @@ from .replicas import (
     url_host,
     whole_batch,
 )
-from .sampler import global_order
-from .schedule import lr_at
-from .trainer import Trainer
-from .weighting import empty_loss, loss_terms
-from .workloads import fetch_batch
+from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
+from ddp_trainer.schedule import lr_at
+from ddp_trainer.state.compat import check_resume
+from ddp_trainer.state.store import read_completion
+from ddp_trainer.trainer import Trainer
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -225,7 +225,7 @@ class PerStepTrainer(Trainer):
     def _load_from_peer(self, state: dict[str, Any]) -> None:
         """Loads a live peer's state (torchft calls it, in the main thread, while healing)."""
         self._phase("heal")
-        from .state import scatter
+        from ddp_trainer.state.train_state import scatter
 
         scatter(state, self.parts.stateful())
         self.healed_from = f"step {state['step']}"

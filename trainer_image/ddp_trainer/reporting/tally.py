@@ -1,6 +1,6 @@
 """The run's tally: the loss and the rate between two step lines (every rank), and what rank
-0 tells of the run: its lines in ``metrics.jsonl`` (:class:`~ddp_trainer.progress.RunLog`), its
-log lines, its progress report to the DDPJob, and the Prometheus progress gauges."""
+0 tells of the run: its lines in ``metrics.jsonl`` (:mod:`~ddp_trainer.reporting.run_log`),
+its log lines, its progress report to the DDPJob, and the Prometheus progress gauges."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch
 import torch.distributed as dist
 
 from ddp_api.trainer_config import TrainerConfig
-
-from .checkpoint import checkpoint_name
-from .checkpointing import Checkpoints
-from .distributed import DistEnv
-from .metrics import TrainerMetrics
-from .parts import Parts
-from .progress import ProgressReporter, RunLog, progress_record
+from ddp_trainer.distributed import DistEnv
+from ddp_trainer.parts import Parts
+from ddp_trainer.reporting.progress import ProgressReporter, progress_record
+from ddp_trainer.reporting.prometheus import TrainerMetrics
+from ddp_trainer.reporting.run_log import RunLog
+from ddp_trainer.state.checkpoints import Checkpoints
+from ddp_trainer.state.store import checkpoint_name
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
