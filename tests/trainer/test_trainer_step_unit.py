@@ -14,7 +14,7 @@ from ddp_trainer.data.workloads import (
     evaluate,
     token_cross_entropy,
 )
-from ddp_trainer.ending import too_many_non_finite
+from ddp_trainer.step import too_many_non_finite
 
 
 def test_sample_weights_are_todays_numbers() -> None:

@@ -19,6 +19,7 @@ from ddp_trainer.distributed import DistEnv
 from ddp_trainer.reporting.prometheus import TrainerMetrics
 from ddp_trainer.state import store as ckpt
 from ddp_trainer.state.train_state import Stateful, scatter
+from ddp_trainer.state.writer import AsyncCheckpointWriter, snapshot
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -60,7 +61,7 @@ class Checkpoints:
         self.env, self.metrics, self.distributed = env, metrics, distributed
         self.store = ckpt.CheckpointStore(directory, keep=keep)
         self.writer = (
-            ckpt.AsyncCheckpointWriter(self.store, on_written=self._written, on_failed=self._failed)
+            AsyncCheckpointWriter(self.store, on_written=self._written, on_failed=self._failed)
             if env.rank == 0
             else None
         )
@@ -130,7 +131,7 @@ class Checkpoints:
                 self._failed(step, error)
                 return None
         else:
-            self.writer.submit(step, ckpt.snapshot(contents()))
+            self.writer.submit(step, snapshot(contents()))
         blocked = time.perf_counter() - started
         self.metrics.checkpoint_blocked(blocked)
         return Saved(blocked, synchronous)
