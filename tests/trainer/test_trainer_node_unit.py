@@ -16,14 +16,9 @@ from torch.distributed import TCPStore
 
 from ddp_devcluster.procs import free_port
 from ddp_trainer.launch import store_probe, supervisor
+from ddp_trainer.launch.settings import restarts_allowed, torchrun_setting
 from ddp_trainer.launch.store_probe import STORE_ID_KEY, read_store_id, split_endpoint
-from ddp_trainer.launch.supervisor import (
-    Outcome,
-    after_exit,
-    exit_code,
-    restarts_allowed,
-    torchrun_setting,
-)
+from ddp_trainer.launch.supervisor import Outcome, after_exit, exit_code
 
 
 def test_node_restarts_torchrun_only_when_its_store_was_lost() -> None:
@@ -72,7 +67,7 @@ def test_torchruns_exit_is_passed_on_as_python_would_exit() -> None:
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:
-    from ddp_trainer.launch.supervisor import checkpoint_folder, completed
+    from ddp_trainer.launch.settings import checkpoint_folder, completed
     from ddp_trainer.state.store import CheckpointStore, read_completion
 
     assert read_completion(tmp_path) is None
@@ -95,11 +90,8 @@ def test_torchruns_exit_barrier_and_worker_stop_are_bounded(monkeypatch) -> None
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher import api
 
-    from ddp_trainer.launch.supervisor import (
-        DEFAULT_EXIT_BARRIER_S,
-        bound_agent_waits,
-        exit_barrier_s,
-    )
+    from ddp_trainer.launch.settings import DEFAULT_EXIT_BARRIER_S, exit_barrier_s
+    from ddp_trainer.launch.supervisor import bound_agent_waits
 
     assert exit_barrier_s({}) == DEFAULT_EXIT_BARRIER_S < 300
     assert exit_barrier_s({"DDPJOB_EXIT_BARRIER_S": "12.5"}) == 12.5

@@ -15,7 +15,8 @@ record that rank 0 writes in the checkpoint folder names its ``--rdzv-id``) exit
 starting torchrun: its peers closed the rendezvous, so torchrun could only fail. And torchrun's
 agent, once its workers finished, waits for the other agents at an exit barrier, for 300 s by
 default, which a peer lost at the last step never reaches; here it waits at most
-``DDPJOB_EXIT_BARRIER_S`` (default :data:`DEFAULT_EXIT_BARRIER_S`), then exits 0 all the same.
+``DDPJOB_EXIT_BARRIER_S`` (default
+:data:`~ddp_trainer.launch.settings.DEFAULT_EXIT_BARRIER_S`), then exits 0 all the same.
 
 Its log is kept: torchrun's stdout and stderr pass through this process, unchanged, and each
 line is also kept, timed, in the checkpoint folder's ``logs/<pod>.log``, bounded and rotated
@@ -49,23 +50,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ddp_api.contract import ENV_CHECKPOINT_DIR, ENV_POD_NAME
+from ddp_api.contract import ENV_POD_NAME
 from ddp_trainer.launch.keptlog import KeptLog, Relay, keep
+from ddp_trainer.launch.settings import (
+    DEFAULT_EXIT_BARRIER_S,
+    checkpoint_folder,
+    completed,
+    exit_barrier_s,
+    restarts_allowed,
+    torchrun_setting,
+)
 from ddp_trainer.launch.store_probe import probe_store_id, store_replaced, wait_for_store
 from ddp_trainer.per_step.replicas import per_step, run_id
 
 if TYPE_CHECKING:
-    from ddp_trainer.state.store import Completion
+    pass
 
 log = logging.getLogger("ddp_trainer.node")
 
-DEFAULT_RESTARTS = 3
 STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes apart
 LOST_CHECK_S = 5.0  # after torchrun failed: how long to look for the store it joined
 STORE_WATCH_S = 5.0  # while torchrun runs: how often to look whether its store was replaced
 STOP_GRACE_S = 45.0  # torchrun stopped for a replaced store: SIGTERM, then SIGKILL after this
-ENV_EXIT_BARRIER = "DDPJOB_EXIT_BARRIER_S"
-DEFAULT_EXIT_BARRIER_S = 30.0
 WORKER_STOP_S = 10.0  # how long workers stopped for a restart get before SIGKILL (torchrun: 30)
 RELAY_DRAIN_S = 2.0  # once torchrun exited: how long its last lines may take to pass through
 
@@ -124,16 +130,6 @@ def exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
     return exc.code if isinstance(exc.code, int) else 1
-
-
-def exit_barrier_s(environ: Any) -> float:
-    """How long torchrun's agent waits for its peers once its workers finished."""
-    try:
-        return max(0.0, float(environ.get(ENV_EXIT_BARRIER) or DEFAULT_EXIT_BARRIER_S))
-    except ValueError:
-        text = environ.get(ENV_EXIT_BARRIER)
-        log.warning("%s=%r is not a number; %gs", ENV_EXIT_BARRIER, text, DEFAULT_EXIT_BARRIER_S)
-        return DEFAULT_EXIT_BARRIER_S
 
 
 def bound_agent_waits(barrier_s: float, stop_s: float = WORKER_STOP_S) -> None:
@@ -283,42 +279,6 @@ def watch_store(child: Torchrun, endpoint: str, joined: str | None, stopping: An
                 return
 
     threading.Thread(target=watch, name="store-watch", daemon=True).start()
-
-
-def torchrun_setting(args: Sequence[str], environ: Any, flag: str) -> str | None:
-    """A torchrun flag's value as torchrun reads it: ``--flag=V``/``--flag V`` (either
-    spelling) over ``PET_FLAG``."""
-    names = {f"--{flag}", f"--{flag.replace('-', '_')}"}
-    for i, arg in enumerate(args):
-        if arg == "--module" or arg == "-m" or not arg.startswith("-"):
-            break  # the training program and its own arguments follow
-        name, eq, value = arg.partition("=")
-        if name in names:
-            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
-    value = environ.get("PET_" + flag.upper().replace("-", "_"))
-    return str(value) if value is not None else None
-
-
-def checkpoint_folder(args: Sequence[str], environ: Any) -> str | None:
-    """The trainer's checkpoint folder as it reads it: ``--checkpoint-dir`` among the training
-    program's arguments, else ``DDPJOB_CHECKPOINT_DIR``."""
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name == "--checkpoint-dir":
-            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return environ.get(ENV_CHECKPOINT_DIR) or None
-
-
-def completed(done: Completion | None, run_id: str | None) -> bool:
-    """Whether training of this node's run (its ``--rdzv-id``) is complete already."""
-    return done is not None and bool(run_id) and done.run_id == run_id
-
-
-def restarts_allowed(args: Sequence[str], environ: Any) -> int:
-    try:
-        return max(0, int(torchrun_setting(args, environ, "max-restarts") or DEFAULT_RESTARTS))
-    except ValueError:
-        return DEFAULT_RESTARTS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
