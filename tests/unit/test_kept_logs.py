@@ -1,7 +1,8 @@
-"""A node's log kept on the checkpoint volume (``ddp_trainer.keptlog``, ``ddp_trainer.node``):
-relayed unchanged, each line timed as the kubelet times it, bounded and rotated; a failing or
-slow volume never holds training up. Read back as the client does: its reader pod's program
-run here on the kept files, its output merged in time order by the client's pure parts."""
+"""A node's log kept on the checkpoint volume (``ddp_trainer.launch.keptlog``,
+``ddp_trainer.node``): relayed unchanged, each line timed as the kubelet times it, bounded and
+rotated; a failing or slow volume never holds training up. Read back as the client does: its reader
+pod's program run here on the kept files, its output merged in time order by the client's pure
+parts."""
 
 from __future__ import annotations
 
