@@ -5,8 +5,9 @@ Owns what runs in a job's pods. Its commands: ``python -m ddp_trainer`` (a train
 and ``python -m ddp_trainer.rdzv_store`` (the job's rendezvous store pod). Its parts:
 
 - the training loop, :mod:`~ddp_trainer.trainer`, and what it calls at the top level:
-  :mod:`~ddp_trainer.parts` (model, optimizer, batches), :mod:`~ddp_trainer.ending` (how a run
-  ends), :mod:`~ddp_trainer.distributed`, :mod:`~ddp_trainer.amp`,
+  :mod:`~ddp_trainer.parts` (model, optimizer, batches), :mod:`~ddp_trainer.step` (one
+  optimizer step's pieces), :mod:`~ddp_trainer.ending` (how a run ends),
+  :mod:`~ddp_trainer.distributed`, :mod:`~ddp_trainer.amp`,
   :mod:`~ddp_trainer.schedule` and :mod:`~ddp_trainer.hold`; PerStep mode's replica groups are
   :mod:`~ddp_trainer.per_step`;
 - :mod:`~ddp_trainer.data`: workloads, the data order, batching, loading and loss weighting;

@@ -48,10 +48,11 @@ else it heals from a live peer. Progress reports and the run log come from the w
 and marks the run complete; the others wait for that record (if the writer dies first, they
 quorum again and one of them is the writer).
 
-Test hooks (off unless set): ``DDPJOB_SAMPLE_LOG`` (a folder: each process appends the sample
-indices it fed and the steps it committed) and ``DDPJOB_TEST_STOP_AT`` (a file naming a phase:
-``start``, ``quorum``, ``serve``, ``heal``, ``forward``, ``allreduce``, ``commit``; the process
-writes ``<file>.reached`` there and waits while the file names it).
+This module is the loop (:class:`PerStepTrainer`); it calls this process's side of torchft
+(:mod:`~ddp_trainer.per_step.group`: the Manager, heals, the all-reduce, the commit vote), its
+share of each step (:mod:`~ddp_trainer.per_step.share`), the completion record
+(:mod:`~ddp_trainer.per_step.completion`) and the test hooks, ``DDPJOB_SAMPLE_LOG`` and
+``DDPJOB_TEST_STOP_AT`` (:mod:`~ddp_trainer.per_step.hooks`).
 """
 
 from __future__ import annotations
