@@ -37,7 +37,6 @@ from ddp_trainer.distributed import (
     init_distributed,
 )
 from ddp_trainer.parts import Parts, build_parts, fit_to_run
-from ddp_trainer.per_step.replicas import per_step
 from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
 from ddp_trainer.reporting.stacks import StackWatch
 from ddp_trainer.reporting.tally import Tally
@@ -247,12 +246,8 @@ class Trainer:
 
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train in this process (one of torchrun's workers, or alone); returns the exit code.
-    PerStep mode (``DDPJOB_FAULT_TOLERANCE``) trains as a replica group instead
-    (:mod:`ddp_trainer.per_step.trainer`)."""
-    if per_step(os.environ):
-        from ddp_trainer.per_step.trainer import run_per_step
-
-        return run_per_step(config, checkpoint_dir)
+    PerStep mode (``DDPJOB_FAULT_TOLERANCE``) trains as a replica group instead:
+    ``python -m ddp_trainer`` runs :func:`ddp_trainer.per_step.trainer.run_per_step` then."""
     env = DistEnv.from_env()
     metrics = process_metrics(env)
     if env.local_rank == 0:  # one process per node: the port is the pod's, bound once
