@@ -28,7 +28,7 @@ sys.path[:0] = [str(REPO / d) for d in ("api", "client", "operator", "trainer_im
 def measure(settings: dict[str, Any], directory: Path, warmup: int) -> dict[str, float]:
     """One run: its steady samples/s and the extra seconds of its first `warmup` steps."""
     from ddp_api.trainer_config import TrainerConfig
-    from ddp_trainer.progress import read_run_log
+    from ddp_trainer.reporting.run_log import read_run_log
     from ddp_trainer.trainer import DistEnv, Trainer
 
     config = TrainerConfig.model_validate(settings)

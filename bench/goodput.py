@@ -45,7 +45,7 @@ from ddp_api.pods import LABEL_JOB  # noqa: E402
 from ddp_devcluster import goodput  # noqa: E402
 from ddp_devcluster.chart import install_chart  # noqa: E402
 from ddp_devcluster.kind import cluster as kind  # noqa: E402
-from ddp_trainer.progress import read_run_log  # noqa: E402
+from ddp_trainer.reporting.run_log import read_run_log  # noqa: E402
 from node_loss import operator_mode  # noqa: E402
 
 NS = "bench-goodput"

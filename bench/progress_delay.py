@@ -41,7 +41,7 @@ from ddp_devcluster.operator_process import OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
 from ddp_operator import render
-from ddp_trainer.progress import InClusterProgressWriter, progress_record
+from ddp_trainer.reporting.progress import InClusterProgressWriter, progress_record
 
 NS, JOB = "bench", "reporter"
 

@@ -71,7 +71,7 @@ def reset_peak() -> None:
 def trained_state(layers: int) -> dict[str, Any]:
     import torch
 
-    from ddp_trainer.checkpoint import FORMAT
+    from ddp_trainer.state.store import FORMAT
 
     model, optimizer = build(layers)
     model(torch.randn(2, WIDTH)).sum().backward()
@@ -83,7 +83,7 @@ def child(mode: str, directory: Path, layers: int) -> dict[str, Any]:
     """One measurement, in this (fresh) process."""
     import torch
 
-    from ddp_trainer.checkpoint import CheckpointStore, checkpoint_name
+    from ddp_trainer.state.store import CheckpointStore, checkpoint_name
 
     torch.set_num_threads(1)
     store = CheckpointStore(directory)
@@ -172,7 +172,7 @@ def main() -> None:
 
     import torch
 
-    from ddp_trainer.checkpoint import CheckpointStore
+    from ddp_trainer.state.store import CheckpointStore
 
     layers = layers_for(args.mb)
     with tempfile.TemporaryDirectory(prefix="resume-memory-") as folder:

@@ -37,7 +37,7 @@ import yaml
 from ddp_devcluster.harness import EXAMPLES
 from ddp_devcluster.kind.stack import KindStack
 from ddp_devcluster.polling import until
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 HOLD = 25
 

@@ -59,7 +59,7 @@ def bare_loop_rate(config: Any, steps: int, warmup: int) -> float:
     from torch.utils.data import DistributedSampler
 
     from ddp_trainer.amp import resolve_amp
-    from ddp_trainer.workloads import synthetic_data, synthetic_model
+    from ddp_trainer.data.workloads import synthetic_data, synthetic_model
 
     world, rank = dist.get_world_size(), dist.get_rank()
     train, _ = synthetic_data(config)
@@ -93,7 +93,7 @@ def bare_loop_rate(config: Any, steps: int, warmup: int) -> float:
 
 def trainer_rate(config: Any, directory: Path) -> float:
     """Samples/s of ddp_trainer between its first and last logged step."""
-    from ddp_trainer.progress import read_run_log
+    from ddp_trainer.reporting.run_log import read_run_log
     from ddp_trainer.trainer import Trainer
 
     Trainer(config, directory).train()
@@ -174,7 +174,7 @@ def measure_checkpoint_stall(workdir: Path, steps: int, every: int) -> dict[str,
     import torch
 
     from ddp_api.trainer_config import TrainerConfig
-    from ddp_trainer.progress import read_run_log
+    from ddp_trainer.reporting.run_log import read_run_log
     from ddp_trainer.trainer import Trainer
 
     logging.getLogger("ddp_trainer").setLevel(logging.WARNING)
@@ -228,7 +228,7 @@ def wait_for(predicate: Any, timeout: float) -> Any:
 
 
 def measure_recovery(workdir: Path) -> dict[str, Any]:
-    from ddp_trainer.progress import read_run_log
+    from ddp_trainer.reporting.run_log import read_run_log
 
     directory = workdir / "recovery"
     ckpt = directory / "ckpt"

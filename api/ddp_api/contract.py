@@ -74,7 +74,7 @@ def pod_path(namespace: str, pod: str) -> str:
 
 
 # The run log: global rank 0 appends one JSON object per line to this file in the checkpoint
-# folder (``ddp_trainer.progress.RunLog``); ``kubectl ddp plot`` reads it back.
+# folder (``ddp_trainer.reporting.run_log.RunLog``); ``kubectl ddp plot`` reads it back.
 RUN_LOG_FILE = "metrics.jsonl"  # the name predates "run log"; checkpoint folders keep it
 
 

@@ -105,7 +105,7 @@ class Logs(VolumeReader):
         job: Mapping[str, Any] | None = None,
     ) -> list[LogLine]:
         """Every node's log as its pods kept it on the checkpoint volume (``<path>/logs/``,
-        ``ddp_trainer.keptlog``), merged in time order, read by a short-lived pod
+        ``ddp_trainer.launch.keptlog``), merged in time order, read by a short-lived pod
         (:func:`~ddp_client.objects.logs_reader_pod`); only lines since the job was created.
         NoKeptLogs when there are none. ``on_note`` is told of files too large to carry."""
         job = job if job is not None else self.get(name)

@@ -35,7 +35,7 @@ from ddp_api.ddpjob import TERMINAL_PHASES
 from ddp_api.pods import LABEL_JOB
 from ddp_client.curves import curves, draw_curves
 from ddp_client.live import LiveView
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 from .harness import Harness
 from .kind import cluster as kind

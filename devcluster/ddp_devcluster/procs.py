@@ -7,7 +7,7 @@ import os
 import signal
 import socket
 
-from ddp_trainer.node import descendants  # one walk of /proc, the shipped node's
+from ddp_trainer.launch.supervisor import descendants  # one walk of /proc, the shipped node's
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ from cluster_env import Cluster
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.pytest_plugin import unavailable
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 # The first test also starts the cluster, which imports the images on a cold store (minutes).
 pytestmark = pytest.mark.timeout(1500)

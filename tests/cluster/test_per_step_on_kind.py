@@ -22,7 +22,7 @@ from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.pytest_plugin import unavailable
 from ddp_trainer import hold
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 pytestmark = pytest.mark.timeout(1500)
 CONTROL_PLANE = "ddp-control-plane"

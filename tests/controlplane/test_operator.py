@@ -30,7 +30,7 @@ from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane, role_rules
 from ddp_devcluster.prometheus import scrape
 from ddp_operator import render
-from ddp_trainer.progress import InClusterProgressWriter
+from ddp_trainer.reporting.progress import InClusterProgressWriter
 
 pytestmark = pytest.mark.controlplane
 RBAC_FILE = Path(__file__).resolve().parents[2] / "manifests" / "rbac" / "operator.yaml"

@@ -20,7 +20,7 @@ from e2e_scenario import CLAIMS, Scenario
 from ddp_api.pods import selector
 from ddp_client import DDPClient
 from ddp_client.loglines import parse_timestamp
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 from kubectl_plugin import KubectlDdp
 
 pytestmark = pytest.mark.e2e

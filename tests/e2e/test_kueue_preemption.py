@@ -16,7 +16,7 @@ from e2e_scenario import CLAIMS, Scenario, resumed_at, resumes
 
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kueue import queue_objects
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 pytestmark = pytest.mark.e2e
 HELD = 25  # the low job's step when the high one arrives

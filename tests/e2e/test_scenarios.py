@@ -20,7 +20,7 @@ import yaml
 from e2e_scenario import CLAIMS, Scenario, resumed_at
 
 from ddp_devcluster.harness import EXAMPLES, holding_at
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 pytestmark = pytest.mark.e2e
 

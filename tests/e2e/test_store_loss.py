@@ -17,7 +17,7 @@ import pytest
 from e2e_scenario import CLAIMS, Scenario, resumed_at
 
 from ddp_devcluster.harness import holding_at
-from ddp_trainer.progress import read_run_log
+from ddp_trainer.reporting.run_log import read_run_log
 
 pytestmark = pytest.mark.e2e
 EVERY = 20  # digits.yaml's checkpoint.everySteps

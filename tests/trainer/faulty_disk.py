@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddp_trainer.checkpoint import CheckpointStore, Entry
+from ddp_trainer.state.store import CheckpointStore, Entry
 
 
 class FlakyReads(CheckpointStore):

@@ -15,7 +15,7 @@ from plugin_workload import build as spirals
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddp_trainer.workloads import IGNORE_INDEX, Workload, count_not_ignored
+from ddp_trainer.data.workloads import IGNORE_INDEX, Workload, count_not_ignored
 
 VOCAB, LENGTH = 32, 16
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddp_trainer.workloads import Workload
+from ddp_trainer.data.workloads import Workload
 
 
 def build(config) -> Workload:

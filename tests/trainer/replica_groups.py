@@ -238,8 +238,8 @@ def _serve() -> None:
     import torchft.checkpointing
     import torchft.process_group  # noqa: F401
 
-    import ddp_trainer.per_step
-    import ddp_trainer.workloads  # noqa: F401
+    import ddp_trainer.data.workloads
+    import ddp_trainer.per_step.trainer  # noqa: F401
 
     # The first optimizer imports torch._dynamo (seconds): once, here. No tensor math runs
     # here, so no thread pool is forked.

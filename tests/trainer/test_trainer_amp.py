@@ -10,7 +10,8 @@ import torch
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.checkpoint import CheckpointStore
+from ddp_trainer.state.store import CheckpointStore
+from ddp_trainer.step import autocast
 from ddp_trainer.trainer import DistEnv, Trainer
 
 SMALL = {"workload": "digits", "maxSteps": 6, "checkpointEverySteps": 3, "logEverySteps": 1}
@@ -29,7 +30,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path: Path) -> None:
     trainer = train(tmp_path, amp="auto")
     assert trainer.parts.precision.dtype == "bfloat16" and not trainer.parts.scaler.is_enabled()
     inputs = trainer.parts.train_set.tensors[0][:4]  # type: ignore[attr-defined]
-    with trainer._autocast():
+    with autocast(trainer.parts):
         assert trainer.parts.model(inputs).dtype == torch.bfloat16
     (start,) = events(tmp_path, "start")
     assert start["amp"] == "bfloat16"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddp_trainer.amp import Precision, resolve_amp
-from ddp_trainer.batching import (
+from ddp_trainer.data.batching import (
     Position,
     advance,
     batch_share,
@@ -23,7 +23,7 @@ from ddp_trainer.batching import (
 )
 from ddp_trainer.parts import bf16_native, use_static_graph
 from ddp_trainer.schedule import lr_at, peak_lr
-from ddp_trainer.state import TrainState
+from ddp_trainer.state.train_state import TrainState
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7, 64])

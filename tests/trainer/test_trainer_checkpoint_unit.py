@@ -8,9 +8,8 @@ import pytest
 import torch
 from faulty_disk import FailingWrite, FlakyReads
 
-from ddp_trainer.checkpoint import (
+from ddp_trainer.state.store import (
     FORMAT,
-    AsyncCheckpointWriter,
     CheckpointStore,
     Entry,
     UnreadableCheckpoint,
@@ -19,9 +18,9 @@ from ddp_trainer.checkpoint import (
     parse_manifest,
     record,
     render_manifest,
-    snapshot,
     step_of,
 )
+from ddp_trainer.state.writer import AsyncCheckpointWriter, snapshot
 
 
 def state(step: int) -> dict:

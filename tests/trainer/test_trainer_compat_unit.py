@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.compat import MEANING, IncompatibleResume, changed_meaning, check_resume
+from ddp_trainer.state.compat import MEANING, IncompatibleResume, changed_meaning, check_resume
 
 
 def settings(**fields: object) -> dict[str, object]:

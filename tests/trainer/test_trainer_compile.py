@@ -9,9 +9,9 @@ import pytest
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.checkpoint import CheckpointStore
+from ddp_trainer.data.workloads import build_model
+from ddp_trainer.state.store import CheckpointStore
 from ddp_trainer.trainer import DistEnv, Trainer
-from ddp_trainer.workloads import build_model
 
 # A tiny MLP: compiling it on CPU (inductor, gcc) takes seconds, not minutes.
 TINY = {

@@ -9,8 +9,8 @@ import time
 import pytest
 from trainer_harness import Launcher, Proc, events, last_step, wait_until
 
-from ddp_trainer.checkpoint import read_completion
 from ddp_trainer.hold import release
+from ddp_trainer.state.store import read_completion
 
 TOTAL = 1437 // 64  # digits, one epoch
 SETTINGS = {

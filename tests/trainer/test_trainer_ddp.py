@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from trainer_harness import Launcher, events, free_port, metrics
 
-from ddp_trainer.checkpoint import CheckpointStore, load_for_inference
-from ddp_trainer.workloads import digits_data
+from ddp_trainer.data.workloads import digits_data
+from ddp_trainer.state.store import CheckpointStore, load_for_inference
 
 DIGITS = {
     "workload": "digits",

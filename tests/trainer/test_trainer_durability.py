@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.checkpoint import CheckpointStore, Entry, checkpoint_name
+from ddp_trainer.state.store import CheckpointStore, Entry, checkpoint_name
 from ddp_trainer.trainer import DistEnv, Trainer
 
 SETTINGS = {

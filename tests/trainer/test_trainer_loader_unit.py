@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import TensorDataset
 from trainer_harness import subprocess_env
 
-from ddp_trainer.batching import Position, batch_share, position_after
-from ddp_trainer.loader import StepBatches, resolve_workers, steps_from
-from ddp_trainer.sampler import global_order
+from ddp_trainer.data.batching import Position, batch_share, position_after
+from ddp_trainer.data.loader import StepBatches, resolve_workers, steps_from
+from ddp_trainer.data.sampler import global_order
 
 N, BATCH, SEED = 500, 48, 5  # 10 full batches per epoch, 20 samples dropped
 CPU = torch.device("cpu")
@@ -86,8 +86,8 @@ READER = textwrap.dedent(
     """
     import signal, threading, torch
     from torch.utils.data import TensorDataset
-    from ddp_trainer.batching import Position, batch_share
-    from ddp_trainer.loader import steps_from
+    from ddp_trainer.data.batching import Position, batch_share
+    from ddp_trainer.data.loader import steps_from
 
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())

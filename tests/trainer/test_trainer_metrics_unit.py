@@ -15,7 +15,7 @@ from ddp_api.contract import DEFAULT_METRICS_PORT
 from ddp_api.trainer_config import ConfigError, TrainerConfig, build_config
 from ddp_devcluster.procs import free_port
 from ddp_devcluster.pytest_plugin import unavailable
-from ddp_trainer.metrics import PREFIX, TrainerMetrics, listen_address, serve
+from ddp_trainer.reporting.prometheus import PREFIX, TrainerMetrics, listen_address, serve
 
 EVERY_PROCESS = {
     "ddp_trainer_step_seconds",

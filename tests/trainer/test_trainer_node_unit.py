@@ -15,17 +15,10 @@ import pytest
 from torch.distributed import TCPStore
 
 from ddp_devcluster.procs import free_port
-from ddp_trainer import node
-from ddp_trainer.node import (
-    STORE_ID_KEY,
-    Outcome,
-    after_exit,
-    exit_code,
-    read_store_id,
-    restarts_allowed,
-    split_endpoint,
-    torchrun_setting,
-)
+from ddp_trainer.launch import store_probe, supervisor
+from ddp_trainer.launch.settings import restarts_allowed, torchrun_setting
+from ddp_trainer.launch.store_probe import STORE_ID_KEY, read_store_id, split_endpoint
+from ddp_trainer.launch.supervisor import Outcome, after_exit, exit_code
 
 
 def test_node_restarts_torchrun_only_when_its_store_was_lost() -> None:
@@ -74,8 +67,8 @@ def test_torchruns_exit_is_passed_on_as_python_would_exit() -> None:
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:
-    from ddp_trainer.checkpoint import CheckpointStore, read_completion
-    from ddp_trainer.node import checkpoint_folder, completed
+    from ddp_trainer.launch.settings import checkpoint_folder, completed
+    from ddp_trainer.state.store import CheckpointStore, read_completion
 
     assert read_completion(tmp_path) is None
     CheckpointStore(tmp_path).mark_complete("uid-1", 140, "step-00000140.pt")
@@ -97,7 +90,8 @@ def test_torchruns_exit_barrier_and_worker_stop_are_bounded(monkeypatch) -> None
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher import api
 
-    from ddp_trainer.node import DEFAULT_EXIT_BARRIER_S, bound_agent_waits, exit_barrier_s
+    from ddp_trainer.launch.settings import DEFAULT_EXIT_BARRIER_S, exit_barrier_s
+    from ddp_trainer.launch.supervisor import bound_agent_waits
 
     assert exit_barrier_s({}) == DEFAULT_EXIT_BARRIER_S < 300
     assert exit_barrier_s({"DDPJOB_EXIT_BARRIER_S": "12.5"}) == 12.5
@@ -115,10 +109,11 @@ def test_torchruns_exit_barrier_and_worker_stop_are_bounded(monkeypatch) -> None
 
 
 def test_only_another_store_answering_means_the_joined_one_was_replaced() -> None:
-    assert node.store_replaced("a", "b")
-    assert not node.store_replaced("a", "a")
-    assert not node.store_replaced("a", None)  # silent: maybe slow, maybe lost; torchrun judges
-    assert not node.store_replaced(None, "b")  # no store was joined (no endpoint)
+    assert store_probe.store_replaced("a", "b")
+    assert not store_probe.store_replaced("a", "a")
+    # silent: maybe slow, maybe lost; torchrun judges
+    assert not store_probe.store_replaced("a", None)
+    assert not store_probe.store_replaced(None, "b")  # no store was joined (no endpoint)
 
 
 def test_descendants_reach_grandchildren_in_other_sessions() -> None:
@@ -131,14 +126,14 @@ def test_descendants_reach_grandchildren_in_other_sessions() -> None:
     try:
         found: list[int] = []
         for _ in range(100):
-            found = node.descendants(parent.pid)
+            found = supervisor.descendants(parent.pid)
             if found:
                 break
             time.sleep(0.05)
         assert len(found) == 1, found
-        assert node.descendants(found[0]) == []
+        assert supervisor.descendants(found[0]) == []
     finally:
-        for pid in [*node.descendants(parent.pid), parent.pid]:
+        for pid in [*supervisor.descendants(parent.pid), parent.pid]:
             os.kill(pid, signal.SIGKILL)
         parent.wait()
 
@@ -152,7 +147,7 @@ def test_a_store_that_accepts_but_never_answers_is_no_store_and_does_not_block()
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # never accept()ed, never answered
         endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
-        assert node.probe_store_id(endpoint, wait_s=3.0) is None
+        assert store_probe.probe_store_id(endpoint, wait_s=3.0) is None
 
 
 def test_a_node_that_ends_leaves_the_rendezvous_open_for_the_next(
@@ -168,7 +163,7 @@ def test_a_node_that_ends_leaves_the_rendezvous_open_for_the_next(
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from ddp_devcluster.procs import free_port
-    from ddp_trainer.node import keep_rendezvous_open
+    from ddp_trainer.launch.supervisor import keep_rendezvous_open
 
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)

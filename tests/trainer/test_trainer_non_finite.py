@@ -8,7 +8,7 @@ import math
 import pytest
 from trainer_harness import Launcher, events
 
-from ddp_trainer.checkpoint import CheckpointStore
+from ddp_trainer.state.store import CheckpointStore
 
 SETTINGS = {
     "workload": "padded_workload:nan_at_steps",

@@ -32,9 +32,9 @@ from torch.utils.data import TensorDataset
 from trainer_harness import Launcher, Proc, events, wait_until
 
 from ddp_devcluster.procs import free_port
-from ddp_trainer.batching import Position, batch_share
-from ddp_trainer.checkpoint import read_completion
-from ddp_trainer.loader import StepBatches
+from ddp_trainer.data.batching import Position, batch_share
+from ddp_trainer.data.loader import StepBatches
+from ddp_trainer.state.store import read_completion
 
 KILLS = int(os.environ.get("DDPJOB_TEST_KILLS", "50"))
 SPACING = 2  # committed steps between two kills

@@ -9,9 +9,9 @@ import itertools
 import pytest
 import torch
 
-from ddp_trainer.batching import Position, batch_share, position_after
-from ddp_trainer.progress import progress_record
-from ddp_trainer.replicas import (
+from ddp_trainer.data.batching import Position, batch_share, position_after
+from ddp_trainer.data.sampler import global_order, step_indices
+from ddp_trainer.per_step.replicas import (
     GroupSettings,
     loads_checkpoint,
     mean_divisor,
@@ -22,7 +22,7 @@ from ddp_trainer.replicas import (
     url_host,
     whole_batch,
 )
-from ddp_trainer.sampler import global_order, step_indices
+from ddp_trainer.reporting.progress import progress_record
 
 POD = {
     "DDPJOB_FAULT_TOLERANCE": "PerStep",
@@ -164,8 +164,8 @@ def test_the_progress_record_says_how_many_groups_trained_only_in_per_step_mode(
 def test_a_per_step_pod_of_a_completed_job_exits_0_without_torchrun(tmp_path, monkeypatch) -> None:
     """The node wrapper in PerStep mode: no job-wide store is waited for, and the completion
     record names the job's run id (torchrun standalone's own is random per start)."""
-    from ddp_trainer import node
-    from ddp_trainer.checkpoint import CheckpointStore
+    from ddp_trainer.launch import supervisor
+    from ddp_trainer.state.store import CheckpointStore
 
     CheckpointStore(tmp_path).mark_complete("job-uid", 140, "step-00000140.pt")
     for name, value in {
@@ -175,7 +175,7 @@ def test_a_per_step_pod_of_a_completed_job_exits_0_without_torchrun(tmp_path, mo
         "PET_RDZV_ENDPOINT": "127.0.0.1:9",  # set or not, nothing waits for a store
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(node, "Torchrun", lambda *a, **k: pytest.fail("torchrun started"))
-    monkeypatch.setattr(node, "wait_for_store", lambda *a, **k: pytest.fail("store awaited"))
+    monkeypatch.setattr(supervisor, "Torchrun", lambda *a, **k: pytest.fail("torchrun started"))
+    monkeypatch.setattr(supervisor, "wait_for_store", lambda *a, **k: pytest.fail("store awaited"))
     args = ["--nproc-per-node=1", "-m", "ddp_trainer", "--checkpoint-dir", str(tmp_path)]
-    assert node.supervise(args, None) == 0
+    assert supervisor.supervise(args, None) == 0

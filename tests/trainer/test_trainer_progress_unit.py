@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer import progress
-from ddp_trainer.progress import (
+from ddp_trainer.reporting import progress
+from ddp_trainer.reporting.progress import (
     ProgressReporter,
-    RunLog,
     interval_from_env,
     progress_record,
-    read_run_log,
     reporting_target,
     should_report,
 )
+from ddp_trainer.reporting.run_log import RunLog, read_run_log
 
 
 def test_the_record_has_the_status_progress_fields() -> None:

@@ -21,7 +21,7 @@ import torch
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.batching import Position
+from ddp_trainer.data.batching import Position
 from ddp_trainer.trainer import DistEnv, Trainer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint-e7a9ec4"

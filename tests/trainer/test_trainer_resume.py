@@ -8,8 +8,8 @@ import signal
 import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
-from ddp_trainer.checkpoint import CheckpointStore
 from ddp_trainer.hold import release
+from ddp_trainer.state.store import CheckpointStore
 
 EXACT = {
     "workload": "digits",

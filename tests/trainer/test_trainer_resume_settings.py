@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainer_harness import Launcher, events
 
-from ddp_trainer.state import rng_fingerprint
+from ddp_trainer.state.train_state import rng_fingerprint
 
 BASE = {
     "workload": "digits",

@@ -24,8 +24,8 @@ import pytest
 from sigterm_rounds import ENV_ROUNDS
 from trainer_harness import Launcher, Proc, events, wait_until
 
-from ddp_trainer.checkpoint import CheckpointStore, checkpoint_name
-from ddp_trainer.node import descendants
+from ddp_trainer.launch.supervisor import descendants
+from ddp_trainer.state.store import CheckpointStore, checkpoint_name
 
 # Eight rounds in the suite (each a random moment per worker, 32 signals in all);
 # DDP_TEST_SIGTERM_ROUNDS=50 makes it a soak (rounds cost ~8 s each on this machine).

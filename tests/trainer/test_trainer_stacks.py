@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from trainer_harness import Launcher, events, wait_until
 
-from ddp_trainer.stacks import BEFORE_DEADLINE, FLOOR_S, dump_after_s
+from ddp_trainer.reporting.stacks import BEFORE_DEADLINE, FLOOR_S, dump_after_s
 
 SETTINGS = {
     "workload": "padded_workload:hang_at_step",

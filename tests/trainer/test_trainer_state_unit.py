@@ -7,8 +7,8 @@ import random
 import numpy as np
 import torch
 
-from ddp_trainer.batching import Position
-from ddp_trainer.state import (
+from ddp_trainer.data.batching import Position
+from ddp_trainer.state.train_state import (
     AT_TOP,
     TrainState,
     cuda_state_for,

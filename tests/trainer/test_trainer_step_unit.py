@@ -7,14 +7,14 @@ import math
 import torch
 from torch.utils.data import TensorDataset
 
-from ddp_trainer.ending import too_many_non_finite
-from ddp_trainer.weighting import empty_loss, loss_terms, loss_weight
-from ddp_trainer.workloads import (
+from ddp_trainer.data.weighting import empty_loss, loss_terms, loss_weight
+from ddp_trainer.data.workloads import (
     IGNORE_INDEX,
     count_not_ignored,
     evaluate,
     token_cross_entropy,
 )
+from ddp_trainer.step import too_many_non_finite
 
 
 def test_sample_weights_are_todays_numbers() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
-from ddp_trainer.node import read_store_id, split_endpoint
+from ddp_trainer.launch.store_probe import read_store_id, split_endpoint
 
 SETTINGS = {
     "workload": "digits",

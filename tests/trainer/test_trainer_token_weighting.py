@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainer_harness import Launcher, events
 
-from ddp_trainer.checkpoint import CheckpointStore
+from ddp_trainer.state.store import CheckpointStore
 
 SETTINGS = {
     "workload": "padded_workload:build",

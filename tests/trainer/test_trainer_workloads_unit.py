@@ -8,15 +8,15 @@ from pathlib import Path
 import torch
 
 from ddp_api.trainer_config import TrainerConfig
-from ddp_trainer.checkpoint import load_for_inference
-from ddp_trainer.trainer import DistEnv, Trainer
-from ddp_trainer.workloads import (
+from ddp_trainer.data.workloads import (
     CharGPT,
     build_workload,
     digits_data,
     read_corpus,
     token_cross_entropy,
 )
+from ddp_trainer.state.store import load_for_inference
+from ddp_trainer.trainer import DistEnv, Trainer
 
 
 def test_digits_split_is_stratified_and_fixed() -> None:

@@ -228,7 +228,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, every: flo
 
 
 def metrics(directory: Path) -> list[dict[str, Any]]:
-    from ddp_trainer.progress import read_run_log
+    from ddp_trainer.reporting.run_log import read_run_log
 
     return read_run_log(directory)
 

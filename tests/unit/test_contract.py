@@ -13,8 +13,8 @@ from ddp_api.ddpjob import DDPJob, Progress
 from ddp_api.trainer_config import load_settings
 from ddp_operator import kube, render, reports
 from ddp_operator.planner import views
-from ddp_trainer import node, rdzv_store
-from ddp_trainer.progress import (
+from ddp_trainer.launch import rdzv_store, store_probe
+from ddp_trainer.reporting.progress import (
     configmap_patch,
     pod_patch,
     progress_pod,
@@ -174,19 +174,19 @@ def test_the_store_pod_listens_where_every_node_looks_for_it() -> None:
     store = render.render_store(JOB, CFG)["spec"]["containers"][0]
     worker = render.render_worker(JOB, 0, 0, CFG)["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
-    host, port = node.split_endpoint(env["PET_RDZV_ENDPOINT"])
+    host, port = store_probe.split_endpoint(env["PET_RDZV_ENDPOINT"])
     rdzv_service = render.render_services(JOB)[0]
     assert host == f"{rdzv_service['metadata']['name']}.team.svc"
     assert port == rdzv_service["spec"]["ports"][0]["targetPort"] == contract.RDZV_PORT
     assert store["args"][store["args"].index("--port") + 1] == str(contract.RDZV_PORT)
     # The store's and the agent's own defaults, when started by hand, are the same port.
     assert rdzv_store.build_parser().parse_args([]).port == contract.RDZV_PORT
-    assert node.split_endpoint("store") == ("store", contract.RDZV_PORT)
+    assert store_probe.split_endpoint("store") == ("store", contract.RDZV_PORT)
 
 
 def test_every_label_and_key_of_the_project_carries_the_api_group() -> None:
     keys = [render.LABEL_JOB, render.LABEL_ROLE, render.LABEL_INDEX, render.ANNOTATION_ATTEMPT]
-    keys.append(node.STORE_ID_KEY)
+    keys.append(store_probe.STORE_ID_KEY)
     assert all(k.startswith(contract.LABEL_PREFIX) for k in keys)
     assert contract.LABEL_PREFIX == f"{contract.GROUP}/" == "ddp.dev/"
     labels = render.render_worker(JOB, 0, 0, CFG)["metadata"]["labels"]

@@ -1,7 +1,8 @@
-"""A node's log kept on the checkpoint volume (``ddp_trainer.keptlog``, ``ddp_trainer.node``):
-relayed unchanged, each line timed as the kubelet times it, bounded and rotated; a failing or
-slow volume never holds training up. Read back as the client does: its reader pod's program
-run here on the kept files, its output merged in time order by the client's pure parts."""
+"""A node's log kept on the checkpoint volume (``ddp_trainer.launch.keptlog``,
+``ddp_trainer.node``): relayed unchanged, each line timed as the kubelet times it, bounded and
+rotated; a failing or slow volume never holds training up. Read back as the client does: its reader
+pod's program run here on the kept files, its output merged in time order by the client's pure
+parts."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from ddp_client.kept_logs import node_logs, omitted_note, parse_dump
 from ddp_client.log_dump import encoded
 from ddp_client.loglines import merge_logs, parse_pod_log, parse_timestamp
 from ddp_client.objects import InvalidJob, logs_reader_pod
-from ddp_trainer import keptlog, node
-from ddp_trainer.keptlog import (
+from ddp_trainer.launch import keptlog, supervisor
+from ddp_trainer.launch.keptlog import (
     KeptLog,
     KeptLogHandler,
     Relay,
@@ -178,14 +179,14 @@ def test_the_wrapper_keeps_torchruns_output_and_its_own_records(
         os.write(2, b"agent: to stderr\n")
         os._exit(3)
 
-    monkeypatch.setattr(node, "run_torchrun", fake_torchrun)
+    monkeypatch.setattr(supervisor, "run_torchrun", fake_torchrun)
     kept = KeptLog(tmp_path, "j-node-1", Settings())
     handler = KeptLogHandler(kept, logging.Formatter("%(levelname)s %(message)s"))
     logging.getLogger("ddp_trainer.node").addHandler(handler)
     try:
-        node.log.warning("the wrapper says\nin two lines")
+        supervisor.log.warning("the wrapper says\nin two lines")
         sys.stdout.flush()
-        assert node.Torchrun(["x"], 1.0, kept).wait() == 3
+        assert supervisor.Torchrun(["x"], 1.0, kept).wait() == 3
     finally:
         logging.getLogger("ddp_trainer.node").removeHandler(handler)
     kept.close()

@@ -1,4 +1,5 @@
-"""`python -m ddp_trainer`: read the settings, then train (one torchrun worker, or alone)."""
+"""`python -m ddp_trainer`: read the settings, then train (one torchrun worker, or alone; in
+PerStep mode one process of a replica group: :mod:`ddp_trainer.per_step.trainer`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_api.trainer_config import ConfigError, load_settings
+from ddp_trainer.per_step.replicas import per_step
 
 
 def _setup_logging() -> None:
@@ -26,7 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddp_trainer: invalid settings: {error}", file=sys.stderr)
         return 2
     _setup_logging()
-    from .trainer import run  # torch is imported only once the settings are valid
+    # torch is imported only once the settings are valid
+    if per_step(os.environ):  # PerStep mode (DDPJOB_FAULT_TOLERANCE): a replica group
+        from ddp_trainer.per_step.trainer import run_per_step
+
+        return run_per_step(config, checkpoint_dir)
+    from ddp_trainer.trainer import run
 
     return run(config, checkpoint_dir)
 

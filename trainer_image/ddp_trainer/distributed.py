@@ -99,3 +99,7 @@ class StepAgreement:
     def stop(self) -> bool:
         """Whether any rank asked to stop: every rank stops after this same step."""
         return bool(self.values[0] > 0)
+
+
+class Interrupted(Exception):
+    """SIGTERM arrived (here, or on a peer): every rank stops after the same step."""

@@ -12,13 +12,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_api.trainer_config import TrainerConfig
-
-from .amp import Precision, resolve_amp
-from .batching import BatchShare, batch_share, micro_batch_cap, steps_per_epoch, total_steps
-from .loader import resolve_workers
-from .schedule import peak_lr
-from .state import AT_TOP, Stateful, TrainState, seed_rngs
-from .workloads import build_workload
+from ddp_trainer.amp import Precision, resolve_amp
+from ddp_trainer.data.batching import (
+    BatchShare,
+    batch_share,
+    micro_batch_cap,
+    steps_per_epoch,
+    total_steps,
+)
+from ddp_trainer.data.loader import resolve_workers
+from ddp_trainer.data.workloads import build_workload
+from ddp_trainer.schedule import peak_lr
+from ddp_trainer.state.train_state import AT_TOP, Stateful, TrainState, seed_rngs
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 

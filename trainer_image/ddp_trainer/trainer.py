@@ -1,21 +1,21 @@
 """The training loop: DDP + AMP, exact resume from rank-0 checkpoints, checkpoint on SIGTERM.
 
-Built from: :mod:`~ddp_trainer.parts` (model, optimizer, batches, state),
-:mod:`~ddp_trainer.checkpointing` (save and resume), :mod:`~ddp_trainer.tally` (loss,
-rate, step lines, progress reports), :mod:`~ddp_trainer.ending` (how a run ends) and
-:mod:`~ddp_trainer.distributed` (the process group).
+:class:`Trainer` reads top to bottom: build the parts (:mod:`~ddp_trainer.parts`), resume
+(:mod:`~ddp_trainer.state.checkpoints`), then per step: its LR, forward and backward, the
+update (:mod:`~ddp_trainer.step`), its line and report (:mod:`~ddp_trainer.reporting.tally`), a
+checkpoint and a hold as due; then the end (:mod:`~ddp_trainer.ending`). The process group is
+:mod:`~ddp_trainer.distributed`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +23,28 @@ import torch
 import torch.distributed as dist
 
 from ddp_api.trainer_config import TrainerConfig
-
-from . import checkpoint as ckpt
-from . import ending, hold, loader
-from .batching import Position, advance, step_seed
-from .checkpointing import Checkpoints, about_run
-from .compat import check_resume
-from .distributed import CollectiveTimeout, DistEnv, StepAgreement, any_rank, init_distributed
-from .ending import Interrupted, NonFiniteSteps, too_many_non_finite
-from .loader import MicroBatches
-from .metrics import TrainerMetrics, listen_address, process_metrics, serve
-from .parts import Parts, build_parts, fit_to_run
-from .replicas import per_step
-from .schedule import lr_at
-from .stacks import StackWatch
-from .state import gather, rng_fingerprint, rng_state
-from .tally import Tally
-from .weighting import empty_loss, loss_terms, loss_weight
+from ddp_trainer import ending, hold
+from ddp_trainer.data import loader
+from ddp_trainer.data.batching import Position, advance, step_seed
+from ddp_trainer.data.loader import MicroBatches
+from ddp_trainer.data.weighting import loss_terms
+from ddp_trainer.distributed import (
+    CollectiveTimeout,
+    DistEnv,
+    Interrupted,
+    StepAgreement,
+    any_rank,
+    init_distributed,
+)
+from ddp_trainer.parts import Parts, build_parts, fit_to_run
+from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
+from ddp_trainer.reporting.stacks import StackWatch
+from ddp_trainer.reporting.tally import Tally
+from ddp_trainer.state import store as ckpt
+from ddp_trainer.state.checkpoints import Checkpoints, about_run
+from ddp_trainer.state.compat import check_resume
+from ddp_trainer.state.train_state import gather, log_restored_rng
+from ddp_trainer.step import GradientUpdate, NonFiniteSteps, forward_backward, set_lr
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -69,10 +74,14 @@ class Trainer:
         keep = config.checkpoint_keep
         self.checkpoints = Checkpoints(checkpoint_dir, keep, e, metrics, self.distributed)
         self.tally = Tally(config, e, self.parts, self.checkpoints, metrics, self.distributed)
+        self.update = GradientUpdate(self.parts, config, self.tally)
         self.stop_requested = threading.Event()
         self.stacks = StackWatch()  # every thread's stack in the log when a step hangs
         self.consistent = True  # model and optimizer hold the state of `position`
-        self.non_finite_in_row = 0
+        agree = functools.partial(any_rank, device=self.parts.device, distributed=self.distributed)
+        folder = self.checkpoints.store.directory
+        looks = lambda: self.is_main  # noqa: E731  rank 0 looks for release files
+        self.holds = hold.Holds(folder, self.tally, self.stacks, agree, self.stop_requested, looks)
 
     @property
     def position(self) -> Position:
@@ -82,50 +91,6 @@ class Trainer:
     def position(self, value: Position) -> None:
         self.parts.state.position = value
 
-    # checkpoints -----------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs: each Stateful part's state (the model's with
-        plain-module weights; no scheduler: the LR is a pure function of the step), and what
-        the run was."""
-        parts = gather(self.parts.stateful())
-        return {"format": ckpt.FORMAT, **parts, **about_run(self.config, self.env)}
-
-    def resume(self) -> None:
-        """Load the newest complete checkpoint, the same one on every rank (rank 0 picks),
-        unless its settings differ in one that changes the run's meaning (IncompatibleResume:
-        the process fails, nothing is written); then fit the batches and DDP to the run."""
-        config = self.config.to_json_dict()
-        state = self.checkpoints.resume(
-            self.parts.stateful(), accept=lambda saved: check_resume(saved.get("config"), config)
-        )
-        if state is not None:
-            self.tally.resumed(saved_world_size=state["worldSize"])
-            self._log_restored_rng()
-        fit_to_run(self.parts, self.config, self.distributed)
-
-    def _log_restored_rng(self) -> None:
-        """Rank 0 logs where each rank's random generators came from and a digest of them (a
-        small collective, once per start): a resume shows each rank continuing its own."""
-        here = [f"{self.parts.state.restored_rng} ({rng_fingerprint(rng_state())})"]
-        ranks: list[Any] = [None] * self.env.world_size if self.distributed else []
-        if self.distributed:
-            dist.all_gather_object(ranks, here[0])
-        for rank, what in enumerate(ranks or here):
-            log.info("random generators of rank %d after the resume: %s", rank, what)
-
-    def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
-        """Global rank 0 writes a checkpoint of the current step (others only send their random
-        generators' states); the loop blocks only for the copy to CPU unless `wait` is set.
-        ``every_rank``: every rank calls this at this step, so rank 0 gathers every rank's
-        generators; otherwise (SIGTERM, a failed step) the checkpoint holds rank 0's only."""
-        step = self.position.step
-        if every_rank:
-            self.parts.state.collect_rng(self.distributed)  # a collective
-        saved = self.checkpoints.save(step, self.state_dict, wait)
-        if saved is not None:
-            self.tally.checkpoint(step, saved.blocked_s, synchronous=saved.synchronous)
-
     # the run ---------------------------------------------------------------------------
 
     def train(self) -> int:
@@ -134,28 +99,48 @@ class Trainer:
             signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_requested.set())
         self.resume()
         self.tally.started()
+        return self._run_to_end(self._loop)
+
+    def _run_to_end(self, run: Callable[[], int | None]) -> int:
+        """``run()`` and how it ends (:mod:`ddp_trainer.ending`): complete (``run`` returns
+        None: then :meth:`_finish`; or its exit code), SIGTERM, non-finite steps, or an error;
+        then :meth:`close`."""
         try:
-            try:
-                self._loop()
-            finally:
-                self.stacks.disarm()
+            code = run()
         except Interrupted as why:
-            return ending.interrupted(self, why)
+            code = ending.interrupted(
+                why, self.parts, self.checkpoints, self.distributed, self._save_last
+            )
         except NonFiniteSteps as why:
-            return ending.diverged(self, why)
+            code = ending.diverged(why)
         except Exception:
-            ending.save_after_failure(self)
+            step, saved = self.position.step, self.checkpoints.saved_step
+            ending.save_after_failure(step, self.is_main, self.consistent, saved, self._save_last)
+            self.close()
             raise
-        return ending.finish(self)
+        if code is None:
+            code = self._finish()
+        self.close()
+        return code
 
     def _loop(self) -> None:
+        try:
+            self._steps()
+        finally:
+            self.stacks.disarm()
+
+    def _steps(self) -> None:
         """Steps to the end; after each: its line, SIGTERM (on any rank: every rank stops after
         the same step), a checkpoint, a hold, as due."""
-        c, total = self.config, self.parts.total_steps
+        c, p, total = self.config, self.parts, self.parts.total_steps
         self.tally.restart_clock()
         first = True  # the stacks are armed after it: a first step may compile for minutes
         started = time.perf_counter()  # a step's time includes waiting for its data
-        for micro_batches in self._input_steps():
+        steps_left = total - self.position.step
+        for micro_batches in loader.steps_from(
+            p.train_set, p.batches, c.seed, self.position, steps_left, p.device,
+            p.data_workers, c.prefetch_steps,
+        ):  # fmt: skip
             lr, grad_norm, agreement = self._train_step(micro_batches)
             if first:  # every rank is past its start: a silent peer is noticed sooner
                 self.timeout.set(c.steady_timeout_s)
@@ -172,37 +157,15 @@ class Trainer:
             if every and step % every == 0 and step < total:
                 self.save_checkpoint(wait=False)
             if hold.holds_at(step, c.hold_at_steps, total):
-                self._hold(step)
+                self.holds.wait(step)
             started = time.perf_counter()
 
-    def _input_steps(self) -> Iterator[MicroBatches]:
-        """This rank's batches of every step left, from the data position on (see
-        :mod:`ddp_trainer.loader`)."""
-        p, c = self.parts, self.config
-        return loader.steps_from(
-            p.train_set,
-            p.batches,
-            c.seed,
-            self.position,
-            p.total_steps - self.position.step,
-            p.device,
-            p.data_workers,
-            c.prefetch_steps,
-        )
-
     def _train_step(self, micro_batches: MicroBatches) -> tuple[float, float, StepAgreement]:
-        """One optimizer step over this rank's share of a global batch; returns its LR, its
-        gradient norm and what the ranks agreed on at its start."""
+        """One optimizer step over this rank's share of a global batch (the micro-batches of
+        :mod:`ddp_trainer.data.loader`); returns its LR, its gradient norm and what the ranks
+        agreed on at its start."""
         p, c, step = self.parts, self.config, self.position.step
-        lr = lr_at(
-            step,
-            peak=p.peak_lr,
-            warmup_steps=c.warmup_steps,
-            total_steps=p.total_steps,
-            floor=c.min_lr,
-        )
-        for group in p.optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_lr(p, c, step)
         # Dropout depends only on (seed, step, rank), so a resume replays it exactly.
         torch.manual_seed(step_seed(c.seed, step, self.env.rank))
         terms = [loss_terms(p.count_targets, targets) for _, targets in micro_batches]
@@ -210,87 +173,70 @@ class Trainer:
         agreement = StepAgreement(
             self.stop_requested.is_set(), sum(terms), p.device, self.distributed
         )
-        # Each micro-batch's mean loss is weighted so that DDP's average over ranks becomes
-        # the mean over every sample (or token) of the global batch, however it is split.
         total_terms = c.global_batch_size if p.count_targets is None else agreement.global_terms
-        last = len(micro_batches) - 1
-        for index, ((inputs, targets), count) in enumerate(zip(micro_batches, terms, strict=True)):
-            inputs = inputs.to(p.device, non_blocking=True)
-            targets = targets.to(p.device, non_blocking=True)
-            sync = index == last or not self.distributed
-            with nullcontext() if sync else p.net.no_sync():  # type: ignore[operator]
-                with self._autocast():
-                    outputs = p.net(inputs)
-                    loss = p.loss_fn(outputs, targets)
-                weight = loss_weight(count, self.env.world_size, total_terms)
-                weighted = loss * weight if count else empty_loss(outputs, loss)
-                # A disabled GradScaler (everything but fp16) passes through unchanged.
-                p.scaler.scale(weighted).backward()
-            if count:
-                self.tally.add_loss(loss, count)
+        world, distributed = self.env.world_size, self.distributed
+        forward_backward(p, micro_batches, terms, total_terms, world, distributed, self.tally)
         self.consistent = False
-        grad_norm = self._apply_gradients(step + 1)
+        grad_norm = self.update.apply(step + 1)
         self.position = advance(self.position, c.global_batch_size, p.state.num_samples)
         self.consistent = True
         return lr, grad_norm, agreement
 
-    def _apply_gradients(self, step: int) -> float:
-        """The optimizer update of step ``step`` (1-based) unless its gradient is not finite
-        (then skipped and counted; too many in a row raise); returns the gradient norm."""
-        p, c = self.parts, self.config
-        scaling = p.scaler.is_enabled()
-        if scaling:
-            p.scaler.unscale_(p.optimizer)  # the true gradients' norm, not the scaled one's
-        grads = [q.grad for q in p.model.parameters() if q.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)  # clip_grad_norm_ in two halves:
-        if c.grad_clip_norm:  # no multiplication by 1 when nothing is clipped
-            torch.nn.utils.clip_grads_with_norm_(p.model.parameters(), c.grad_clip_norm, norm)
-        grad_norm = float(norm)  # after DDP's all-reduce: the same on every rank
-        finite = math.isfinite(grad_norm)
-        if finite or scaling:  # fp16's GradScaler skips its own overflows (not counted here)
-            p.scaler.step(p.optimizer)
-            p.scaler.update()
-            self.non_finite_in_row = 0
-        else:
-            self.non_finite_in_row += 1
-            self.tally.non_finite(step, grad_norm, self.non_finite_in_row)
-            failure = too_many_non_finite(self.non_finite_in_row, c.max_non_finite_steps, step)
-            if failure is not None:
-                raise failure
-        p.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+    # checkpoints -----------------------------------------------------------------------
 
-    def _autocast(self) -> AbstractContextManager[Any]:
-        dtype = self.parts.precision.dtype
-        if dtype is None:
-            return nullcontext()
-        return torch.autocast(self.parts.device.type, dtype=getattr(torch, dtype))
+    def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs: each Stateful part's state (the model's with
+        plain-module weights; no scheduler: the LR is a pure function of the step), and what
+        the run was."""
+        parts = gather(self.parts.stateful())
+        return {"format": ckpt.FORMAT, **parts, **about_run(self.config, self.env)}
 
-    def _hold(self, step: int) -> None:
-        """Waits after ``step`` until its release file exists (see :mod:`ddp_trainer.hold`):
-        every rank polls with rank 0, and SIGTERM on any of them stops the run."""
-        release = self.checkpoints.store.directory / hold.release_name(step)
-        released = self._released(release)
-        if not released:
-            self.tally.held(step, release, at_end=False)
-            self.stacks.disarm()  # a hold is no hang
-            while not released:
-                time.sleep(hold.POLL_S)
-                released = self._released(release)
-            self.stacks.arm()
-            self.tally.released(step, at_end=False)
+    def resume(self) -> None:
+        """Load the newest complete checkpoint, the same one on every rank (rank 0 picks),
+        unless its settings differ in one that changes the run's meaning (IncompatibleResume:
+        the process fails, nothing is written); then fit the batches and DDP to the run."""
+        state = self._load_checkpoint()
+        if state is not None:
+            self.tally.resumed(saved_world_size=state["worldSize"])
+            log_restored_rng(self.parts.state, self.env.world_size, self.distributed)
+        fit_to_run(self.parts, self.config, self.distributed)
 
-    def _released(self, release: Path) -> bool:
-        """Whether rank 0 sees ``release``, the same on every rank; raises on SIGTERM anywhere."""
-        seen, here = self._sees_release(release), self.stop_requested.is_set
-        released, stop = any_rank([seen, here()], self.parts.device, self.distributed)
-        if stop:
-            raise Interrupted("SIGTERM" if here() else "SIGTERM on another rank while held")
-        return released
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        """The newest complete checkpoint loaded into the parts (None: there is none), unless its
+        settings differ in one that changes the run's meaning (IncompatibleResume)."""
+        config = self.config.to_json_dict()
+        accept = lambda saved: check_resume(saved.get("config"), config)  # noqa: E731
+        return self.checkpoints.resume(self.parts.stateful(), accept=accept)
 
-    def _sees_release(self, release: Path) -> bool:
-        """Whether this rank looks for the release file and finds it (rank 0 only)."""
-        return self.is_main and release.exists()
+    def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
+        """Global rank 0 writes a checkpoint of the current step (others only send their random
+        generators' states); the loop blocks only for the copy to CPU unless `wait` is set.
+        ``every_rank``: every rank calls this at this step, so rank 0 gathers every rank's
+        generators; otherwise (SIGTERM, a failed step) the checkpoint holds rank 0's only."""
+        step = self.position.step
+        if every_rank:
+            self.parts.state.collect_rng(self.distributed)  # a collective
+        saved = self.checkpoints.save(step, self.state_dict, wait)
+        if saved is not None:
+            self.tally.checkpoint(step, saved.blocked_s, synchronous=saved.synchronous)
+
+    # the end (see ddp_trainer.ending) --------------------------------------------------
+
+    def _save_last(self) -> None:
+        """The checkpoint of the last step, waited for; no collective: the peers may be gone."""
+        self.save_checkpoint(wait=True, every_rank=False)
+
+    def _finish(self) -> int:
+        """Training is complete (:func:`ddp_trainer.ending.finish`), then a hold at the last
+        step; returns 0 (the caller closes)."""
+        c, p, e, tally = self.config, self.parts, self.env, self.tally
+        ending.finish(
+            c, e, p, self.checkpoints, tally, self.timeout, self.is_main, self.distributed,
+            save=lambda: self.save_checkpoint(wait=True),
+        )  # fmt: skip
+        folder = self.checkpoints.store.directory
+        ending.hold_at_end(c, p, folder, tally, self.stop_requested)
+        return 0
 
     def close(self) -> None:
         """The last checkpoint write, the final report, the run log: done."""
@@ -300,12 +246,8 @@ class Trainer:
 
 def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train in this process (one of torchrun's workers, or alone); returns the exit code.
-    PerStep mode (``DDPJOB_FAULT_TOLERANCE``) trains as a replica group instead
-    (:mod:`ddp_trainer.per_step`)."""
-    if per_step(os.environ):
-        from .per_step import run_per_step
-
-        return run_per_step(config, checkpoint_dir)
+    PerStep mode (``DDPJOB_FAULT_TOLERANCE``) trains as a replica group instead:
+    ``python -m ddp_trainer`` runs :func:`ddp_trainer.per_step.trainer.run_per_step` then."""
     env = DistEnv.from_env()
     metrics = process_metrics(env)
     if env.local_rank == 0:  # one process per node: the port is the pod's, bound once

@@ -81,7 +81,8 @@ def stall(st: Draft, prev_phase: str) -> Plan | None:
         f"no training step for {quiet_s:.0f}s {at} ({setting} {deadline:.0f}): deleting the"
         " node pods and recreating them"
     )
-    if render.reports_progress(st.job):  # the bundled trainer's workers (ddp_trainer.stacks)
+    # the bundled trainer's workers (ddp_trainer.reporting.stacks)
+    if render.reports_progress(st.job):
         what += " (each worker wrote every thread's stack to its log)"
     again = step is not None and st.status.get("stalledAtStep") == step
     st.new["stalledAtStep"] = step

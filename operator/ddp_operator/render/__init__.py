@@ -68,9 +68,9 @@ Read by the bundled trainer but not set by the operator (``spec.template.env`` m
 ``DDPJOB_EXIT_BARRIER_S``, how long torchrun's agent waits at its exit barrier for the other
 nodes once its workers finished (``ddp_trainer.node``; default 30, torchrun's own is 300); and
 ``DDPJOB_LOG_FILES``/``DDPJOB_LOG_FILE_MIB``, how much of each node's log is kept in
-``<DDPJOB_CHECKPOINT_DIR>/logs/`` (``ddp_trainer.keptlog``; default 5 files of 10 MiB, 0 files
-keeps none). Only a pod that runs ``ddp_trainer.node`` keeps its log: the bundled trainer's, or
-a user's command that runs it; a pod without a checkpoint volume keeps none.
+``<DDPJOB_CHECKPOINT_DIR>/logs/`` (``ddp_trainer.launch.keptlog``; default 5 files of 10 MiB, 0
+files keeps none). Only a pod that runs ``ddp_trainer.node`` keeps its log: the bundled trainer's,
+or a user's command that runs it; a pod without a checkpoint volume keeps none.
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
 ``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out

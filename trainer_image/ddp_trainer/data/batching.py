@@ -62,8 +62,8 @@ def largest_share(global_batch_size: int, world_size: int) -> int:
 def micro_batch_cap(micro_batch_size: int | None, run_cap: int) -> int:
     """The largest micro-batch of a step: microBatchSize when set, else the run's cap (the
     largest per-rank batch of its first start, saved in its checkpoints: see
-    :class:`ddp_trainer.state.TrainState`). So shrinking the world adds micro-batches instead of
-    growing the per-rank batch past what the run has shown it can hold."""
+    :class:`ddp_trainer.state.train_state.TrainState`). So shrinking the world adds micro-batches
+    instead of growing the per-rank batch past what the run has shown it can hold."""
     return run_cap if micro_batch_size is None else micro_batch_size
 
 

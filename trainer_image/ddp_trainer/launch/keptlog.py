@@ -1,7 +1,7 @@
 """A node pod's log kept on the checkpoint volume, bounded and rotated, for when the pod is gone.
 
-The node wrapper (:mod:`ddp_trainer.node`) relays torchrun's stdout and stderr to its own,
-byte for byte (``kubectl logs`` shows what it showed before), and puts each line, after the
+The node wrapper (:mod:`ddp_trainer.launch.supervisor`) relays torchrun's stdout and stderr to
+its own, byte for byte (``kubectl logs`` shows what it showed before), and puts each line, after the
 RFC 3339 time it was received (as ``pods/log?timestamps=true`` writes it), into
 ``<checkpoint folder>/logs/<pod>.log`` (``ddp_api.contract``: the names ``kubectl ddp logs``
 reads back). Past ``DDPJOB_LOG_FILE_MIB`` MiB the file is rotated to ``<pod>.log.1`` and the

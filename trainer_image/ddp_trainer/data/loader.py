@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .batching import BatchShare, Position, position_after
-from .sampler import global_order, step_indices
-from .workloads import fetch_batch
+from ddp_trainer.data.batching import BatchShare, Position, position_after
+from ddp_trainer.data.sampler import global_order, step_indices
+from ddp_trainer.data.workloads import fetch_batch
 
 MicroBatches = list[tuple[Any, Any]]  # (inputs, targets) of each non-empty micro-batch
 

@@ -38,7 +38,7 @@ class Workload:
     """What to train. `loss_fn(outputs, targets)` must return the mean over the batch's loss
     terms. `count_targets(targets)`, when set, says how many terms that mean has (the tokens
     that are not padding, for a language model): the loss is then weighted by terms counted
-    across ranks and micro-batches instead of by samples (see :mod:`ddp_trainer.weighting`)."""
+    across ranks and micro-batches instead of by samples (see :mod:`ddp_trainer.data.weighting`)."""
 
     model: nn.Module
     train_set: Dataset[Any]

@@ -1,6 +1,6 @@
 """The run's tally: the loss and the rate between two step lines (every rank), and what rank
-0 tells of the run: its lines in ``metrics.jsonl`` (:class:`~ddp_trainer.progress.RunLog`), its
-log lines, its progress report to the DDPJob, and the Prometheus progress gauges."""
+0 tells of the run: its lines in ``metrics.jsonl`` (:mod:`~ddp_trainer.reporting.run_log`),
+its log lines, its progress report to the DDPJob, and the Prometheus progress gauges."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 
 from ddp_api.trainer_config import TrainerConfig
-
-from .checkpoint import checkpoint_name
-from .checkpointing import Checkpoints
-from .distributed import DistEnv
-from .metrics import TrainerMetrics
-from .parts import Parts
-from .progress import ProgressReporter, RunLog, progress_record
+from ddp_trainer.data.batching import Position
+from ddp_trainer.distributed import DistEnv
+from ddp_trainer.parts import Parts
+from ddp_trainer.reporting.progress import ProgressReporter, progress_record
+from ddp_trainer.reporting.prometheus import TrainerMetrics
+from ddp_trainer.reporting.run_log import RunLog
+from ddp_trainer.state.checkpoints import Checkpoints
+from ddp_trainer.state.store import checkpoint_name
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -65,15 +66,11 @@ class Tally:
             self.run_log.write(event, **fields)
 
     def _shape(self) -> dict[str, Any]:
+        """The run's shape in the last step: its world, batch, share and groups."""
         share = self.parts.batches
         count, micro = self.share or (share.count, share.accumulation_steps)
-        shape = {
-            "worldSize": self.world,
-            "globalBatchSize": self.config.global_batch_size,
-            "perRankBatch": count,
-            "accumulation": micro,
-        }
-        return shape if self.groups is None else {**shape, "groups": self.groups}
+        batch = self.config.global_batch_size
+        return run_shape(self.world, batch, count, micro, self.groups)
 
     def started(self, **extra: Any) -> None:
         """The run starts (or resumes): the metrics, the ``start`` line (with ``extra``) and the
@@ -86,47 +83,12 @@ class Tally:
             total_steps=parts.total_steps,
             resumed_step=self.checkpoints.saved_step if resumed_from else None,
         )
-        self.line(
-            "start",
-            step=p.step,
-            epoch=p.epoch,
-            samplesInEpoch=p.samples_in_epoch,
-            totalSteps=parts.total_steps,
-            stepsPerEpoch=parts.per_epoch,
-            **self._shape(),
-            amp=parts.precision.label,
-            device=str(parts.device),
-            resumedFrom=resumed_from,
-            rank=e.rank,
-            attempt=e.restart_count,
-            **extra,
-        )
-        log.info(
-            "training %s: %d steps (%d per epoch), global batch %d = %d ranks x %d "
-            "(x%d micro-batches), amp %s on %s",
-            self.config.workload,
-            parts.total_steps,
-            parts.per_epoch,
-            self.config.global_batch_size,
-            e.world_size,
-            parts.batches.count,
-            parts.batches.accumulation_steps,
-            parts.precision.label,
-            parts.device,
-        )
+        self.line("start", **_start_fields(p, parts, self._shape(), resumed_from, e), **extra)
+        _log_start(self.config, e, parts)
 
     def resumed(self, saved_world_size: int) -> None:
-        p = self.parts.state.position
-        log.info(
-            "resumed from %s: step %d, epoch %d, %d samples into the epoch (saved at world "
-            "size %d, now %d)",
-            self.checkpoints.resumed_from,
-            p.step,
-            p.epoch,
-            p.samples_in_epoch,
-            saved_world_size,
-            self.env.world_size,
-        )
+        p, now = self.parts.state.position, self.env.world_size
+        _log_resumed(self.checkpoints.resumed_from, p, saved_world_size, now)
 
     def restart_clock(self) -> None:
         """The rate counts from now (training starts, or a hold ends: the pause is no step time)."""
@@ -149,15 +111,8 @@ class Tally:
         self.skipped_steps += 1
         self.metrics.non_finite_step()
         if self.env.rank == 0:  # every rank saw the same norm: one line tells it
-            log.warning(
-                "step %d: the loss or gradient is not finite (gradient norm %s): optimizer step "
-                "skipped (%d in a row, at most trainer.maxNonFiniteSteps=%d; %d in this process)",
-                step,
-                grad_norm,
-                in_row,
-                self.config.max_non_finite_steps,
-                self.skipped_steps,
-            )
+            limit, skipped = self.config.max_non_finite_steps, self.skipped_steps
+            _log_non_finite(step, grad_norm, in_row, limit, skipped)
 
     def progress(self) -> None:
         """Every rank joins the loss all-reduce; rank 0 then writes, logs and reports."""
@@ -203,38 +158,27 @@ class Tally:
             rank=self.env.rank,
             attempt=self.env.restart_count,
         )
-        log.info(
-            "step %d/%d epoch %d loss %.4f lr %.3g %.1f samples/s world %d",
-            p.step,
-            self.parts.total_steps,
-            p.epoch,
-            self.last_loss,
-            self.lr,
-            self.last_rate,
-            self.world,
-        )
+        total, loss, rate = self.parts.total_steps, self.last_loss, self.last_rate
+        log.info(STEP_LINE, p.step, total, p.epoch, loss, self.lr, rate, self.world)
 
     def report(self, final: bool, urgent: bool = False) -> None:
         """Offers the progress record to the DDPJob's reporter (rank 0, in a cluster)."""
         if self.reporter is None or not self.speaks:
             return
-        p = self.parts.state.position
-        self.reporter.offer(
-            progress_record(
-                epoch=p.epoch,
-                step=p.step,
-                total_steps=self.parts.total_steps,
-                loss=self.last_loss,
-                samples_per_second=self.last_rate,
-                last_checkpoint=self.checkpoints.last,
-                world_size=self.world,
-                now=time.time(),
-                held_at_step=self.held_at,
-                groups=self.groups,
-            ),
-            final=final,
-            urgent=urgent,
+        p, total, last = self.parts.state.position, self.parts.total_steps, self.checkpoints.last
+        record = progress_record(
+            epoch=p.epoch,
+            step=p.step,
+            total_steps=total,
+            loss=self.last_loss,
+            samples_per_second=self.last_rate,
+            last_checkpoint=last,
+            world_size=self.world,
+            now=time.time(),
+            held_at_step=self.held_at,
+            groups=self.groups,
         )
+        self.reporter.offer(record, final=final, urgent=urgent)
 
     def checkpoint(self, step: int, blocked_s: float, synchronous: bool) -> None:
         """Rank 0 took a checkpoint of ``step``; training waited ``blocked_s`` for it."""
@@ -276,3 +220,79 @@ class Tally:
         if self.run_log is not None:
             self.run_log.close()
             self.run_log = None
+
+
+STEP_LINE = "step %d/%d epoch %d loss %.4f lr %.3g %.1f samples/s world %d"
+
+
+def run_shape(
+    world: int, global_batch: int, count: int, micro: int, groups: int | None
+) -> dict[str, Any]:
+    """The shape fields of a ``start`` and ``step`` line (``groups``: PerStep mode only)."""
+    shape = {
+        "worldSize": world,
+        "globalBatchSize": global_batch,
+        "perRankBatch": count,
+        "accumulation": micro,
+    }
+    return shape if groups is None else {**shape, "groups": groups}
+
+
+def _start_fields(
+    p: Position, parts: Parts, shape: dict[str, Any], resumed_from: str | None, e: DistEnv
+) -> dict[str, Any]:
+    """The fields of a ``start`` line (the field order is the line's)."""
+    return {
+        "step": p.step,
+        "epoch": p.epoch,
+        "samplesInEpoch": p.samples_in_epoch,
+        "totalSteps": parts.total_steps,
+        "stepsPerEpoch": parts.per_epoch,
+        **shape,
+        "amp": parts.precision.label,
+        "device": str(parts.device),
+        "resumedFrom": resumed_from,
+        "rank": e.rank,
+        "attempt": e.restart_count,
+    }
+
+
+def _log_start(config: TrainerConfig, e: DistEnv, parts: Parts) -> None:
+    log.info(
+        "training %s: %d steps (%d per epoch), global batch %d = %d ranks x %d "
+        "(x%d micro-batches), amp %s on %s",
+        config.workload,
+        parts.total_steps,
+        parts.per_epoch,
+        config.global_batch_size,
+        e.world_size,
+        parts.batches.count,
+        parts.batches.accumulation_steps,
+        parts.precision.label,
+        parts.device,
+    )
+
+
+def _log_resumed(resumed_from: str | None, p: Position, saved_world: int, world: int) -> None:
+    log.info(
+        "resumed from %s: step %d, epoch %d, %d samples into the epoch (saved at world "
+        "size %d, now %d)",
+        resumed_from,
+        p.step,
+        p.epoch,
+        p.samples_in_epoch,
+        saved_world,
+        world,
+    )
+
+
+def _log_non_finite(step: int, grad_norm: float, in_row: int, limit: int, skipped: int) -> None:
+    log.warning(
+        "step %d: the loss or gradient is not finite (gradient norm %s): optimizer step "
+        "skipped (%d in a row, at most trainer.maxNonFiniteSteps=%d; %d in this process)",
+        step,
+        grad_norm,
+        in_row,
+        limit,
+        skipped,
+    )

@@ -1,6 +1,6 @@
-"""Progress: the run log (``metrics.jsonl``: one JSON line per step, checkpoint, hold and end,
-which ``kubectl ddp plot`` draws), and rank 0's progress record for the DDPJob's status.
-The trainer's Prometheus metrics are another thing: :mod:`ddp_trainer.metrics`.
+"""Progress: rank 0's progress record for the DDPJob's status. The run log (``metrics.jsonl``)
+is :mod:`ddp_trainer.reporting.run_log`; the trainer's Prometheus metrics are
+:mod:`ddp_trainer.reporting.prometheus`.
 
 Rank 0 writes the record where the operator told it (``DDPJOB_PROGRESS_INTO``): into the
 annotation ``ddp.dev/progress`` of its own pod, the one change the namespace's trainer account
@@ -34,41 +34,15 @@ from ddp_api.contract import (
     PROGRESS_ANNOTATION,
     PROGRESS_INTO_POD,
     PROGRESS_KEY,
-    RUN_LOG_FILE,
-    parse_run_log,
     pod_path,
     progress_configmap,
     progress_configmap_path,
     rfc3339,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ddp_trainer.progress")
 
 DEFAULT_INTERVAL_S = 10.0
-
-
-class RunLog:
-    """The run log: appends one JSON object per line to `metrics.jsonl` (global rank 0 only)."""
-
-    def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / RUN_LOG_FILE
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (lives as long as the run)
-
-    def write(self, event: str, **fields: Any) -> None:
-        line = {"event": event, "time": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(line) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def read_run_log(directory: Path | str) -> list[dict[str, Any]]:
-    """The lines of a checkpoint folder's metrics.jsonl (a torn last line is ignored)."""
-    path = Path(directory) / RUN_LOG_FILE
-    if not path.exists():
-        return []
-    return parse_run_log(path.read_text())
 
 
 def progress_record(

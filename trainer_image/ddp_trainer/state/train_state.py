@@ -5,6 +5,7 @@ random generator."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -13,7 +14,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .batching import Position, largest_share, settle, step_seed
+from ddp_trainer.data.batching import Position, largest_share, settle, step_seed
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
 
 class Stateful(Protocol):
@@ -193,3 +196,14 @@ class TrainState:
             self.restored_rng = f"saved by rank {self.rank}"
         # The saved cursor may leave less than a global batch of this world size in the epoch.
         self.position = settle(saved, self.global_batch, self.num_samples)
+
+
+def log_restored_rng(state: TrainState, world_size: int, distributed: bool) -> None:
+    """Rank 0 logs where each rank's random generators came from and a digest of them (a
+    small collective, once per start): a resume shows each rank continuing its own."""
+    here = [f"{state.restored_rng} ({rng_fingerprint(rng_state())})"]
+    ranks: list[Any] = [None] * world_size if distributed else []
+    if distributed:
+        dist.all_gather_object(ranks, here[0])
+    for rank, what in enumerate(ranks or here):
+        log.info("random generators of rank %d after the resume: %s", rank, what)

@@ -1,13 +1,14 @@
 """The data order: one global permutation per epoch, consumed `globalBatchSize` samples per step
 from a resumable cursor, each rank taking its contiguous share of every step (see
-:mod:`ddp_trainer.batching`). Resuming at the cursor with any world size therefore neither repeats
-nor skips a sample; :class:`ddp_trainer.loader.StepBatches` feeds these indices to a DataLoader."""
+:mod:`ddp_trainer.data.batching`). Resuming at the cursor with any world size therefore neither
+repeats nor skips a sample; :class:`ddp_trainer.data.loader.StepBatches` feeds these indices to a
+DataLoader."""
 
 from __future__ import annotations
 
 import torch
 
-from .batching import BatchShare
+from ddp_trainer.data.batching import BatchShare
 
 
 def global_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:

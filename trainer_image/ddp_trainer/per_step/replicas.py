@@ -1,6 +1,6 @@
-"""The pure decisions of per-step fault tolerance (:mod:`ddp_trainer.per_step`): a pod's place as
-a replica group from its environment, each participant's share of a step's global batch, and
-when a group loads a checkpoint instead of healing from a live peer. No I/O, no torchft here."""
+"""The pure decisions of per-step fault tolerance (:mod:`ddp_trainer.per_step.trainer`): a pod's
+place as a replica group from its environment, each participant's share of a step's global batch,
+and when a group loads a checkpoint instead of healing from a live peer. No I/O, no torchft here."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from ddp_api.contract import (
     ENV_REPLICA_GROUP,
     FAULT_TOLERANCE_PER_STEP,
 )
-
-from .batching import micro_sizes
+from ddp_trainer.data.batching import micro_sizes
 
 DEFAULT_GROUP_TIMEOUT_S = 30.0
 

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from ddp_api.contract import ENV_POD_IP
 
 if TYPE_CHECKING:
-    from .distributed import DistEnv
+    from ddp_trainer.distributed import DistEnv
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ddp_trainer.metrics")
 
 PREFIX = "ddp_trainer_"
 # Anywhere from a toy model on a CPU (milliseconds) to a large one (a minute) per step.

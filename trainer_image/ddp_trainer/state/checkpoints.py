@@ -1,6 +1,6 @@
 """Checkpointing a run: global rank 0 writes checkpoints of the Stateful parts (in the background
 between steps, waiting for the write at the end), and every rank resumes from the one rank 0
-picks. The folder, its files and their checks are :mod:`ddp_trainer.checkpoint`'s."""
+picks. The folder, its files and their checks are :mod:`ddp_trainer.state.store`'s."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 import torch.distributed as dist
 
 from ddp_api.trainer_config import TrainerConfig
-
-from . import checkpoint as ckpt
-from .distributed import DistEnv
-from .metrics import TrainerMetrics
-from .state import Stateful, scatter
+from ddp_trainer.distributed import DistEnv
+from ddp_trainer.reporting.prometheus import TrainerMetrics
+from ddp_trainer.state import store as ckpt
+from ddp_trainer.state.train_state import Stateful, scatter
+from ddp_trainer.state.writer import AsyncCheckpointWriter, snapshot
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -61,7 +61,7 @@ class Checkpoints:
         self.env, self.metrics, self.distributed = env, metrics, distributed
         self.store = ckpt.CheckpointStore(directory, keep=keep)
         self.writer = (
-            ckpt.AsyncCheckpointWriter(self.store, on_written=self._written, on_failed=self._failed)
+            AsyncCheckpointWriter(self.store, on_written=self._written, on_failed=self._failed)
             if env.rank == 0
             else None
         )
@@ -81,7 +81,7 @@ class Checkpoints:
     ) -> dict[str, Any] | None:
         """Loads the newest complete checkpoint into ``parts``, the same one on every rank (rank 0
         picks); returns what it held (None: there is none, the run starts afresh). A checkpoint
-        that cannot be read raises (:class:`~ddp_trainer.checkpoint.UnreadableCheckpoint`): the
+        that cannot be read raises (:class:`~ddp_trainer.state.store.UnreadableCheckpoint`): the
         worker fails rather than resume from an older one. ``accept`` sees the checkpoint first
         and raises to refuse it (nothing is loaded then)."""
         found = None
@@ -131,7 +131,7 @@ class Checkpoints:
                 self._failed(step, error)
                 return None
         else:
-            self.writer.submit(step, ckpt.snapshot(contents()))
+            self.writer.submit(step, snapshot(contents()))
         blocked = time.perf_counter() - started
         self.metrics.checkpoint_blocked(blocked)
         return Saved(blocked, synchronous)

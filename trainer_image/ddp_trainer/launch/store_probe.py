@@ -1,0 +1,94 @@
+"""Whether the job's rendezvous store is there, and which one: every store publishes a random id
+under :data:`STORE_ID_KEY` when it starts (:mod:`ddp_trainer.launch.rdzv_store`), so a node
+that finds another id, or none, knows the store it joined is gone (the supervisor,
+:mod:`ddp_trainer.launch.supervisor`, then starts torchrun again)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from ddp_api.contract import LABEL_PREFIX, RDZV_PORT
+
+log = logging.getLogger("ddp_trainer.node")
+
+STORE_ID_KEY = f"{LABEL_PREFIX}store-id"
+PROBE_TIMEOUT_S = 1.0  # one try at the store: short, so none sleeps past a new store
+STORE_POLL_S = 0.25
+
+
+def store_replaced(joined: str | None, now: str | None) -> bool:
+    """Whether the store torchrun joined is gone for sure: another store answers at its
+    address (a store that does not answer may only be slow, or its machine not yet declared
+    lost: torchrun's own timeouts judge that)."""
+    return joined is not None and now is not None and now != joined
+
+
+def split_endpoint(endpoint: str, default_port: int = RDZV_PORT) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    if not host:
+        return endpoint, default_port
+    return host.strip("[]"), int(port)
+
+
+def read_store_id(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The id the store at ``endpoint`` published, or None when none answers in time.
+
+    A plain TCP connect first: TCPStore's client backs off for seconds after a refused
+    connection, longer than ``timeout_s``, which would start torchrun seconds after the new
+    store answers."""
+    from torch.distributed import TCPStore
+
+    host, port = split_endpoint(endpoint)
+    try:
+        socket.create_connection((host, port), timeout=min(timeout_s, 1.0)).close()
+    except OSError:
+        return None
+    try:
+        store = TCPStore(
+            host,
+            port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        return store.get(STORE_ID_KEY).decode()
+    except Exception:  # refused, unresolvable, timed out: no store there now
+        return None
+
+
+def probe_store_id(endpoint: str, wait_s: float = 2 * PROBE_TIMEOUT_S) -> str | None:
+    """:func:`read_store_id` that returns within ``wait_s`` whatever happens. A store whose
+    machine froze still accepts connections (its kernel answers) while its process never
+    replies, and TCPStore's client can then block past its timeout: the probe runs in a
+    thread of its own, which is left behind (blocked on that dead connection) when it takes
+    too long, and the answer is None: no store answers."""
+    found: list[str | None] = []
+    probe = threading.Thread(
+        target=lambda: found.append(read_store_id(endpoint)), name="store-probe", daemon=True
+    )
+    probe.start()
+    probe.join(wait_s)
+    return found[0] if found else None
+
+
+def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | None:
+    """Polls until the store answers with its id (None past the deadline or when stopping)."""
+    started = time.monotonic()
+    said = 0.0
+    while not stopping():
+        found = probe_store_id(endpoint)
+        if found is not None:
+            return found
+        waited = time.monotonic() - started
+        if waited >= deadline_s:
+            return None
+        if waited - said >= 10:
+            said = waited
+            log.info("waiting for the rendezvous store at %s (%.0fs)", endpoint, waited)
+        time.sleep(STORE_POLL_S)
+    return None

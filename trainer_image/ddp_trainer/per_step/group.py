@@ -1,0 +1,244 @@
+"""This process's side of torchft in PerStep mode (see :mod:`ddp_trainer.per_step.trainer`): its
+``Manager`` (quorums, heals over torchft's HTTP checkpoint transport, the commit vote), the
+cross-group process group, and a step's gradients summed over every participant: each local
+rank's share -> a sum over the group's local ranks (default process group) -> local rank r sums
+chunk r of that vector across the groups (``Manager.allreduce``) -> the chunks are gathered
+back inside the group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_trainer.distributed import DistEnv
+from ddp_trainer.parts import Parts
+from ddp_trainer.per_step.replicas import GroupSettings, mean_divisor, url_host, whole_batch
+from ddp_trainer.state.train_state import scatter
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
+
+QUORUM_RETRIES = 10  # the manager server's own tries at the lighthouse within one quorum
+
+
+class Tail:
+    """Indices of the counters at the end of the all-reduced vector (after the gradients)."""
+
+    SAMPLES, TERMS, LOSS, STOP = range(-4, 0)
+
+
+def _transport(host: str, timeout: timedelta) -> Any:
+    """torchft's HTTP checkpoint transport, advertising ``host`` (the pod IP) instead of the
+    hostname, which peers may not resolve."""
+    from torchft.checkpointing import HTTPTransport
+
+    class PodHTTPTransport(HTTPTransport):
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            return f"http://{url_host(host)}:{port}/checkpoint/"
+
+    return PodHTTPTransport(timeout=timeout, num_chunks=0)
+
+
+def _cross_group_pg(device: torch.device, timeout: timedelta) -> Any:
+    """The cross-group process group: NCCL on CUDA (aborted on a lost peer), else gloo."""
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+    if device.type == "cuda":
+        return ProcessGroupNCCL(timeout=timeout)
+    return ProcessGroupGloo(timeout=timeout)
+
+
+def quiet_torchft() -> None:
+    """torchft logs several lines per step at INFO (its Rust side reads RUST_LOG when it is
+    first imported): warnings only, unless RUST_LOG says otherwise. This module's own lines say
+    what matters (quorums that fail, heals, steps redone)."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    logging.getLogger("torchft").setLevel(logging.WARNING)
+
+
+class ReplicaGroup:
+    """This process's torchft Manager and what goes through it (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: GroupSettings,
+        env: DistEnv,
+        parts: Parts,
+        distributed: bool,
+        phase: Callable[[str], None],
+    ):
+        self.settings, self.env, self.distributed = settings, env, distributed
+        self.parts, self.device = parts, parts.device
+        self.phase = phase  # the test hook at each phase (ddp_trainer.per_step.hooks.StopAt)
+        self.manager: Any = None
+        self.healed_from: str | None = None  # the last heal: "step N from <address>"
+        self._state_dict: Callable[[], dict[str, Any]] = dict
+
+    def start(self, state_dict: Callable[[], dict[str, Any]]) -> None:
+        """Starts this process's torchft Manager: a heal loads a live peer's state into the
+        parts, and a peer that heals from this group gets ``state_dict()`` (a checkpoint's
+        contents)."""
+        self._state_dict = state_dict
+        from torchft import Manager
+
+        g, e = self.settings, self.env
+        timeout = timedelta(seconds=g.timeout_s)
+        self.manager = Manager(
+            pg=_cross_group_pg(self.device, timeout),
+            load_state_dict=self._load_from_peer,
+            state_dict=self._state_for_peer,
+            min_replica_size=g.min_groups,
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=g.quorum_timeout_s),
+            connect_timeout=timeout,
+            rank=e.local_rank,
+            world_size=e.world_size,
+            store_addr=g.host,  # torchrun's store, as the other groups reach it
+            store_port=int(os.environ["MASTER_PORT"]),
+            lighthouse_addr=g.lighthouse,
+            replica_id=g.replica_id,
+            hostname=url_host(g.host),
+            checkpoint_transport=_transport(g.host, timeout),
+            init_sync=False,  # every group builds the same weights from the seed
+            quorum_retries=QUORUM_RETRIES,
+        )
+        log.info(
+            "replica group %s (local rank %d of %d, pid %d): lighthouse %s, at least %d groups, "
+            "group timeout %gs",
+            g.replica_id,
+            e.local_rank,
+            e.world_size,
+            os.getpid(),
+            g.lighthouse,
+            g.min_groups,
+            g.timeout_s,
+        )
+
+    def _state_for_peer(self) -> dict[str, Any]:
+        """What a healing peer loads (torchft calls it when a peer heals from this group)."""
+        self.phase("serve")
+        return self._state_dict()
+
+    def _load_from_peer(self, state: dict[str, Any]) -> None:
+        """Loads a live peer's state (torchft calls it, in the main thread, while healing)."""
+        self.phase("heal")
+        scatter(state, self.parts.stateful())
+        self.healed_from = f"step {state['step']}"
+        log.info(
+            "healed from a live peer: step %d (no checkpoint loaded)",
+            self.parts.state.position.step,
+        )
+
+    def quorum(self) -> bool:
+        """One quorum (healing this group if it is behind); False when it failed: the
+        lighthouse is away, too few groups, a peer vanished while it formed."""
+        self.healed_from = None
+        try:
+            self.manager.start_quorum(timeout=timedelta(seconds=self.settings.quorum_timeout_s))
+        except Exception as error:
+            log.warning("no quorum (%s); trying again", str(error).splitlines()[0][:300])
+            # torchft 0.2.0 keeps the failed future and raises it again at the next
+            # start_quorum: drop it, so the next try is a new quorum.
+            self.manager._quorum_future = None
+            return False
+        members = self.manager.num_participants()
+        if self.manager.errored() is not None:
+            log.warning("quorum of %d groups: %s", members, self.manager.errored())
+        return True
+
+    def reduce(
+        self,
+        model: torch.nn.Module,
+        samples: int,
+        terms: int,
+        loss_sum: torch.Tensor,
+        stop: threading.Event,
+    ) -> torch.Tensor:
+        """The step's gradients, summed over every participant and divided by the global
+        batch's loss terms, put back into ``.grad``; returns the all-reduced vector (gradients,
+        then the counters of :class:`Tail`). Errors of other groups are torchft's to record."""
+        e, m, device = self.env, self.manager, self.device
+        params = [q for q in model.parameters() if q.requires_grad]
+        zeros = torch.zeros((), device=device)
+        tail = torch.stack(
+            [
+                zeros + samples,
+                zeros + terms,
+                loss_sum,
+                zeros + float(stop.is_set()),
+            ]
+        )
+        flat = torch.cat(
+            [
+                *(
+                    q.grad.reshape(-1).float()
+                    if q.grad is not None
+                    else torch.zeros(q.numel(), device=device)
+                    for q in params
+                ),
+                tail,
+            ]
+        )
+        if self.distributed:
+            dist.all_reduce(flat)  # the group's sum, and whether a local rank was asked to stop
+        cross = flat[: Tail.STOP]  # the stop flag stays in the group
+        nproc = e.world_size
+        per = -(-cross.numel() // nproc)
+        padded = (
+            cross
+            if nproc == 1
+            else torch.cat([cross, cross.new_zeros(per * nproc - cross.numel())])
+        )
+        mine = padded[e.local_rank * per : (e.local_rank + 1) * per]
+        work = m.allreduce(mine, reduce_op=dist.ReduceOp.SUM)
+        self.phase("allreduce")
+        work.wait()
+        if nproc > 1:
+            chunks = [torch.empty_like(mine) for _ in range(nproc)]
+            dist.all_gather(chunks, mine)
+            cross.copy_(torch.cat(chunks)[: cross.numel()])
+        divisor = mean_divisor(float(flat[Tail.TERMS]))
+        offset = 0
+        for q in params:
+            size = q.numel()
+            q.grad = (flat[offset : offset + size] / divisor).view_as(q).to(q.dtype)
+            offset += size
+        return flat
+
+    def commit(
+        self, flat: torch.Tensor, before: dict[str, int], global_batch: int, step: int
+    ) -> bool:
+        """The group's vote on the step: its all-reduce completed and held the whole global
+        batch. A failed vote is a step not committed; the local ranks agree on the answer.
+        ``step``: the step tried (1-based), for the log."""
+        m = self.manager
+        samples, batch = float(flat[Tail.SAMPLES]), global_batch
+        if m.errored() is None and not whole_batch(samples, batch):
+            m.report_error(RuntimeError(f"the step's batch has {samples} samples, not {batch}"))
+        self.phase("commit")
+        try:
+            vote = bool(m.should_commit())
+        except Exception as error:
+            log.warning("the commit vote failed (%s): the step is redone", error)
+            vote = False
+        if self.distributed:
+            agreed = torch.tensor([float(vote)], device=self.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+            if vote and not agreed.item():
+                m.load_state_dict(before)  # another local rank did not commit: neither does this
+                vote = False
+        if not vote and m.errored() is not None:
+            log.info(
+                "step %d not committed: %s",
+                step,
+                str(m.errored()).splitlines()[0][:300],
+            )
+        return vote

@@ -1,0 +1,64 @@
+"""This process's share of a PerStep step: its sample indices (its part of the step's global batch,
+in Restart mode's order: :mod:`ddp_trainer.data.sampler`) and the forward and backward over
+them, each micro-batch's mean loss weighted by its loss terms."""
+
+from __future__ import annotations
+
+import torch
+
+from ddp_trainer.data.batching import Position, position_after
+from ddp_trainer.data.sampler import global_order
+from ddp_trainer.data.weighting import empty_loss, loss_terms
+from ddp_trainer.data.workloads import fetch_batch
+from ddp_trainer.parts import Parts
+from ddp_trainer.per_step.replicas import micro_split
+from ddp_trainer.state.train_state import TrainState
+from ddp_trainer.step import autocast
+
+
+def position_of(step: int, state: TrainState) -> Position:
+    """The data position of ``step``: a pure function of it (the global batch never changes in
+    a run), the same on every group whatever it healed or loaded."""
+    return position_after(Position(0, 0, 0), step, state.global_batch, state.num_samples)
+
+
+class Shares:
+    """The sample indices of a share of a step (the epoch's permutation is kept, as it is
+    needed again at every step of the epoch)."""
+
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples, self.seed = num_samples, seed
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def indices(self, pos: Position, share: tuple[int, int]) -> torch.Tensor:
+        """The indices of ``share`` (start, count) of the global batch of the step at ``pos``."""
+        if self._order is None or self._order[0] != pos.epoch:
+            self._order = (pos.epoch, global_order(self.num_samples, self.seed, pos.epoch))
+        start, count = share
+        first = pos.samples_in_epoch + start
+        return self._order[1][first : first + count]
+
+
+def forward_backward(
+    parts: Parts, indices: torch.Tensor
+) -> tuple[torch.Tensor, int, tuple[int, ...]]:
+    """Forward and backward over ``indices`` in micro-batches (no all-reduce here); returns the
+    summed loss over their loss terms, the loss terms, and the micro-batch sizes."""
+    p = parts
+    loss_sum = torch.zeros((), device=p.device)
+    terms = 0
+    micro = micro_split(len(indices), p.state.micro_batch_cap)
+    for part in indices.split(list(micro)):
+        inputs, targets = fetch_batch(p.train_set, part)
+        inputs = inputs.to(p.device, non_blocking=True)
+        targets = targets.to(p.device, non_blocking=True)
+        count = loss_terms(p.count_targets, targets)
+        with autocast(p):
+            outputs = p.net(inputs)
+            loss = p.loss_fn(outputs, targets)
+        weighted = loss * count if count else empty_loss(outputs, loss)
+        p.scaler.scale(weighted).backward()
+        if count:
+            loss_sum += loss.detach().float() * count
+            terms += count
+    return loss_sum, terms, micro

@@ -1,0 +1,323 @@
+"""Per-step fault tolerance (``DDPJOB_FAULT_TOLERANCE=PerStep``): each node pod is one torchft
+replica group that keeps training, step by step, whichever other groups are lost or join.
+
+**Groups and ranks.** A pod runs torchrun standalone (``--nnodes 1``, its own local store): its
+``nprocPerNode`` workers are local ranks 0..n-1 of one replica group (``REPLICA_GROUP_ID``), joined
+by torchrun's default process group. Every worker has a torchft ``Manager`` (local rank 0's
+hosts the group's manager server, which talks to the lighthouse), so local rank r of every group
+is rank r's cross-group ring: torchft's reconfigurable process group of the quorum's members
+(gloo on CPU, NCCL on CUDA). A step's gradients go: each local rank's share -> a sum over the
+group's local ranks (default process group) -> local rank r sums chunk r of that vector across
+the groups (``Manager.allreduce``) -> the chunks are gathered back inside the group.
+
+**Not torchft's DistributedDataParallel.** Its comm hook crashes survivors when a peer dies
+mid-all-reduce (``assert fut._fut`` in ``torchft/ddp.py``, upstream issues #295 and #304; a probe
+here crashed both survivors of one SIGKILL). ``Manager.allreduce(...).wait()`` instead turns a
+lost peer's error into ``manager.errored()``: the step is not committed, never a raised error.
+
+**Synchronous quorum** (``use_async_quorum=False``). ``start_quorum`` returns once the quorum
+is known and a joining group has healed, i.e. loaded a live peer's state of the quorum's max step
+over torchft's HTTP checkpoint transport, before its forward pass. torchft then counts every
+member of the quorum as participating (participating rank = replica rank, participants = quorum
+size); in async mode only the groups already at the max step participate and healing groups add
+zeros, which would make the split below depend on who was healing. So every participant trains
+the same step, ``manager.current_step()``.
+
+**Exactly-once data.** Step s's global batch is Restart mode's (the same permutation and
+cursor arithmetic, :mod:`ddp_trainer.data.sampler`,
+:func:`~ddp_trainer.data.batching.position_after`); the participants split it by (participating
+rank, local rank) (:func:`~ddp_trainer.per_step.replicas.participant_share`). Each micro-batch's
+mean loss is weighted by its loss terms; the all-reduced vector carries the sample and term counts,
+and the summed gradient is divided by the terms: the update is the full batch's mean whoever took
+which share. A group commits step s only if its all-reduce completed (so every participant's share
+is in it) and the count is the whole batch (:func:`~ddp_trainer.per_step.replicas.whole_batch`); a
+step that fails (a peer died mid-step) is redone by the survivors in the next quorum with their new
+split. A group that failed a step which others committed is one step behind: its next quorum heals
+it.
+
+**Errors.** A lost peer shows up as a gloo error or timeout in the all-reduce, a failed
+process-group configure or heal (torchft reports them: no commit), a failed quorum (a lighthouse
+that restarts, too few groups: tried again), or a failed commit vote: each becomes "this step is
+not committed, redo it". Only local failures (a local rank gone, a model error) end the process.
+
+**Checkpoints** are written by the writer: participating rank 0 of the last quorum, local rank
+0, with torchft's own state (``torchft``). A group loads one only when its first quorum's max step
+is 0 (:func:`~ddp_trainer.per_step.replicas.loads_checkpoint`: a new job, or every group was lost);
+else it heals from a live peer. Progress reports and the run log come from the writer, with
+``groups``: the groups that trained the last committed step. At the last step the writer saves
+and marks the run complete; the others wait for that record (if the writer dies first, they
+quorum again and one of them is the writer).
+
+This module is the loop (:class:`PerStepTrainer`); it calls this process's side of torchft
+(:mod:`~ddp_trainer.per_step.group`: the Manager, heals, the all-reduce, the commit vote), its
+share of each step (:mod:`~ddp_trainer.per_step.share`), the completion record
+(:mod:`~ddp_trainer.per_step.completion`) and the test hooks, ``DDPJOB_SAMPLE_LOG`` and
+``DDPJOB_TEST_STOP_AT`` (:mod:`~ddp_trainer.per_step.hooks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_api.trainer_config import TrainerConfig
+from ddp_trainer import ending, hold
+from ddp_trainer.data.batching import position_after, step_seed
+from ddp_trainer.distributed import DistEnv, Interrupted, init_distributed
+from ddp_trainer.parts import Parts, build_parts, compiled
+from ddp_trainer.per_step.completion import completed, wait_for_completion
+from ddp_trainer.per_step.group import ReplicaGroup, Tail, quiet_torchft
+from ddp_trainer.per_step.hooks import ENV_SAMPLE_LOG, ENV_STOP_AT, SampleLog, StopAt
+from ddp_trainer.per_step.replicas import (
+    GroupSettings,
+    loads_checkpoint,
+    participant_share,
+    run_id,
+)
+from ddp_trainer.per_step.share import Shares, forward_backward, position_of
+from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
+from ddp_trainer.step import set_lr
+from ddp_trainer.trainer import Trainer
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
+
+
+class PerStepTrainer(Trainer):
+    """One process of one replica group (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        checkpoint_dir: Path,
+        env: DistEnv,
+        group: GroupSettings,
+        metrics: TrainerMetrics | None = None,
+    ):
+        parts = group_parts(config, env, group)
+        super().__init__(config, checkpoint_dir, env, parts, metrics)
+        self.group = group
+        self.is_main = False  # the writer: set at each quorum
+        self.tally.speaks = False
+        # Local rank 0 of every group looks for a hold's release file, not the writer's alone:
+        # each group holds on its own (the folder is shared).
+        self.holds.looks = lambda: env.local_rank == 0
+        self.samples = SampleLog(
+            os.environ.get(ENV_SAMPLE_LOG), f"{group.replica_id}-{env.local_rank}"
+        )
+        self.phase = StopAt(os.environ.get(ENV_STOP_AT))
+        self.replicas = ReplicaGroup(group, env, parts, self.distributed, self.phase)
+        self.shares = Shares(parts.state.num_samples, config.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint's contents, with torchft's own state (its step count)."""
+        state = super().state_dict()
+        if self.replicas.manager is not None:
+            state["torchft"] = self.replicas.manager.state_dict()
+        return state
+
+    def _quorum(self) -> bool:
+        """One quorum (:meth:`ReplicaGroup.quorum`); its participating rank 0 is the writer."""
+        if not self.replicas.quorum():
+            return False
+        writer = self.replicas.manager.participating_rank() == 0
+        self.is_main = writer and self.env.local_rank == 0
+        self.tally.speaks = writer
+        return True
+
+    # the run ---------------------------------------------------------------------------
+
+    def train(self) -> int:
+        """Train to the end (0), or until SIGTERM (143)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_requested.set())
+        self.phase("start")
+        self.replicas.start(self.state_dict)
+        try:
+            return self._run_to_end(self._run)
+        finally:
+            self.replicas.manager.shutdown(wait=False)
+
+    def _run(self) -> int:
+        """Quorum, train the quorum's step, again, to the end; returns 0 (the caller closes)."""
+        c, e, total, m = self.config, self.env, self.parts.total_steps, self.replicas
+        folder = self.checkpoints.store.directory
+
+        def done() -> bool:  # another group may have completed the run
+            return completed(folder, e.run_id)
+
+        first, redo = True, False
+        self.tally.restart_clock()
+        started = time.perf_counter()
+        while True:
+            self.phase("quorum")
+            if not self._quorum():
+                if self.stop_requested.is_set():  # while waiting for peers or the lighthouse
+                    raise Interrupted("SIGTERM")
+                redo = True
+                continue
+            step = m.manager.current_step()
+            if first:
+                if m.manager.errored() is not None:
+                    redo = True  # the heal failed: a live group was there, quorum again
+                    continue
+                first = False
+                if self._begin(step):
+                    continue  # a checkpoint was loaded: quorum again at its step
+            if redo and done():
+                return self._done_elsewhere()
+            self._align(step)
+            if step >= total:
+                if done():
+                    return self._done_elsewhere()
+                if self.tally.speaks:  # the writer group
+                    return self._finish()
+                timeout_s = self.group.timeout_s
+                if wait_for_completion(folder, e.run_id, timeout_s, self.stop_requested):
+                    return self._done_elsewhere()
+                continue
+            committed, stop, lr, grad_norm = self._try_step(step)
+            redo = not committed
+            if committed:
+                self._after_step(time.perf_counter() - started, lr, grad_norm)
+                started = time.perf_counter()
+            if stop:
+                raise Interrupted(
+                    "SIGTERM" if self.stop_requested.is_set() else "SIGTERM on a local rank"
+                )
+            if committed:
+                step = self.position.step
+                every = c.checkpoint_every_steps
+                if every and step % every == 0 and step < total and self.tally.speaks:
+                    self.save_checkpoint(wait=False)
+                if hold.holds_at(step, c.hold_at_steps, total):
+                    self.holds.wait(step)
+                    started = time.perf_counter()
+
+    def _begin(self, step: int) -> bool:
+        """After the first quorum: load the newest checkpoint when no live group has trained a
+        step (then True: the groups quorum again at its step), else go on from the heal."""
+        e = self.env
+        loaded = None
+        if loads_checkpoint(step):
+            loaded = self._load_checkpoint()
+        if loaded is not None:
+            saved = loaded.get("torchft") or {}
+            self.replicas.manager.load_state_dict(
+                {"step": loaded["step"], "batches_committed": saved.get("batches_committed", 0)}
+            )
+            self.tally.resumed(saved_world_size=loaded["worldSize"])
+            log.info(
+                "no live group to heal from: resumed from checkpoint %s",
+                self.checkpoints.resumed_from,
+            )
+        self.tally.world = self.replicas.manager.num_participants() * e.world_size
+        self.tally.groups = self.replicas.manager.num_participants()
+        self.tally.started(group=self.group.group, healedFrom=self.replicas.healed_from)
+        return loaded is not None
+
+    def _align(self, step: int) -> None:
+        """Sets the data position of ``step`` (:func:`position_of`) if it is not that."""
+        here = position_of(step, self.parts.state)
+        if here != self.position:
+            log.warning("data position %s set to step %d's %s", self.position, step, here)
+            self.position = here
+
+    def _try_step(self, step: int) -> tuple[bool, bool, float, float]:
+        """One try at step ``step`` (0-based) with this quorum; returns (committed, stop, lr,
+        gradient norm)."""
+        p, c, e, m = self.parts, self.config, self.env, self.replicas.manager
+        groups, rank = m.num_participants(), m.participating_rank()
+        lr = set_lr(p, c, step)
+        flat_rank = (rank or 0) * e.world_size + e.local_rank
+        torch.manual_seed(step_seed(c.seed, step, flat_rank))
+        share = participant_share(c.global_batch_size, groups, rank, e.world_size, e.local_rank)
+        indices = self.shares.indices(self.position, share)
+        quorum = m._quorum_id  # only for the sample log: which quorum fed what
+        fed = dict(step=step, quorum=quorum, groups=groups, rank=flat_rank)
+        if m.errored() is None:
+            self.samples.write(event="fed", **fed, indices=indices.tolist())
+        self.phase("forward")
+        loss_sum, terms, micro = forward_backward(p, indices)
+        self.consistent = False
+        before = m.state_dict()
+        flat = self.replicas.reduce(p.model, len(indices), terms, loss_sum, self.stop_requested)
+        stop = bool(flat[Tail.STOP] > 0)
+        committed = self.replicas.commit(flat, before, c.global_batch_size, self.position.step + 1)
+        grad_norm = float("nan")
+        if committed:
+            grad_norm = self.update.apply(step + 1)
+            self.samples.write(event="committed", **fed)
+            global_terms = float(flat[Tail.TERMS])
+            if global_terms:
+                self.tally.add_loss(flat[Tail.LOSS] / global_terms, int(global_terms))
+            self.tally.world, self.tally.groups = groups * e.world_size, groups
+            self.tally.share = (len(indices), len(micro))
+        else:
+            p.optimizer.zero_grad(set_to_none=True)
+        self.consistent = True
+        return committed, stop, lr, grad_norm
+
+    def _after_step(self, step_s: float, lr: float, grad_norm: float) -> None:
+        """The data position after a committed step, its metrics and (when due) its line."""
+        c, total = self.config, self.parts.total_steps
+        p = self.parts.state
+        self.position = position_after(self.position, 1, p.global_batch, p.num_samples)
+        step = self.position.step
+        self.timeout.set(c.steady_timeout_s)  # every local rank is past its start
+        self.tally.step_done(step_s, lr, grad_norm)
+        if step % c.log_every_steps == 0 or step == total or step == 1:
+            self.tally.progress()
+
+    def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
+        """Only the writer group saves (see the module docstring)."""
+        if self.tally.speaks:
+            super().save_checkpoint(wait, every_rank)
+
+    def _done_elsewhere(self) -> int:
+        """Training is complete and another group wrote the final checkpoint: exit 0."""
+        log.info(
+            "training complete at step %d (the final checkpoint is another group's)",
+            self.parts.total_steps,
+        )
+        folder = self.checkpoints.store.directory
+        ending.hold_at_end(self.config, self.parts, folder, self.tally, self.stop_requested)
+        return 0
+
+
+def group_parts(config: TrainerConfig, env: DistEnv, group: GroupSettings) -> Parts:
+    """The parts of one process of a group, with the micro-batch cap of a full-strength job:
+    with fewer groups a share grows, and runs in more micro-batches rather than in larger ones."""
+    distributed = dist.is_available() and dist.is_initialized()
+    world = group.groups_hint * env.world_size
+    parts = build_parts(config, env.local_rank, env.local_rank, world, distributed)
+    if config.compile:
+        parts.net = compiled(parts.model)
+    return parts
+
+
+def run_per_step(config: TrainerConfig, checkpoint_dir: Path) -> int:
+    """Train as one process of a replica group; returns the exit code."""
+    group = GroupSettings.from_env(os.environ)
+    quiet_torchft()
+    env = dataclasses.replace(DistEnv.from_env(), run_id=run_id(os.environ))
+    metrics = process_metrics(env)
+    if env.local_rank == 0:
+        serve(metrics.registry, config.metrics_port, listen_address(os.environ))
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    init_distributed(env, config)  # torchrun's local process group: this group's ranks
+    trainer = PerStepTrainer(config, checkpoint_dir, env, group, metrics)
+    code = trainer.train()
+    if code == 0 and dist.is_initialized():
+        dist.destroy_process_group()
+    return code
