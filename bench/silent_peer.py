@@ -40,6 +40,7 @@ from trainer_harness import Launcher, events, wait_until  # noqa: E402
 
 from ddp_api.trainer_config import TrainerConfig  # noqa: E402
 from ddp_devcluster.procs import descendants  # noqa: E402
+from ddp_devcluster.recipes import digits  # noqa: E402
 from ddp_operator.render import RDZV_CONF  # noqa: E402
 from ddp_trainer.hold import release  # noqa: E402
 
@@ -55,16 +56,7 @@ def measure(
     replace_after_s: float | None = None,
     workdir: Path | None = None,
 ) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "workload": "digits",
-        "epochs": 3,
-        "globalBatchSize": 64,
-        "amp": "off",
-        "checkpointEverySteps": 25,
-        "logEverySteps": 5,
-        "evaluate": False,
-        "holdAtSteps": [HOLD],
-    }
+    settings = digits(epochs=3, checkpointEverySteps=25, logEverySteps=5, holdAtSteps=[HOLD])
     if pg_timeout_s is not None:
         settings["pgTimeoutS"] = pg_timeout_s
     if step_timeout_s is not None:

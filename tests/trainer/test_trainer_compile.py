@@ -9,22 +9,13 @@ import pytest
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
+from ddp_devcluster.recipes import synthetic
 from ddp_trainer.data.workloads import build_model
 from ddp_trainer.state.store import CheckpointStore
 from ddp_trainer.trainer import DistEnv, Trainer
 
 # A tiny MLP: compiling it on CPU (inductor, gcc) takes seconds, not minutes.
-TINY = {
-    "workload": "synthetic",
-    "syntheticSamples": 256,
-    "syntheticDim": 8,
-    "syntheticHidden": 16,
-    "globalBatchSize": 32,
-    "amp": "off",
-    "checkpointEverySteps": 3,
-    "logEverySteps": 1,
-    "evaluate": False,
-}
+TINY = synthetic(syntheticSamples=256, checkpointEverySteps=3)
 
 pytestmark = pytest.mark.usefixtures("trainer_in_this_process")
 

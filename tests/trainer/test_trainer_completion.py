@@ -9,21 +9,14 @@ import time
 import pytest
 from trainer_harness import Launcher, Proc, events, last_step, wait_until
 
+from ddp_devcluster.recipes import DIGITS_STEPS_PER_EPOCH, digits
 from ddp_trainer.hold import release
 from ddp_trainer.state.store import read_completion
 
-TOTAL = 1437 // 64  # digits, one epoch
-SETTINGS = {
-    "workload": "digits",
-    "epochs": 1,
-    "globalBatchSize": 64,
-    "amp": "off",
-    "checkpointEverySteps": 10,
-    "logEverySteps": 1,
-    "evaluate": False,
-    "pgTimeoutS": 30,
-    "holdAtSteps": [TOTAL],  # after training completed
-}
+TOTAL = DIGITS_STEPS_PER_EPOCH  # one epoch
+SETTINGS = digits(  # held after training completed
+    epochs=1, checkpointEverySteps=10, logEverySteps=1, pgTimeoutS=30, holdAtSteps=[TOTAL]
+)
 
 
 @pytest.mark.timeout(300)
@@ -35,8 +28,8 @@ def test_a_node_lost_at_the_end_is_not_waited_for_and_a_late_node_exits_zero(
 
     def node(name: str) -> Proc:
         return launcher.node(
-            name, endpoint=endpoint, nnodes="2:2", nproc=1, settings=SETTINGS,
-            checkpoint_dir=ckpt, is_host=False, rdzv_id="job-uid", supervised=True,
+            name, endpoint=endpoint, nnodes="2:2", settings=SETTINGS,
+            checkpoint_dir=ckpt, rdzv_id="job-uid", supervised=True,
         )  # fmt: skip
 
     survivor, lost = node("node-0"), node("node-1")

@@ -5,36 +5,26 @@ from __future__ import annotations
 import torch
 from trainer_harness import Launcher, events, free_port, metrics
 
+from ddp_devcluster.recipes import digits
 from ddp_trainer.data.workloads import digits_data
 from ddp_trainer.state.store import CheckpointStore, load_for_inference
 
-DIGITS = {
-    "workload": "digits",
-    "epochs": 10,
-    "globalBatchSize": 64,
-    "amp": "off",
-    "checkpointEverySteps": 50,
-    "logEverySteps": 20,
-    "pgTimeoutS": 60,
-}
+DIGITS = digits(epochs=10, checkpointEverySteps=50, logEverySteps=20, pgTimeoutS=60, evaluate=True)
 
 
 def test_two_nodes_reach_accuracy_and_only_rank0_writes(launcher: Launcher) -> None:
     ckpt = launcher.workdir / "ckpt"
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [
-        launcher.node(
-            f"node{i}",
-            endpoint=endpoint,
-            nnodes="2",
-            nproc=2,
-            settings=DIGITS,
-            checkpoint_dir=ckpt,
-            is_host=i == 0,  # torchrun's default: the first agent hosts the c10d store
-            max_restarts=0,
-        )
-        for i in range(2)
-    ]
+    nodes = launcher.agents(
+        ("node0", "node1"),
+        host="node0",  # torchrun's default: the first agent hosts the c10d store
+        endpoint=endpoint,
+        nnodes="2",
+        nproc=2,
+        settings=DIGITS,
+        checkpoint_dir=ckpt,
+        max_restarts=0,
+    )
     for node in nodes:
         assert node.wait(240) == 0, launcher.logs()
 

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 from trainer_harness import Launcher, events, free_port, last_step, wait_until
 
+from ddp_devcluster.recipes import DIGITS_STEPS_PER_EPOCH, digits
 from ddp_trainer.hold import release
 
-ELASTIC = {
-    "workload": "digits",
-    "epochs": 3,
-    "globalBatchSize": 64,
-    "amp": "off",
-    "checkpointEverySteps": 25,
-    "logEverySteps": 5,
-    "pgTimeoutS": 30,
-}
-TOTAL = 3 * (1437 // 64)
+ELASTIC = digits(epochs=3, checkpointEverySteps=25, logEverySteps=5, pgTimeoutS=30, evaluate=True)
+TOTAL = 3 * DIGITS_STEPS_PER_EPOCH
 
 
 def steps_at_world(ckpt, world: int) -> list[dict]:
@@ -26,19 +19,8 @@ def steps_at_world(ckpt, world: int) -> list[dict]:
 @pytest.mark.timeout(300)
 def test_node_loss_with_dedicated_store_resumes_and_finishes(launcher: Launcher) -> None:
     """Kill the first agent (the one that would host the store by default) mid-run."""
-    ckpt = launcher.workdir / "ckpt"
-    store, endpoint = launcher.store()
-    first, second = (
-        launcher.node(
-            name,
-            endpoint=endpoint,
-            nnodes="1:2",
-            nproc=1,
-            settings={**ELASTIC, "holdAtSteps": [30]},
-            checkpoint_dir=ckpt,
-            is_host=False,
-        )
-        for name in ("node-a", "node-b")
+    store, ckpt, (first, second) = launcher.elastic_pair(
+        ("node-a", "node-b"), {**ELASTIC, "holdAtSteps": [30]}
     )
     wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 30")
     assert [s for s in steps_at_world(ckpt, 2) if s["step"] == 30]
@@ -68,17 +50,13 @@ def test_node_loss_of_the_store_hosting_agent_ends_the_job(launcher: Launcher) -
     """
     ckpt = launcher.workdir / "ckpt"
     endpoint = f"127.0.0.1:{free_port()}"
-    host, other = (
-        launcher.node(
-            name,
-            endpoint=endpoint,
-            nnodes="1:2",
-            nproc=1,
-            settings={**ELASTIC, "holdAtSteps": [20]},  # never released: it ends mid-run
-            checkpoint_dir=ckpt,
-            is_host=name == "host",
-        )
-        for name in ("host", "other")
+    host, other = launcher.agents(
+        ("host", "other"),
+        host="host",
+        endpoint=endpoint,
+        nnodes="1:2",
+        settings={**ELASTIC, "holdAtSteps": [20]},  # never released: it ends mid-run
+        checkpoint_dir=ckpt,
     )
     wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 20")
     assert steps_at_world(ckpt, 2)
@@ -95,11 +73,11 @@ def test_scale_up_from_two_to_three_nodes(launcher: Launcher) -> None:
     # Held after step 40 and never released: the third node's arrival makes the agents stop
     # the workers (SIGTERM: rank 0 saves step 40) and start them again at world size 3.
     settings = {**ELASTIC, "holdAtSteps": [40]}
-    common = dict(endpoint=endpoint, nnodes="2:3", nproc=1, settings=settings, checkpoint_dir=ckpt)
-    nodes = [launcher.node(f"node-{i}", is_host=False, **common) for i in range(2)]
+    common = dict(endpoint=endpoint, nnodes="2:3", settings=settings, checkpoint_dir=ckpt)
+    nodes = [launcher.node(f"node-{i}", **common) for i in range(2)]
     wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 40")
     assert steps_at_world(ckpt, 2)[-1]["step"] == 40
-    nodes.append(launcher.node("node-2", is_host=False, **common))
+    nodes.append(launcher.node("node-2", **common))
 
     for node in nodes:
         assert node.wait(240) == 0, launcher.logs()

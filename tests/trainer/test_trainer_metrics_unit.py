@@ -76,18 +76,21 @@ def test_a_run_fills_them_in() -> None:
     metrics.checkpoint_written(step=23, seconds=0.2, size=12345)
     metrics.checkpoint_failed()
     values = scrape(metrics)
-    assert values["ddp_trainer_step"]["ddp_trainer_step"] == 23
-    assert values["ddp_trainer_total_steps"]["ddp_trainer_total_steps"] == 90
-    assert values["ddp_trainer_step_seconds"]["ddp_trainer_step_seconds_count"] == 3
-    assert values["ddp_trainer_step_seconds"]["ddp_trainer_step_seconds_sum"] == 1.5
-    assert values["ddp_trainer_learning_rate"]["ddp_trainer_learning_rate"] == 0.002
-    assert values["ddp_trainer_grad_norm"]["ddp_trainer_grad_norm"] == 2.3
-    assert values["ddp_trainer_non_finite_steps"]["ddp_trainer_non_finite_steps_total"] == 1
-    assert values["ddp_trainer_loss"]["ddp_trainer_loss"] == 0.75
-    assert values["ddp_trainer_samples_per_second"]["ddp_trainer_samples_per_second"] == 256
-    assert values["ddp_trainer_checkpoint_bytes"]["ddp_trainer_checkpoint_bytes"] == 12345
-    assert values["ddp_trainer_last_checkpoint_step"]["ddp_trainer_last_checkpoint_step"] == 23
-    assert values["ddp_trainer_checkpoint_seconds"]["ddp_trainer_checkpoint_seconds_count"] == 1
+    expected = {
+        ("ddp_trainer_step", "ddp_trainer_step"): 23,
+        ("ddp_trainer_total_steps", "ddp_trainer_total_steps"): 90,
+        ("ddp_trainer_step_seconds", "ddp_trainer_step_seconds_count"): 3,
+        ("ddp_trainer_step_seconds", "ddp_trainer_step_seconds_sum"): 1.5,
+        ("ddp_trainer_learning_rate", "ddp_trainer_learning_rate"): 0.002,
+        ("ddp_trainer_grad_norm", "ddp_trainer_grad_norm"): 2.3,
+        ("ddp_trainer_non_finite_steps", "ddp_trainer_non_finite_steps_total"): 1,
+        ("ddp_trainer_loss", "ddp_trainer_loss"): 0.75,
+        ("ddp_trainer_samples_per_second", "ddp_trainer_samples_per_second"): 256,
+        ("ddp_trainer_checkpoint_bytes", "ddp_trainer_checkpoint_bytes"): 12345,
+        ("ddp_trainer_last_checkpoint_step", "ddp_trainer_last_checkpoint_step"): 23,
+        ("ddp_trainer_checkpoint_seconds", "ddp_trainer_checkpoint_seconds_count"): 1,
+    }
+    assert {(m, s): values[m][s] for m, s in expected} == expected
     blocked = values["ddp_trainer_checkpoint_blocked_seconds"]
     assert blocked["ddp_trainer_checkpoint_blocked_seconds_count"] == 1
     failures = values["ddp_trainer_checkpoint_failures"]

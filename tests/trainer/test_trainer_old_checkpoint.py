@@ -14,20 +14,10 @@ import pytest
 import torch
 from trainer_harness import Launcher, events
 
+from ddp_devcluster.recipes import synthetic
+
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint-format-1"
-SETTINGS = {
-    "workload": "synthetic",
-    "syntheticDim": 8,
-    "syntheticHidden": 16,
-    "syntheticSamples": 256,
-    "globalBatchSize": 32,
-    "amp": "off",
-    "seed": 3,
-    "evaluate": False,
-    "logEverySteps": 1,
-    "checkpointKeep": 1,
-    "maxSteps": 4,
-}
+SETTINGS = synthetic(syntheticSamples=256, seed=3, checkpointKeep=1, maxSteps=4)
 
 
 @pytest.mark.timeout(120)

@@ -21,25 +21,20 @@ import torch
 from trainer_harness import events
 
 from ddp_api.trainer_config import TrainerConfig
+from ddp_devcluster.recipes import synthetic
 from ddp_trainer.data.batching import Position
 from ddp_trainer.trainer import DistEnv, Trainer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint-e7a9ec4"
-SETTINGS = {
-    "workload": "synthetic",
-    "syntheticDim": 8,
-    "syntheticHidden": 16,
-    "syntheticSamples": 100,
-    "globalBatchSize": 32,
-    "microBatchSize": 16,
-    "amp": "fp16",
-    "gradClipNorm": 1.0,
-    "seed": 5,
-    "evaluate": False,
-    "logEverySteps": 1,
-    "checkpointKeep": 1,
-    "maxSteps": 7,
-}
+SETTINGS = synthetic(
+    syntheticSamples=100,
+    microBatchSize=16,
+    amp="fp16",
+    gradClipNorm=1.0,
+    seed=5,
+    checkpointKeep=1,
+    maxSteps=7,
+)
 # The checkpoint's top-level keys at e7a9ec4: what every later trainer writes and reads.
 KEYS = {
     "format",

@@ -24,25 +24,22 @@ import pytest
 from sigterm_rounds import ENV_ROUNDS
 from trainer_harness import Launcher, Proc, events, wait_until
 
+from ddp_devcluster.recipes import digits
 from ddp_trainer.launch.supervisor import descendants
 from ddp_trainer.state.store import CheckpointStore, checkpoint_name
 
 # Eight rounds in the suite (each a random moment per worker, 32 signals in all);
 # DDP_TEST_SIGTERM_ROUNDS=50 makes it a soak (rounds cost ~8 s each on this machine).
 ROUNDS = int(os.environ.get("DDP_TEST_SIGTERM_ROUNDS", "8"))
-SETTINGS = {
-    "workload": "digits",
-    "epochs": 100,  # never reached: every round is stopped by SIGTERM
-    "globalBatchSize": 64,
-    "amp": "off",
-    "seed": 7,
-    "checkpointEverySteps": 0,  # the only checkpoints are the SIGTERM ones
-    "checkpointKeep": 2,
-    "logEverySteps": 1,  # a step line per step: the last one is the step a round stopped at
-    "evaluate": False,
-    "pgTimeoutS": 30,
-    "stepTimeoutS": 15,
-}
+SETTINGS = digits(
+    epochs=100,  # never reached: every round is stopped by SIGTERM
+    seed=7,
+    checkpointEverySteps=0,  # the only checkpoints are the SIGTERM ones
+    checkpointKeep=2,
+    logEverySteps=1,  # a step line per step: the last one is the step a round stopped at
+    pgTimeoutS=30,
+    stepTimeoutS=15,
+)
 STOPPING = re.compile(r"rank(\d+) WARNING ddp_trainer\.trainer: .*stopping at step (\d+)")
 
 
@@ -78,21 +75,17 @@ def test_sigterm_at_any_moment_leaves_the_last_completed_step(launcher: Launcher
     ckpt = launcher.workdir / "ckpt"
     ckpt.mkdir()
     _, endpoint = launcher.store()
-    nodes = [
-        launcher.node(
-            f"node{i}",
-            endpoint=endpoint,
-            nnodes="2",
-            nproc=2,
-            settings=SETTINGS,
-            checkpoint_dir=ckpt,
-            is_host=False,
-            max_restarts=0,  # the workers live through every round
-            worker="sigterm_rounds",
-            extra_env={ENV_ROUNDS: str(ROUNDS)},
-        )
-        for i in range(2)
-    ]
+    nodes = launcher.agents(
+        ("node0", "node1"),
+        endpoint=endpoint,
+        nnodes="2",
+        nproc=2,
+        settings=SETTINGS,
+        checkpoint_dir=ckpt,
+        max_restarts=0,  # the workers live through every round
+        worker="sigterm_rounds",
+        extra_env={ENV_ROUNDS: str(ROUNDS)},
+    )
     rng = random.Random(38)
     previous, seen = 0, [0, 0]  # the step of the last round's checkpoint; log lengths read
     for round_ in range(ROUNDS):

@@ -14,22 +14,16 @@ import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
 from ddp_api.trainer_config import TrainerConfig
+from ddp_devcluster.recipes import DIGITS_STEPS_PER_EPOCH, digits
 from ddp_operator.render import RDZV_CONF
 from ddp_trainer.hold import release
 
 HOLD = 30
-SETTINGS = {  # no pgTimeoutS: its default is what stepTimeoutS must cut short
-    "workload": "digits",
-    "epochs": 2,
-    "globalBatchSize": 64,
-    "amp": "off",
-    "checkpointEverySteps": 25,
-    "logEverySteps": 5,
-    "evaluate": False,
-    "holdAtSteps": [HOLD],
-    "stepTimeoutS": 15,
-}
-TOTAL = 2 * (1437 // 64)
+# no pgTimeoutS: its default is what stepTimeoutS must cut short
+SETTINGS = digits(
+    epochs=2, checkpointEverySteps=25, logEverySteps=5, holdAtSteps=[HOLD], stepTimeoutS=15
+)
+TOTAL = 2 * DIGITS_STEPS_PER_EPOCH
 
 
 def test_the_defaults_notice_a_silent_peer_within_the_wait_below() -> None:
@@ -41,20 +35,10 @@ def test_the_defaults_notice_a_silent_peer_within_the_wait_below() -> None:
 
 @pytest.mark.timeout(480)
 def test_the_survivor_of_a_silent_peer_trains_on_alone_and_finishes(launcher: Launcher) -> None:
-    ckpt = launcher.workdir / "ckpt"
-    store, endpoint = launcher.store()
-    silent, survivor = (
-        launcher.node(
-            name,
-            endpoint=endpoint,
-            nnodes="1:2",
-            nproc=1,
-            settings=SETTINGS,
-            checkpoint_dir=ckpt,
-            is_host=False,
-            rdzv_conf=RDZV_CONF,  # the operator's
-        )
-        for name in ("silent", "survivor")
+    store, ckpt, (silent, survivor) = launcher.elastic_pair(
+        ("silent", "survivor"),
+        SETTINGS,
+        rdzv_conf=RDZV_CONF,  # the operator's
     )
     wait_until(lambda: events(ckpt, "hold"), 200, f"the hold after step {HOLD}")
     assert last_step(ckpt) == HOLD

@@ -10,20 +10,13 @@ from __future__ import annotations
 import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
+from ddp_devcluster.recipes import DIGITS_STEPS_PER_EPOCH, digits
 from ddp_trainer.launch.store_probe import read_store_id, split_endpoint
 
-SETTINGS = {
-    "workload": "digits",
-    "epochs": 2,
-    "globalBatchSize": 64,
-    "amp": "off",
-    "checkpointEverySteps": 10,
-    "logEverySteps": 1,
-    "evaluate": False,
-    "pgTimeoutS": 30,
-    "holdAtSteps": [15],
-}
-TOTAL = 2 * (1437 // 64)
+SETTINGS = digits(
+    epochs=2, checkpointEverySteps=10, logEverySteps=1, pgTimeoutS=30, holdAtSteps=[15]
+)
+TOTAL = 2 * DIGITS_STEPS_PER_EPOCH
 
 
 @pytest.mark.timeout(300)
@@ -32,19 +25,14 @@ def test_nodes_survive_the_store_being_replaced_and_finish(launcher: Launcher) -
     store, endpoint = launcher.store()
     first_id = read_store_id(endpoint)
     assert first_id
-    nodes = [
-        launcher.node(
-            f"node-{i}",
-            endpoint=endpoint,
-            nnodes="2:2",
-            nproc=1,
-            settings=SETTINGS,
-            checkpoint_dir=ckpt,
-            is_host=False,
-            supervised=True,
-        )
-        for i in range(2)
-    ]
+    nodes = launcher.agents(
+        ("node-0", "node-1"),
+        endpoint=endpoint,
+        nnodes="2:2",
+        settings=SETTINGS,
+        checkpoint_dir=ckpt,
+        supervised=True,
+    )
     wait_until(lambda: events(ckpt, "hold"), 150, "the hold after step 15")
     store.kill_tree()  # the store pod is gone ...
     launcher.store(port=split_endpoint(endpoint)[1], name="rdzv-store-2")  # ... and replaced
@@ -73,10 +61,8 @@ def test_a_training_failure_is_passed_on_not_retried(launcher: Launcher) -> None
         "node-0",
         endpoint=endpoint,
         nnodes="1:1",
-        nproc=1,
         settings=bad,
         checkpoint_dir=ckpt,
-        is_host=False,
         max_restarts=0,
         supervised=True,
     )

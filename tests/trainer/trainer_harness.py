@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,16 +126,33 @@ class Launcher:
         wait_until(lambda: "listening" in proc.output(), 60, "the rendezvous store to listen")
         return proc, f"127.0.0.1:{port}"
 
+    def agents(self, names: Sequence[str], host: str | None = None, **common: Any) -> list[Proc]:
+        """One :meth:`node` a name, each with ``common``; ``host`` names the agent that hosts
+        the c10d store (torchrun's default: the first), None: they join the test's own store."""
+        return [self.node(name, is_host=name == host, **common) for name in names]
+
+    def elastic_pair(
+        self, names: tuple[str, str], settings: dict[str, Any], **common: Any
+    ) -> tuple[Proc, Path, list[Proc]]:
+        """The test's own store and two agents of an elastic job of 1 to 2 nodes on it, both
+        writing to ``workdir/ckpt``: the store, that folder and the agents."""
+        store, endpoint = self.store()
+        ckpt = self.workdir / "ckpt"
+        nodes = self.agents(
+            names, endpoint=endpoint, nnodes="1:2", settings=settings, checkpoint_dir=ckpt, **common
+        )
+        return store, ckpt, nodes
+
     def node(
         self,
         name: str,
         *,
         endpoint: str,
         nnodes: str,
-        nproc: int,
         settings: dict[str, Any],
         checkpoint_dir: Path,
-        is_host: bool,
+        nproc: int = 1,
+        is_host: bool = False,
         rdzv_id: str = "job",
         max_restarts: int = 3,
         supervised: bool = False,
@@ -146,7 +163,7 @@ class Launcher:
         """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer (or the
         module ``worker``, with ``extra_env``); ``supervised``: under ``ddp_trainer.node``, as the
         operator's pods run it; ``rdzv_conf``: its ``--rdzv-conf`` (``is_host`` comes from
-        ``is_host``)."""
+        ``is_host``; False: an agent of the test's own store, :meth:`store`)."""
         kept = [kv for kv in rdzv_conf.split(",") if kv and not kv.startswith("is_host=")]
         conf = ",".join([*kept, f"is_host={'true' if is_host else 'false'}"])
         args = [
