@@ -2,6 +2,7 @@
 made of. The decisions are pure: :mod:`ddp_operator.planner` (what a job needs) and
 :mod:`ddp_operator.bookkeeping` (what the controller believes and writes when);
 :mod:`ddp_operator.handlers` wires this into kopf. Its parts, each of one job:
+:mod:`~ddp_operator.reconciler` (one reconcile: read, plan, act),
 :mod:`~ddp_operator.workqueue` (one reconcile of a job at a time, the clock),
 :mod:`~ddp_operator.actions` (carrying out a plan), :mod:`~ddp_operator.machines` (Nodes and
 their heartbeats), :mod:`~ddp_operator.kueue_workloads` (Kueue Workloads),
@@ -19,30 +20,22 @@ staler one from the watch.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import datetime as dt
 import logging
-import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
-from ddp_api import contract
-from ddp_api.ddpjob import DDPJob
-
-from . import bookkeeping, informer, kube, queueing, render
+from . import informer, kube, queueing, render
 from .actions import COMPONENT, Actions
 from .kueue_workloads import KueueWorkloads
 from .leadership import Elector
 from .machines import Machines
 from .metrics import OperatorMetrics
 from .planner import views
-from .planner.draft import Plan
-from .planner.plan import PlanSettings, plan
 from .progress_records import ProgressRecords
+from .reconciler import Reconciler
 from .settings import Settings
 from .startup import StartupTimes
 from .trainer_objects import TrainerObjects
@@ -84,6 +77,7 @@ class Controller:
     watches: informer.Watches = field(init=False)
     machines: Machines = field(init=False)  # Nodes and their heartbeats
     startup: StartupTimes = field(init=False)
+    reconciler: Reconciler = field(init=False)  # one reconcile of a job
     queue: WorkQueue = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,8 +119,13 @@ class Controller:
         )
         self.machines = Machines(ours.node_lost_grace_s, self._machine_changed)
         self.startup = StartupTimes(self.metrics)
+        self.reconciler = Reconciler(
+            self.settings, self.expected, self.pods, self.services, self.progress, self.actions,
+            self.trainer, self.workloads, self.machines, self.startup, self.spawn,
+            lambda key, after_s: self.queue.later(key, after_s),
+        )  # fmt: skip
         self.queue = WorkQueue(
-            self.reconcile,
+            self.reconciler.reconcile,
             lambda key: list(self.jobs.get(key, [])),
             lambda: list(self.jobs),
             self.watches.ready,
@@ -195,115 +194,6 @@ class Controller:
         self.startup.forget(uid)
         self.progress.forget(uid)
         self.trainer.forget(uid)
-
-    async def reconcile(self, body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        key: Key = (meta["namespace"], meta["name"])
-        observed = self.pods.get(key)
-        pods = {v.name for v in observed}  # a Service may have a pod's name (<job>-rdzv)
-        expected = bookkeeping.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
-        self.expected[key] = expected
-        status = bookkeeping.merged(
-            body.get("status") or {}, self.actions.written.get(meta.get("uid", ""))
-        )
-        job: DDPJob | None = None
-        workload: dict[str, Any] | None = None
-        in_pod = True
-        try:
-            job = DDPJob.model_validate({"metadata": meta, "spec": body.get("spec") or {}})
-        except ValidationError as e:
-            p = bookkeeping.invalid_spec(status, e, dt.datetime.now(dt.UTC))
-        else:
-            in_pod = await self.trainer.in_pod(job)
-            await self._account_first(job, status, in_pod)
-            p, workload = await self._plan(key, job, status, observed, expected.keys(), in_pod)
-        services = self.services.names(key)
-        p.create = [
-            o
-            for o in p.create
-            if o["metadata"]["name"] not in (services if o["kind"] == "Service" else pods)
-        ]
-        servers = {render.store_name(meta["name"]), contract.lighthouse_name(meta["name"])}
-        workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
-        workers_before |= {n for n in expected if n not in servers}
-        made = await self.actions.run(body, job, status, p, in_pod)
-        for obj in made:
-            if obj["kind"] == "Pod":
-                expected[obj["metadata"]["name"]] = time.monotonic()
-        if job is not None:
-            made_workers = {o["metadata"]["name"] for o in made if _is_worker(o)}
-            self.startup.observe(meta, status, workers_before, made_workers, job.spec.nodes)
-        if workload is not None:
-            await self.workloads.sync(workload, observed, {**status, **p.status})
-        if len(made) < len(p.create):
-            p.requeue(5.0)  # some creates were refused: try again soon, events or not
-        self.trainer.retire_legacy_soon(meta["namespace"], self.spawn)
-        self.trainer.settle(meta["namespace"], observed)
-        self.queue.later(key, p.requeue_after)
-
-    async def _account_first(self, job: DDPJob, status: dict[str, Any], in_pod: bool) -> None:
-        """A new job's pods will wait for their trainer account: its create goes out before the
-        plan is made, so that the round trip runs while the plan is computed (the short sleep
-        is a turn of the event loop long enough for the request to be sent; a job whose pods
-        need no account of ours, or one made already, does not wait for it)."""
-        if status.get("phase") or job.spec.suspend:
-            return
-        account = self.trainer.account(job, in_pod)
-        if account is not None and not account.done():
-            await asyncio.sleep(0.001)
-
-    async def _plan(
-        self,
-        key: Key,
-        job: DDPJob,
-        status: dict[str, Any],
-        observed: list[views.PodView],
-        pending: Collection[str],
-        in_pod: bool,
-    ) -> tuple[Plan, dict[str, Any] | None]:
-        """What to do for a valid spec, and the job's Kueue Workload when it is queued;
-        ``in_pod``: its new pods report into their own pod (else into the job's ConfigMap)."""
-        cfg = self.settings.render
-        if cfg.progress_in_pod != in_pod:
-            cfg = dataclasses.replace(cfg, progress_in_pod=in_pod)
-        workload: dict[str, Any] | None = None
-        admission: queueing.Admission | None = None
-        queue = queueing.queue_name(job.metadata) if self.settings.kueue else ""
-        if queue:
-            workload = self.workloads.of(key, job)
-            worker = render.render_worker(job, 0, 0, cfg)
-            admission = await self.workloads.admission(job, worker, queue, workload, status)
-        progress, refused = self.progress.latest(
-            key, job.metadata.get("uid", ""), observed, status.get("progress")
-        )
-        rules = PlanSettings(
-            cfg,
-            self.settings.backoff_base_s,
-            self.settings.completion_grace_s,
-            self.settings.node_lost_grace_s,
-        )
-        p = plan(
-            job,
-            status,
-            observed,
-            dt.datetime.now(dt.UTC),
-            rules,
-            pending=pending,
-            admission=admission,
-            progress=progress,
-            machines=self.machines.views(),
-        )
-        for why in refused:
-            p.warn("ProgressRejected", why)
-        news = self.trainer.news(job, in_pod)
-        if news:
-            p.warn("TrainerPolicyMissing", news)
-        return p, workload
-
-
-def _is_worker(obj: dict[str, Any]) -> bool:
-    labels = obj["metadata"].get("labels") or {}
-    return obj["kind"] == "Pod" and labels.get(render.LABEL_ROLE) == render.ROLE_WORKER
 
 
 def _name(obj: Any) -> str:

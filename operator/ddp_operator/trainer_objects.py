@@ -38,11 +38,11 @@ class TrainerObjects:
     granted: set[str] = field(default_factory=set)  # namespaces whose RoleBinding we made or met
     withdrawn: set[str] = field(default_factory=set)  # ... deleted since the policy went
     told: set[str] = field(default_factory=set)  # namespaces told that the policy is not in force
-    legacy_retired: set[str] = field(default_factory=set)  # namespaces without 0.1.0's account
-    retiring: set[str] = field(default_factory=set)  # ... being checked now
+    legacy: LegacyAccount = field(init=False)  # release 0.1.0's namespace-wide account
 
     def __post_init__(self) -> None:
         self.policy.changed = self._policy_changed
+        self.legacy = LegacyAccount(self.pods, self.api)
 
     def start(self, policy: str) -> None:
         """Reads the admission policy (and binding) ``policy``, the name also of the ClusterRole
@@ -203,16 +203,24 @@ class TrainerObjects:
             log.warning("could not delete %s: %s", path, r.message)
             self.withdrawn.discard(ns)
 
-    def retire_legacy_soon(
-        self, ns: str, spawn: Callable[[Coroutine[Any, Any, None]], None]
-    ) -> None:
+
+@dataclass
+class LegacyAccount:
+    """Release 0.1.0's namespace-wide trainer account, retired once no pod runs as it."""
+
+    pods: informer.Cache[PodView]  # the controller's pod cache (who runs as what)
+    api: kube.Kube
+    legacy_retired: set[str] = field(default_factory=set)  # namespaces without the account
+    retiring: set[str] = field(default_factory=set)  # ... being checked now
+
+    def retire_soon(self, ns: str, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         """Checks ``ns`` for release 0.1.0's account in the background, one check at a time,
         until it is gone (off the reconcile's path)."""
         if ns not in self.legacy_retired and ns not in self.retiring:
             self.retiring.add(ns)
-            spawn(self.retire_legacy(ns))
+            spawn(self.retire(ns))
 
-    async def retire_legacy(self, ns: str) -> None:
+    async def retire(self, ns: str) -> None:
         """Removes release 0.1.0's namespace-wide trainer account (its Role could patch the
         status of any DDPJob of the namespace) once no pod of ``ns`` runs as it any more.
 
@@ -221,11 +229,11 @@ class TrainerObjects:
         this release).
         """
         try:
-            await self._retire_legacy(ns)
+            await self._retire(ns)
         finally:
             self.retiring.discard(ns)
 
-    async def _retire_legacy(self, ns: str) -> None:
+    async def _retire(self, ns: str) -> None:
         if any(v.account == render.LEGACY_TRAINER_ACCOUNT for v in self.pods.in_namespace(ns)):
             return
         name = render.LEGACY_TRAINER_ACCOUNT

@@ -24,7 +24,7 @@ LIGHTHOUSE_PORT_NAME = "lighthouse"
 LIGHTHOUSE_JOIN_TIMEOUT_MS = 1000
 LIGHTHOUSE_QUORUM_TICK_MS = 100
 # The namespace-wide account of release 0.1.0, whose Role could patch the status of every DDPJob
-# of its namespace: its pods keep it until they end (see TrainerObjects.retire_legacy).
+# of its namespace: its pods keep it until they end (see trainer_objects.LegacyAccount.retire).
 LEGACY_TRAINER_ACCOUNT = "ddp-trainer"
 # The trainer pods' account in each namespace, made at the namespace's first bundled-trainer job
 # and bound to the chart's ClusterRole ``<release>-trainer-progress`` (``patch`` on pods); the
