@@ -134,10 +134,13 @@ class Draft:
         self.new["lastDisruptionTime"] = rfc3339(self.now)
         return n
 
-    def count_failure(self) -> None:
-        """One more restart against backoffLimit, counted now."""
+    def count_failure(self, kind: str = "Failure") -> bool:
+        """One more restart against backoffLimit, counted now, and its incident; whether the
+        job has used up its backoffLimit."""
+        self.incident(kind)
         self.restarts += 1
         self.new["lastFailureTime"] = rfc3339(self.now)
+        return self.restarts > self.job.spec.backoff_limit
 
     def finish(self, phase: DDPJobPhase, reason: str, message: str) -> Plan:
         """Ends the job: stops what still runs (finished worker pods stay, for their logs)."""

@@ -161,10 +161,8 @@ def failures(st: Draft) -> Plan | None:
         # is another's consequence.
         if not s.per_step and follows_disruption(x, failed, last, st.now):
             continue  # counted with the failure or disruption that began this
-        st.count_failure()
         last = st.now
-        st.incident("Failure")
-        if st.restarts > s.backoff_limit:
+        if st.count_failure():
             return st.finish(
                 DDPJobPhase.FAILED,
                 Reason.BACKOFF_LIMIT_EXCEEDED,

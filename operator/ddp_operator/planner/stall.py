@@ -91,9 +91,7 @@ def stall(st: Draft, prev_phase: str) -> Plan | None:
         message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
         st.plan.warn(Reason.STALLED, message)
         return st.result(DDPJobPhase.RESTARTING, Reason.STALLED, message)
-    st.count_failure()
-    st.incident("Stalled")
-    if st.restarts > s.backoff_limit:
+    if st.count_failure("Stalled"):
         return st.finish(
             DDPJobPhase.FAILED,
             Reason.STALLED,
