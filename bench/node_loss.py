@@ -53,6 +53,7 @@ from ddp_api.contract import parse_rfc3339  # noqa: E402
 from ddp_api.pods import LABEL_JOB  # noqa: E402
 from ddp_devcluster.chart import install_chart  # noqa: E402
 from ddp_devcluster.kind import cluster as kind  # noqa: E402
+from ddp_trainer.hold import release  # noqa: E402
 
 NS = "bench-node-loss"
 JOB = "digits"
@@ -145,7 +146,7 @@ def one_round(cl: Cluster, hold: int, victim_name: str, cap_s: float | None) -> 
     log(f"step {hold}: freezing {machine} ({victim_name}; the store is on {store_machine})")
     t0 = time.time()
     kind.freeze(machine)
-    (folder / f"release-step-{hold:08d}").touch()
+    release(folder, hold)
     out: dict[str, Any] = {"hold": hold, "machine": machine, "pod": victim_name, "t0": t0}
     thawed_at: float | None = None
     try:

@@ -25,6 +25,7 @@ from cluster_env import Cluster
 from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.pytest_plugin import unavailable
+from ddp_trainer.hold import release as release_at
 from ddp_trainer.reporting.run_log import read_run_log
 
 # The first test also starts the cluster, which imports the images on a cold store (minutes).
@@ -283,6 +284,6 @@ def test_rank_0_moves_to_another_machine_and_resumes_exactly_from_its_checkpoint
     assert [r["loss"] for r in replayed] == [r["loss"] for r in before[20:]], (before, replayed)
     print(f"rank 0: {first} on {machine_a} -> {second} on {now[second]};"
           f" steps 21-30 replayed with the same losses ({before[-1]['loss']} at 30)")  # fmt: skip
-    (folder / "release-step-00000030").touch()
+    release_at(folder, 30)
     done = cluster.phase("digits", "Succeeded", ns=ns)
     assert done["progress"]["step"] == done["progress"]["totalSteps"]

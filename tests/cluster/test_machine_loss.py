@@ -22,6 +22,7 @@ from ddp_devcluster.harness import holding_at
 from ddp_devcluster.kind import cluster as kind
 from ddp_devcluster.polling import TimedOut
 from ddp_devcluster.pytest_plugin import unavailable
+from ddp_trainer.hold import release as release_at
 
 pytestmark = pytest.mark.timeout(1500)
 CONTROL_PLANE = "ddp-control-plane"
@@ -62,8 +63,7 @@ def spread_required(edit: Callable[[dict[str, Any]], None]) -> Callable[[dict[st
 
 def release(cluster: Cluster, ns: str, step: int) -> None:
     """Lets the digits job held after ``step`` go on (its release file on the volume)."""
-    folder = kind.claim_folder(cluster, "digits-checkpoints", ns=ns)
-    (folder / f"release-step-{step:08d}").touch()
+    release_at(kind.claim_folder(cluster, "digits-checkpoints", ns=ns), step)
 
 
 def test_three_machines_lost_in_one_run_the_store_s_among_them_and_the_job_succeeds(
