@@ -47,10 +47,29 @@ def _transport(host: str, timeout: timedelta) -> Any:
 
 
 def _cross_group_pg(device: torch.device, timeout: timedelta) -> Any:
-    """The cross-group process group: NCCL on CUDA (aborted on a lost peer), else gloo."""
+    """The cross-group process group: NCCL on CUDA (aborted on a lost peer), else gloo.
+
+    On CUDA, torchft aborts and rebuilds the group's communicator when a peer is lost; torch's
+    NCCL watchdog must leave that error to it. By default (``TORCH_NCCL_ASYNC_ERROR_HANDLING``
+    3) the watchdog ends the whole process about a minute after a peer's loss: seen on an H100,
+    a survivor's worker aborted (SIGABRT) 60 s after its peer group was SIGKILLed, though
+    torchft had already redone the step. The setting is read by each NCCL process group as it is
+    made, so torchrun's local group (made before, by ``init_distributed``) still ends the
+    process on a local rank's failure; only the groups torchft makes from here on are left to
+    torchft (0: the watchdog does not act on their errors).
+
+    With that, a second H100 run's survivor lived on, but its next step came 60.2 s after the
+    watchdog's "dump signal" (its flight recorder's debug dump, for which it waits up to a
+    minute), and it did not exit after the last step. The
+    dump is turned off for torchft's groups too (``TORCH_NCCL_DUMP_ON_TIMEOUT`` 0); that this
+    removes the stall has not been seen on a GPU yet (tests/trainer/test_trainer_cuda.py)."""
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     if device.type == "cuda":
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "0"
+        # torchft's own timeout of a non-blocking NCCL call (it warns when it sets it itself)
+        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(timeout.total_seconds()))
         return ProcessGroupNCCL(timeout=timeout)
     return ProcessGroupGloo(timeout=timeout)
 
