@@ -39,6 +39,7 @@ DataLoader workers do; the workers torchrun starts are fresh interpreters, as al
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -145,13 +146,18 @@ def bound_agent_waits(barrier_s: float, stop_s: float = WORKER_STOP_S) -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.launcher import api
 
+    bounded = "timeout" in inspect.signature(LocalElasticAgent._shutdown).parameters
+
     class BoundedWaitsAgent(LocalElasticAgent):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("exit_barrier_timeout", barrier_s)
             super().__init__(*args, **kwargs)
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
-            self._shutdown(timeout=int(stop_s))
+            if bounded:
+                self._shutdown(timeout=int(stop_s))
+            else:  # an older torch (2.11's agent has no timeout): its own 30 s
+                self._shutdown()
 
     setattr(api, "LocalElasticAgent", BoundedWaitsAgent)  # noqa: B010  (mypy: a type)
 
