@@ -3,7 +3,7 @@ and the ``Admitted`` condition and Events once it has."""
 
 from __future__ import annotations
 
-from ddp_api.ddpjob import ConditionStatus, DDPJobPhase
+from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
 
 from .. import queueing
 from .draft import ADMITTED, Draft, Plan
@@ -18,7 +18,7 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Plan:
         cq = st.status.get("clusterQueue")
         if cq:  # the first reconcile that sees this eviction
             st.plan.warn(
-                "Evicted",
+                Reason.EVICTED,
                 f"Kueue evicted the job from ClusterQueue {cq} ({reason}: {adm.message});"
                 f" deleting {len(live)} pods: rank 0 checkpoints on SIGTERM, and training"
                 " resumes from that checkpoint when Kueue admits the job again",
@@ -29,7 +29,9 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Plan:
         )
     else:
         if prev_phase != DDPJobPhase.QUEUED and not st.status.get("admissions"):
-            st.plan.info("Queued", f"waiting for Kueue to admit it from LocalQueue {adm.queue}")
+            st.plan.info(
+                Reason.QUEUED, f"waiting for Kueue to admit it from LocalQueue {adm.queue}"
+            )
         message = f"waiting in LocalQueue {adm.queue}: {adm.message}"
     st.admitted = {
         "type": ADMITTED,
@@ -60,10 +62,10 @@ def admitted(st: Draft, adm: queueing.Admission) -> None:
     st.new["admissions"] = n
     st.new["clusterQueue"] = cq
     if n == 1:
-        st.plan.info("Admitted", f"Kueue {message} ({adm.reason}: {adm.message})")
+        st.plan.info(Reason.ADMITTED, f"Kueue {message} ({adm.reason}: {adm.message})")
     else:
         st.plan.info(
-            "Readmitted",
+            Reason.READMITTED,
             f"Kueue {message} ({adm.reason}: {adm.message}); admission {n}: training resumes"
             " from the newest checkpoint",
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
+from ddp_api.pods import PodPhase
 
 from .. import render
 from .draft import Draft, Plan
@@ -19,7 +20,7 @@ COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
 def completion(st: Draft, grace_s: float) -> Plan | None:
     """Once a node's torchrun exited 0 training is complete: None before."""
     workers = st.workers
-    succeeded = [x for x in workers if x.phase == "Succeeded"]
+    succeeded = [x for x in workers if x.phase == PodPhase.SUCCEEDED]
     if not succeeded:
         return None
     first = min(
@@ -30,7 +31,7 @@ def completion(st: Draft, grace_s: float) -> Plan | None:
     lost = [
         x
         for x in workers
-        if x.index < nodes and (x.phase == "Failed" or (x.deleting and not x.done))
+        if x.index < nodes and (x.phase == PodPhase.FAILED or (x.deleting and not x.done))
     ]
     for x in lost:  # not failures: the job is complete; recorded so they never count later
         if x.uid not in st.handled:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, Reason
+from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
 
 from .. import diagnosis, render
 from .draft import Draft, Plan, condition
@@ -39,7 +39,7 @@ def converge(
     # torchrun restarts every worker for the new membership (PerStep: groups come and go alone)
     restarted = resized and not st.job.spec.per_step
     if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and restarted:
-        st.incident("Resize")
+        st.incident(IncidentKind.RESIZE)
     if found is not None:
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
@@ -80,9 +80,12 @@ def _create_and_scale(
     extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
     if extra:
         st.delete(extra)
-        p.info("ScalingDown", f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}")
+        p.info(
+            Reason.SCALING_DOWN,
+            f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}",
+        )
     if p.created_pods():
-        p.info("CreatingPods", f"creating {', '.join(p.created_pods())}")
+        p.info(Reason.CREATING_PODS, f"creating {', '.join(p.created_pods())}")
     return wait, extra
 
 

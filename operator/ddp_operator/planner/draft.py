@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import ConditionStatus, DDPJob, DDPJobPhase
+from ddp_api.ddpjob import ConditionStatus, DDPJob, DDPJobPhase, IncidentKind, Reason
 from ddp_api.metav1 import transition_time
 
 from .. import incidents, render
 from .views import PodView
 
 HANDLED_KEPT = 64
-ADMITTED = "Admitted"  # the condition of a job queued by Kueue
+ADMITTED = Reason.ADMITTED  # the condition of a job queued by Kueue
 
 
 @dataclass
@@ -119,13 +119,13 @@ class Draft:
             if x.uid not in self.handled:
                 self.handled.append(x.uid)
 
-    def incident(self, kind: str) -> None:
+    def incident(self, kind: IncidentKind) -> None:
         """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""
         self.new["incidents"] = incidents.open_incident(
             self.status, self.new, kind, rfc3339(self.now)
         )
 
-    def count_disruption(self, kind: str = "Disruption") -> int:
+    def count_disruption(self, kind: IncidentKind = IncidentKind.DISRUPTION) -> int:
         """One more disruption in the status, and its incident; returns how many there have
         been."""
         self.incident(kind)
@@ -134,7 +134,7 @@ class Draft:
         self.new["lastDisruptionTime"] = rfc3339(self.now)
         return n
 
-    def count_failure(self, kind: str = "Failure") -> bool:
+    def count_failure(self, kind: IncidentKind = IncidentKind.FAILURE) -> bool:
         """One more restart against backoffLimit, counted now, and its incident; whether the
         job has used up its backoffLimit."""
         self.incident(kind)

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, Reason, RestartPolicy
+from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, IncidentKind, Reason, RestartPolicy
+from ddp_api.pods import PodPhase
 
 from .. import diagnosis, render
 from .draft import Draft, Plan
@@ -58,7 +59,7 @@ def _new_failures(st: Draft) -> list[tuple[PodView, bool]]:
     new: list[tuple[PodView, bool]] = []
     for x in st.pods:
         in_job = x.role in SERVER_ROLES or 0 <= x.index < nodes
-        failed = x.phase == "Failed" and not x.deleting
+        failed = x.phase == PodPhase.FAILED and not x.deleting
         # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
         disrupted = in_job and not x.done and (x.deleting or bool(x.disrupted))
         if x.uid in st.handled:
@@ -143,7 +144,7 @@ def failures(st: Draft) -> Plan | None:
         if failed:
             st.delete([x])
         if x.role == render.ROLE_STORE:
-            st.incident("StoreLost")
+            st.incident(IncidentKind.STORE_LOST)
             st.plan.warn(
                 Reason.STORE_LOST,
                 f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
@@ -151,7 +152,7 @@ def failures(st: Draft) -> Plan | None:
             )
             continue
         if x.role == render.ROLE_LIGHTHOUSE:
-            st.incident("LighthouseLost")
+            st.incident(IncidentKind.LIGHTHOUSE_LOST)
             st.plan.warn(
                 Reason.LIGHTHOUSE_LOST,
                 f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})",

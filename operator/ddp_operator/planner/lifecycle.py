@@ -41,7 +41,7 @@ def finished(st: Draft, prev_phase: str) -> Plan:
         if left <= 0:
             st.plan.delete_job = True
             st.plan.info(
-                "TTLExpired",
+                Reason.TTL_EXPIRED,
                 f"deleting {st.name}: it finished {prev_phase} more than {ttl}s ago"
                 " (ttlSecondsAfterFinished)",
             )

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import ConditionStatus, Reason
+from ddp_api.ddpjob import ConditionStatus, IncidentKind, Reason
 
 from .. import render
 from .draft import Draft
@@ -96,20 +96,20 @@ def lost_machines(st: Draft, machines: Mapping[str, MachineView], grace_s: float
             " deleted at once, recreated elsewhere"
         )
         if x.role == render.ROLE_STORE:
-            st.incident("StoreLost")
+            st.incident(IncidentKind.STORE_LOST)
             st.plan.warn(Reason.STORE_LOST, f"{what} (no restart counted)")
         elif x.role == render.ROLE_LIGHTHOUSE:
-            st.incident("LighthouseLost")
+            st.incident(IncidentKind.LIGHTHOUSE_LOST)
             st.plan.warn(Reason.LIGHTHOUSE_LOST, f"{what} (no restart counted; {LIGHTHOUSE_GONE})")
         elif st.job.spec.per_step:
-            n = st.count_disruption("NodeLost")
+            n = st.count_disruption(IncidentKind.NODE_LOST)
             st.plan.warn(
                 Reason.NODE_LOST,
                 f"{what}, alone: the other replica groups keep training (disruption {n}; not"
                 " against backoffLimit)",
             )
         else:
-            n = st.count_disruption("NodeLost")
+            n = st.count_disruption(IncidentKind.NODE_LOST)
             st.plan.warn(Reason.NODE_LOST, f"{what} (disruption {n}; not against backoffLimit)")
         said.append(what)
     return "; ".join(said)

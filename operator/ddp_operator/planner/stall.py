@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, Reason
+from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
 
 from .. import render, reports
 from .draft import Draft, Plan, condition
@@ -87,11 +87,11 @@ def stall(st: Draft, prev_phase: str) -> Plan | None:
     again = step is not None and st.status.get("stalledAtStep") == step
     st.new["stalledAtStep"] = step
     if not again:
-        n = st.count_disruption("Stalled")
+        n = st.count_disruption(IncidentKind.STALLED)
         message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
         st.plan.warn(Reason.STALLED, message)
         return st.result(DDPJobPhase.RESTARTING, Reason.STALLED, message)
-    if st.count_failure("Stalled"):
+    if st.count_failure(IncidentKind.STALLED):
         return st.finish(
             DDPJobPhase.FAILED,
             Reason.STALLED,
