@@ -48,6 +48,37 @@ class Plan:
         return [o["metadata"]["name"] for o in self.create if o["kind"] == "Pod"]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """The phase a policy decided the job is in, which ends the planning of this reconcile."""
+
+    phase: DDPJobPhase
+    reason: str
+    message: str
+    ends: bool = False  # the job ends (:meth:`Draft.finish`): what still runs is stopped
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one policy decided, from a draft it only reads: the orchestrator applies it
+    (:meth:`Draft.apply`) before it asks the next policy, and ends with its ``outcome`` if it
+    has one."""
+
+    handled: tuple[str, ...] = ()  # pod uids counted (or known gone) now
+    delete: tuple[PodView, ...] = ()  # our own deletions (:meth:`Draft.delete`)
+    force: tuple[str, ...] = ()  # pod names to delete with grace period 0
+    incidents: tuple[IncidentKind, ...] = ()  # opened, in this order
+    disruptions: int = 0  # counted now: status.disruptions, lastDisruptionTime
+    failures: int = 0  # restarts counted now against backoffLimit: lastFailureTime
+    status: Mapping[str, Any] = field(default_factory=dict)  # other fields of the status patch
+    events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, text)
+    requeue_after: float | None = None
+    outcome: Outcome | None = None
+
+
+NOTHING = Decision()  # a policy's, when it has nothing to do
+
+
 def conditions(
     previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
 ) -> list[dict[str, Any]]:
@@ -119,6 +150,36 @@ class Draft:
             if x.uid not in self.handled:
                 self.handled.append(x.uid)
 
+    @property
+    def disruptions(self) -> int:
+        """The disruptions counted so far (the status's, and this plan's)."""
+        return int(self.new.get("disruptions") or self.status.get("disruptions") or 0)
+
+    def apply(self, d: Decision) -> Plan | None:
+        """Applies a policy's decision to the plan; the plan with its status when the decision
+        has an outcome (the job ends with :meth:`finish`), else None."""
+        self.handled.extend(uid for uid in d.handled if uid not in self.handled)
+        self.delete(d.delete)
+        self.plan.force.extend(d.force)
+        for kind in d.incidents:
+            self.incident(kind)
+        if d.disruptions:
+            self.new["disruptions"] = self.disruptions + d.disruptions
+            self.new["lastDisruptionTime"] = rfc3339(self.now)
+        if d.failures:  # their incidents are in d.incidents
+            self.restarts += d.failures
+            self.new["lastFailureTime"] = rfc3339(self.now)
+        self.new.update(d.status)
+        self.plan.events.extend(d.events)
+        if d.requeue_after is not None:
+            self.plan.requeue(d.requeue_after)
+        out = d.outcome
+        if out is None:
+            return None
+        if out.ends:
+            return self.finish(out.phase, out.reason, out.message)
+        return self.result(out.phase, out.reason, out.message)
+
     def incident(self, kind: IncidentKind) -> None:
         """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""
         self.new["incidents"] = incidents.open_incident(
@@ -129,7 +190,7 @@ class Draft:
         """One more disruption in the status, and its incident; returns how many there have
         been."""
         self.incident(kind)
-        n = int(self.new.get("disruptions") or self.status.get("disruptions") or 0) + 1
+        n = self.disruptions + 1
         self.new["disruptions"] = n
         self.new["lastDisruptionTime"] = rfc3339(self.now)
         return n

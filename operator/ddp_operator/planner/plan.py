@@ -94,7 +94,7 @@ def plan(
     failed = failures(st)
     if failed is not None:
         return failed
-    stalled = stall(st, prev_phase)
+    stalled = st.apply(stall(st, prev_phase))
     if stalled is not None:
         return stalled
     found = _diagnosed(st)
