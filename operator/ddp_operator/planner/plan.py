@@ -87,7 +87,8 @@ def plan(
     late = past_deadline(st)
     if late is not None:
         return late
-    lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
+    decided, lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
+    st.apply(decided)
     done = completion(st, settings.completion_grace_s)
     if done is not None:
         return done
