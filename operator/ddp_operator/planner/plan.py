@@ -89,7 +89,7 @@ def plan(
         return late
     decided, lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
     st.apply(decided)
-    done = completion(st, settings.completion_grace_s)
+    done = st.apply(completion(st, settings.completion_grace_s))
     if done is not None:
         return done
     failed = failures(st)
