@@ -7,28 +7,26 @@ from ddp_api.contract import parse_rfc3339, rfc3339
 from ddp_api.ddpjob import DDPJobPhase, Reason
 
 from .. import render
-from .draft import Draft, Plan
+from .draft import Decision, Draft, Outcome, Plan
 
 
-def past_deadline(st: Draft) -> Plan | None:
+def past_deadline(st: Draft) -> Decision:
     """Sets ``startTime`` on the first reconcile; the job Failed once it has run longer than
-    ``activeDeadlineSeconds``, else a reconcile is due when it would."""
+    ``activeDeadlineSeconds``, else a reconcile is due when it would. Reads ``st`` only."""
     start = parse_rfc3339(st.status.get("startTime"))
+    first = {}
     if start is None:
         start = st.now
-        st.new["startTime"] = rfc3339(st.now)
+        first = {"startTime": rfc3339(st.now)}
     deadline = st.job.spec.active_deadline_seconds
     if deadline is None:
-        return None
+        return Decision(status=first)
     left = (start - st.now).total_seconds() + deadline
     if left <= 0:
-        return st.finish(
-            DDPJobPhase.FAILED,
-            Reason.DEADLINE_EXCEEDED,
-            f"the job ran longer than activeDeadlineSeconds={deadline}",
-        )
-    st.plan.requeue(left)
-    return None
+        message = f"the job ran longer than activeDeadlineSeconds={deadline}"
+        ends = Outcome(DDPJobPhase.FAILED, Reason.DEADLINE_EXCEEDED, message, ends=True)
+        return Decision(status=first, outcome=ends)
+    return Decision(status=first, requeue_after=left)
 
 
 def finished(st: Draft, prev_phase: str) -> Plan:

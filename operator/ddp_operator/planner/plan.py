@@ -84,7 +84,7 @@ def plan(
             Reason.RESUMED, "spec.suspend is false: recreating pods, resuming from checkpoint"
         )
 
-    late = past_deadline(st)
+    late = st.apply(past_deadline(st))
     if late is not None:
         return late
     decided, lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
