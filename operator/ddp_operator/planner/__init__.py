@@ -69,6 +69,8 @@ One module per policy, asked in this order by :func:`.plan.plan`: :mod:`.lifecyc
 job's TTL, ``spec.suspend``), :mod:`.admission` (Kueue's queueing states), :mod:`.lifecycle`
 again (``activeDeadlineSeconds``), :mod:`.lost_machines`, :mod:`.completion`, :mod:`.failures`,
 :mod:`.stall` (the progress deadline), :mod:`ddp_operator.diagnosis`, then :mod:`.converge`
-(what to create and delete, and the phase; PerStep's: :mod:`.groups`). Each writes into one
-:class:`.draft.Draft`; :mod:`.views` reads the pods and Nodes they all see.
+(what to create and delete, and the phase; PerStep's: :mod:`.groups`). The deadline, lost
+machines, completion and the stall only read the one :class:`.draft.Draft` and return a frozen
+:class:`.draft.Decision`, which :func:`.plan.plan` applies before it asks the next policy;
+the others still write into the draft. :mod:`.views` reads the pods and Nodes they all see.
 """

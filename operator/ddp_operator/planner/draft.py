@@ -1,5 +1,6 @@
 """The plan of one reconcile as it is drafted: what to create and delete, the Events, and the
-status patch, which each policy adds to; :meth:`Draft.result` closes it."""
+status patch, which each policy adds to, either directly or by returning a :class:`Decision`
+that :meth:`Draft.apply` applies; :meth:`Draft.result` closes it."""
 
 from __future__ import annotations
 
