@@ -53,7 +53,7 @@ class Plan:
 class Outcome:
     """The phase a policy decided the job is in, which ends the planning of this reconcile."""
 
-    phase: DDPJobPhase
+    phase: DDPJobPhase | None  # None: the phase and conditions stay as they are
     reason: str
     message: str
     ends: bool = False  # the job ends (:meth:`Draft.finish`): what still runs is stopped
@@ -74,6 +74,7 @@ class Decision:
     status: Mapping[str, Any] = field(default_factory=dict)  # other fields of the status patch
     events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, text)
     requeue_after: float | None = None
+    delete_job: bool = False  # the DDPJob itself (its TTL is due)
     outcome: Outcome | None = None
 
 
@@ -174,12 +175,19 @@ class Draft:
         self.plan.events.extend(d.events)
         if d.requeue_after is not None:
             self.plan.requeue(d.requeue_after)
+        self.plan.delete_job = self.plan.delete_job or d.delete_job
         out = d.outcome
         if out is None:
             return None
-        if out.ends:
+        if out.ends and out.phase is not None:
             return self.finish(out.phase, out.reason, out.message)
         return self.result(out.phase, out.reason, out.message)
+
+    def conclude(self, d: Decision) -> Plan:
+        """Applies a decision that has an outcome: the plan with its status."""
+        out = self.apply(d)
+        assert out is not None, "a concluding decision has an outcome"
+        return out
 
     def incident(self, kind: IncidentKind) -> None:
         """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""

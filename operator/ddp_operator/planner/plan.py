@@ -18,7 +18,7 @@ from .completion import COMPLETION_GRACE_S, completion
 from .converge import converge
 from .draft import Draft, Plan
 from .failures import failures
-from .lifecycle import finished, past_deadline, suspended
+from .lifecycle import finished, past_deadline, resumed, suspended
 from .lost_machines import NODE_LOST_GRACE_S, avoid_silent, lost_machines
 from .stall import stall, stepped_since_running
 from .views import MachineView, PodView
@@ -68,22 +68,16 @@ def plan(
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:
-        return finished(st, prev_phase)
+        return st.conclude(finished(st, prev_phase))
     if job.spec.suspend:
-        if admission is not None and admission.state != queueing.State.ADMITTED:
-            st.new["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
-        return suspended(st, prev_phase)
+        return st.conclude(suspended(st, prev_phase, admission))
     if admission is not None:
         st.new["queue"] = admission.queue
         if admission.state != queueing.State.ADMITTED:
             return kueue.queued(st, prev_phase, admission)
         st.job = job = queueing.admitted_job(job, admission)
         kueue.admitted(st, admission)
-    if prev_phase == DDPJobPhase.SUSPENDED:
-        st.plan.info(
-            Reason.RESUMED, "spec.suspend is false: recreating pods, resuming from checkpoint"
-        )
-
+    st.apply(resumed(prev_phase))
     late = st.apply(past_deadline(st))
     if late is not None:
         return late
