@@ -75,6 +75,7 @@ class Decision:
     events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, text)
     requeue_after: float | None = None
     delete_job: bool = False  # the DDPJob itself (its TTL is due)
+    admitted: Mapping[str, Any] | None = None  # Kueue's Admitted condition (:attr:`Draft.admitted`)
     outcome: Outcome | None = None
 
 
@@ -172,6 +173,8 @@ class Draft:
             self.restarts += d.failures
             self.new["lastFailureTime"] = rfc3339(self.now)
         self.new.update(d.status)
+        if d.admitted is not None:
+            self.admitted = dict(d.admitted)
         self.plan.events.extend(d.events)
         if d.requeue_after is not None:
             self.plan.requeue(d.requeue_after)

@@ -72,11 +72,10 @@ def plan(
     if job.spec.suspend:
         return st.conclude(suspended(st, prev_phase, admission))
     if admission is not None:
-        st.new["queue"] = admission.queue
         if admission.state != queueing.State.ADMITTED:
-            return kueue.queued(st, prev_phase, admission)
+            return st.conclude(kueue.queued(st, prev_phase, admission))
         st.job = job = queueing.admitted_job(job, admission)
-        kueue.admitted(st, admission)
+        st.apply(kueue.admitted(st, admission))
     st.apply(resumed(prev_phase))
     late = st.apply(past_deadline(st))
     if late is not None:
