@@ -76,6 +76,7 @@ class Decision:
     requeue_after: float | None = None
     delete_job: bool = False  # the DDPJob itself (its TTL is due)
     admitted: Mapping[str, Any] | None = None  # Kueue's Admitted condition (:attr:`Draft.admitted`)
+    cause: tuple[str, str] | None = None  # (reason, message) of a failure counted now
     outcome: Outcome | None = None
 
 
@@ -175,6 +176,8 @@ class Draft:
         self.new.update(d.status)
         if d.admitted is not None:
             self.admitted = dict(d.admitted)
+        if d.cause is not None:
+            self.cause = d.cause
         self.plan.events.extend(d.events)
         if d.requeue_after is not None:
             self.plan.requeue(d.requeue_after)

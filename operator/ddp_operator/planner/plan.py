@@ -85,7 +85,7 @@ def plan(
     done = st.apply(completion(st, settings.completion_grace_s))
     if done is not None:
         return done
-    failed = failures(st)
+    failed = st.apply(failures(st))
     if failed is not None:
         return failed
     stalled = st.apply(stall(st, prev_phase))
