@@ -77,6 +77,7 @@ class Decision:
     delete_job: bool = False  # the DDPJob itself (its TTL is due)
     admitted: Mapping[str, Any] | None = None  # Kueue's Admitted condition (:attr:`Draft.admitted`)
     cause: tuple[str, str] | None = None  # (reason, message) of a failure counted now
+    closed: tuple[dict[str, Any], ...] = ()  # incidents a new report closed (Plan.closed)
     outcome: Outcome | None = None
 
 
@@ -179,6 +180,7 @@ class Draft:
         if d.cause is not None:
             self.cause = d.cause
         self.plan.events.extend(d.events)
+        self.plan.closed.extend(d.closed)
         if d.requeue_after is not None:
             self.plan.requeue(d.requeue_after)
         self.plan.delete_job = self.plan.delete_job or d.delete_job

@@ -8,11 +8,10 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, Reason
 from ddp_api.pods import selector
 
-from .. import diagnosis, incidents, queueing, render, reports
+from .. import queueing, render
 from . import admission as kueue
 from .completion import COMPLETION_GRACE_S, completion
 from .converge import converge
@@ -20,7 +19,9 @@ from .draft import Draft, Plan
 from .failures import failures
 from .lifecycle import finished, past_deadline, resumed, suspended
 from .lost_machines import NODE_LOST_GRACE_S, avoid_silent, lost_machines
-from .stall import stall, stepped_since_running
+from .problems import diagnosed
+from .progress import take_report
+from .stall import stall
 from .views import MachineView, PodView
 
 
@@ -63,8 +64,7 @@ def plan(
     st.restarts = int(status.get("restarts") or 0)
     st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
     st.new["selector"] = selector(st.name)
-    if progress is not None:
-        _take_report(st, progress)
+    st.apply(take_report(st, progress))
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:
@@ -91,12 +91,10 @@ def plan(
     stalled = st.apply(stall(st, prev_phase))
     if stalled is not None:
         return stalled
-    found = _diagnosed(st)
-    if found is not None and found.fails_in is not None:
-        if found.fails_in > 0:
-            st.plan.requeue(found.fails_in)
-        elif not (job.spec.per_step and st.trained()):  # PerStep: a group will exit 0
-            return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
+    decided, found = diagnosed(st)
+    failing = st.apply(decided)
+    if failing is not None:
+        return failing
     converged = converge(st, prev_phase, settings.render, settings.backoff_base_s, found)
     converged.create = avoid_silent(converged.create, machines or {})
     if lost:  # the condition names the machine; converge saw the pod still there
@@ -105,29 +103,3 @@ def plan(
         phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
         return st.result(phase, Reason.NODE_LOST, lost)
     return converged
-
-
-def _take_report(st: Draft, progress: Mapping[str, Any]) -> None:
-    """Copies rank 0's newest report into the status when it differs, moves ``lastStepTime``
-    (from which the progress deadline counts) and closes the incidents a new report ends."""
-    shown = st.status.get("progress")
-    progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
-    if reports.without_unset(progress) != reports.without_unset(shown):
-        st.new["progress"] = progress  # None values: fields the merge patch removes
-    fresh = progress.get("updatedAt") != (shown or {}).get("updatedAt")  # a new report
-    moved = progress.get("step") != (shown or {}).get("step")
-    if moved or (fresh and not stepped_since_running(st.status)):
-        st.new["lastStepTime"] = rfc3339(st.now)  # the progress deadline counts from here
-    if fresh:
-        changes, st.plan.closed = incidents.account(st.status, shown, progress)
-        st.new.update(changes)
-
-
-def _diagnosed(st: Draft) -> diagnosis.Diagnosis | None:
-    """The running pods' problem that the job shows (:mod:`~ddp_operator.diagnosis`); a
-    reconcile is due when what they show may have settled."""
-    alive = [x for x in st.live if not x.done]
-    settled = diagnosis.settled_in(alive, st.job.spec, st.now)
-    if settled is not None:
-        st.plan.requeue(settled)
-    return diagnosis.diagnose(alive, st.job.spec, st.now)
