@@ -46,7 +46,12 @@ class Plan:
         )
 
     def created_pods(self) -> list[str]:
-        return [o["metadata"]["name"] for o in self.create if o["kind"] == "Pod"]
+        return pod_names(self.create)
+
+
+def pod_names(objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The names of the pods among ``objects`` (rendered objects to create)."""
+    return [o["metadata"]["name"] for o in objects if o["kind"] == "Pod"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class Decision:
     (:meth:`Draft.apply`) before it asks the next policy, and ends with its ``outcome`` if it
     has one."""
 
+    create: tuple[dict[str, Any], ...] = ()  # objects to create (unless present)
     handled: tuple[str, ...] = ()  # pod uids counted (or known gone) now
     delete: tuple[PodView, ...] = ()  # our own deletions (:meth:`Draft.delete`)
     force: tuple[str, ...] = ()  # pod names to delete with grace period 0
@@ -163,6 +169,7 @@ class Draft:
     def apply(self, d: Decision) -> Plan | None:
         """Applies a policy's decision to the plan; the plan with its status when the decision
         has an outcome (the job ends with :meth:`finish`), else None."""
+        self.plan.create.extend(d.create)
         self.handled.extend(uid for uid in d.handled if uid not in self.handled)
         self.delete(d.delete)
         self.plan.force.extend(d.force)

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, Reason
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
 from ddp_api.pods import selector
 
 from .. import queueing, render
@@ -18,7 +18,7 @@ from .converge import converge
 from .draft import Draft, Plan
 from .failures import failures
 from .lifecycle import finished, past_deadline, resumed, suspended
-from .lost_machines import NODE_LOST_GRACE_S, avoid_silent, lost_machines
+from .lost_machines import NODE_LOST_GRACE_S, lost_machines
 from .problems import diagnosed
 from .progress import take_report
 from .stall import stall
@@ -95,11 +95,7 @@ def plan(
     failing = st.apply(decided)
     if failing is not None:
         return failing
-    converged = converge(st, prev_phase, settings.render, settings.backoff_base_s, found)
-    converged.create = avoid_silent(converged.create, machines or {})
-    if lost:  # the condition names the machine; converge saw the pod still there
-        # PerStep: the groups left go on (groups_phase said Running), the others restart.
-        training = job.spec.per_step and converged.status.get("phase") == DDPJobPhase.RUNNING
-        phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
-        return st.result(phase, Reason.NODE_LOST, lost)
-    return converged
+    decided = converge(
+        st, prev_phase, settings.render, settings.backoff_base_s, found, machines or {}, lost
+    )
+    return st.conclude(decided)
