@@ -15,7 +15,8 @@ from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobPhase, Reason
 from ddp_api.trainer_config import validation_message
 
-from .planner.draft import Plan, conditions
+from .planner.conditions import conditions
+from .planner.draft import Plan
 
 EXPECTATION_TTL_S = 30.0
 # Status fields that change with every pod coming up; written at most this often.

@@ -1,6 +1,6 @@
 """A job in a Kueue queue: the ``Queued`` phase while Kueue has not admitted it (or evicted it),
 and the ``Admitted`` condition and Events once it has; each policy reads the draft and returns
-its :class:`~.draft.Decision`."""
+its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
 
 from .. import queueing
-from .draft import ADMITTED, Decision, Draft, Outcome
+from .conditions import ADMITTED
+from .decision import Decision, Outcome
+from .draft import Draft
 
 
 def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:

@@ -11,7 +11,8 @@ from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
 from ddp_api.pods import PodPhase
 
 from .. import render
-from .draft import NOTHING, Decision, Draft, Outcome
+from .decision import NOTHING, Decision, Outcome
+from .draft import Draft
 from .views import PodView
 
 COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default

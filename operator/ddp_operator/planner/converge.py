@@ -1,6 +1,6 @@
 """Converging on the spec: the Services, the server pod and the missing node pods to create
 (after the backoff), the node pods beyond ``spec.nodes`` to delete, and the phase that says so;
-the policy reads the draft and returns its :class:`~.draft.Decision`."""
+the policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
 
 from .. import diagnosis, render
-from .draft import Decision, Draft, Outcome, condition, pod_names
+from .conditions import condition
+from .decision import Decision, Outcome
+from .draft import Draft, pod_names
 from .groups import groups_phase
 from .lost_machines import avoid_silent
 from .views import MachineView, PodView

@@ -1,6 +1,6 @@
 """How a lost pod is counted: a disruption, a consequence of the last counted loss, or a
 failure against ``backoffLimit`` (the package docstring); what fails the job at once. The
-policy reads the draft and returns its :class:`~.draft.Decision`."""
+policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, IncidentKind, Reason, Restar
 from ddp_api.pods import PodPhase
 
 from .. import diagnosis, render
-from .draft import Decision, Draft, Outcome
+from .decision import Decision, Outcome
+from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
 from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView
 

@@ -1,5 +1,5 @@
 """The job's life outside its pods' failures: ``activeDeadlineSeconds``, a finished job's TTL,
-and ``spec.suspend``; each policy reads the draft and returns its :class:`~.draft.Decision`."""
+and ``spec.suspend``; each policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from ddp_api.contract import parse_rfc3339, rfc3339
 from ddp_api.ddpjob import DDPJobPhase, Reason
 
 from .. import queueing, render
-from .draft import NOTHING, Decision, Draft, Outcome
+from .decision import NOTHING, Decision, Outcome
+from .draft import Draft
 
 
 def past_deadline(st: Draft) -> Decision:

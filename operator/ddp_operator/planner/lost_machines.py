@@ -11,7 +11,8 @@ from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import ConditionStatus, IncidentKind, Reason
 
 from .. import render
-from .draft import Decision, Draft
+from .decision import Decision
+from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
 from .views import MachineView
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
-from ddp_api.pods import selector
 
 from .. import queueing, render
 from . import admission as kueue
@@ -59,11 +58,7 @@ def plan(
     (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
     cluster's Nodes by name (None: not known).
     """
-    st = Draft(job, status, list(pods), now, pending=set(pending))
-    st.handled = list(status.get("handledFailures") or [])
-    st.restarts = int(status.get("restarts") or 0)
-    st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
-    st.new["selector"] = selector(st.name)
+    st = Draft.observe(job, status, pods, now, pending)
     st.apply(take_report(st, progress))
     prev_phase = status.get("phase") or ""
 

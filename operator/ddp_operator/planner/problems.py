@@ -1,13 +1,14 @@
 """What stops the pods (an image that cannot be pulled, a missing claim, ..., read by
 :mod:`ddp_operator.diagnosis`): the problem the job shows, and the end of a job it fails; the
-policy reads the draft and returns its :class:`~.draft.Decision`."""
+policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
 from ddp_api.ddpjob import DDPJobPhase
 
 from .. import diagnosis
-from .draft import Decision, Draft, Outcome
+from .decision import Decision, Outcome
+from .draft import Draft
 
 
 def diagnosed(st: Draft) -> tuple[Decision, diagnosis.Diagnosis | None]:

@@ -1,5 +1,5 @@
 """Rank 0's newest report: copied into the status, the start of the progress deadline, and the
-incidents it ends; the policy reads the draft and returns its :class:`~.draft.Decision`."""
+incidents it ends; the policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 from ddp_api.contract import rfc3339
 
 from .. import incidents, reports
-from .draft import NOTHING, Decision, Draft
+from .decision import NOTHING, Decision
+from .draft import Draft
 from .stall import stepped_since_running
 
 

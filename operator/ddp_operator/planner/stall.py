@@ -10,7 +10,9 @@ from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
 
 from .. import render, reports
-from .draft import NOTHING, Decision, Draft, Outcome, condition
+from .conditions import condition
+from .decision import NOTHING, Decision, Outcome
+from .draft import Draft
 
 PROGRESS_DEADLINE_FLOOR_S = 600.0  # spec.progressDeadlineSeconds unset: at least this ...
 STEP_TIMES_PER_DEADLINE = 10  # ... or this many of the recent step time, whichever is longer
