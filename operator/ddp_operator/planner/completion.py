@@ -1,5 +1,6 @@
 """The end of a job: once any node pod exits 0 (its torchrun finished training) the job is
-complete; the others get ``completion_grace_s`` to finish (the package docstring)."""
+complete; the others get ``completion_grace_s`` to finish (the package docstring). The policy
+reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 

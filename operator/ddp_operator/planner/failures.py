@@ -100,8 +100,7 @@ def _what(
 
 def failures(st: Draft) -> Decision:
     """Counts each new disruption, and each failure that follows none (package docstring); the
-    decision ends the job when one fails it. Reads ``st`` only: what it counted so far is
-    kept here and applied at once."""
+    decision ends the job when one fails it. Reads ``st`` only: it counts on its own."""
     s = st.job.spec
     last = last_counted(st.status)
     new, again = _new_failures(st)

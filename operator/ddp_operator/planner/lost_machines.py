@@ -1,5 +1,6 @@
 """Lost machines: a pod on a Kubernetes Node not Ready, or silent (no Lease renewal), for longer
-than ``node_lost_grace_s`` is deleted at once and recreated elsewhere (the package docstring)."""
+than ``node_lost_grace_s`` is deleted at once and recreated elsewhere (the package docstring).
+The policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 

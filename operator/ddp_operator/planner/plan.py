@@ -1,5 +1,6 @@
 """The planner's entry: one observation of a job in, one :class:`~.draft.Plan` out, each policy
-asked in turn (the package docstring says what each decides)."""
+asked in turn and its :class:`~.decision.Decision` applied before the next (the package
+docstring says what each decides)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The progress deadline: a Running job whose step has not moved for it is restarted, once as
-a disruption, again at the same step as a failure."""
+a disruption, again at the same step as a failure; the policy reads the draft and returns its
+:class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
