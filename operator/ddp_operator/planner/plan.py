@@ -60,6 +60,7 @@ def plan(
     cluster's Nodes by name (None: not known).
     """
     st = Draft.observe(job, status, pods, now, pending)
+    machines = machines or {}
     st.apply(take_report(st, progress))
     prev_phase = status.get("phase") or ""
 
@@ -70,13 +71,13 @@ def plan(
     if admission is not None:
         if admission.state != queueing.State.ADMITTED:
             return st.conclude(kueue.queued(st, prev_phase, admission))
-        st.job = job = queueing.admitted_job(job, admission)
+        st.job = queueing.admitted_job(job, admission)  # what Kueue admitted it with
         st.apply(kueue.admitted(st, admission))
     st.apply(resumed(prev_phase))
     late = st.apply(past_deadline(st))
     if late is not None:
         return late
-    decided, lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
+    decided, lost = lost_machines(st, machines, settings.node_lost_grace_s)
     st.apply(decided)
     done = st.apply(completion(st, settings.completion_grace_s))
     if done is not None:
@@ -92,6 +93,6 @@ def plan(
     if failing is not None:
         return failing
     decided = converge(
-        st, prev_phase, settings.render, settings.backoff_base_s, found, machines or {}, lost
+        st, prev_phase, settings.render, settings.backoff_base_s, found, machines, lost
     )
     return st.conclude(decided)
