@@ -234,7 +234,7 @@ class ConditionStatus(StrEnum):
 
 class Reason(StrEnum):
     """The reasons the operator gives, in the job's condition (``status.reason``) and in its
-    Events, beside those of a pod's problem (``ddp_operator.diagnosis``) and Kueue's own."""
+    Events, beside those of a pod's problem (:class:`ProblemReason`) and Kueue's own."""
 
     WAITING_FOR_NODES = "WaitingForNodes"  # Pending: the node pods start
     ALL_NODES_RUNNING = "AllNodesRunning"
@@ -257,6 +257,45 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
+    TTL_EXPIRED = "TTLExpired"  # an Event: ttlSecondsAfterFinished passed, the job is deleted
+    INVALID_SPEC = "InvalidSpec"  # Failed: a spec this operator cannot read (a newer CRD's)
+    # Kueue: the job waits in a LocalQueue, is admitted, evicted, or admitted again; "Admitted"
+    # is also the type of the condition that says so.
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
+    READMITTED = "Readmitted"
+    # Events only: what a reconcile does or could not do.
+    SCALING_DOWN = "ScalingDown"
+    CREATING_PODS = "CreatingPods"
+    CREATE_FAILED = "CreateFailed"
+    PROGRESS_REJECTED = "ProgressRejected"  # a progress report refused
+    TRAINER_POLICY_MISSING = "TrainerPolicyMissing"  # the admission policy is not in force
+
+
+class ProblemReason(StrEnum):
+    """The reasons of a pod's problem, as the job's condition and Events say them
+    (``ddp_operator.diagnosis``); a failure to start that none of these names keeps the
+    kubelet's own reason (StartError, ContainerCannotRun)."""
+
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    CLAIM_NOT_FOUND = "ClaimNotFound"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+    COMMAND_NOT_FOUND = "CommandNotFound"
+    OOM_KILLED = "OOMKilled"
+    UNSCHEDULABLE = "Unschedulable"
+
+
+class IncidentKind(StrEnum):
+    """What stopped training (``status.incidents[].kind``)."""
+
+    FAILURE = "Failure"
+    DISRUPTION = "Disruption"
+    NODE_LOST = "NodeLost"
+    STALLED = "Stalled"
+    STORE_LOST = "StoreLost"
+    LIGHTHOUSE_LOST = "LighthouseLost"
+    RESIZE = "Resize"
 
 
 # The Events of a restart counted against backoffLimit.

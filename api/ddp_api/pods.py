@@ -1,10 +1,13 @@
 """What a job's pods are called and carry, where the operator that renders them and the client
 that reads them must agree: their names, labels and selector, the trainer container's name, its
-log line prefix, the restricted Pod Security settings, and the trainer image used when a spec
-names none. The rest of a pod is the operator's alone (``ddp_operator.render``).
+log line prefix, the restricted Pod Security settings, the trainer image used when a spec
+names none, and a pod's phases (core/v1's words). The rest of a pod is the operator's alone
+(``ddp_operator.render``).
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from .contract import LABEL_PREFIX
 
@@ -13,6 +16,17 @@ LABEL_ROLE = f"{LABEL_PREFIX}role"
 LABEL_INDEX = f"{LABEL_PREFIX}node-index"
 ROLE_WORKER = "worker"
 CONTAINER = "trainer"
+
+
+class PodPhase(StrEnum):
+    """A pod's phase (core/v1 PodPhase)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
 
 # The trainer image of a job whose spec.image is empty, unless the operator's settings name one.
 DEFAULT_IMAGE = "ghcr.io/ddp-operator/trainer:0.1.0"

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import DDPJobPhase
 
 from .client import DDPClient
 from .errors import DDPError, WaitTimeout
@@ -172,7 +173,7 @@ def _watch(args: argparse.Namespace) -> int:
     view.close()
     start, end = parse_rfc3339(status.start_time), parse_rfc3339(status.completion_time)
     took = f" in {(end - start).total_seconds():.0f}s" if start and end else ""
-    why = f": {status.reason}" if status.phase == "Failed" and status.reason else ""
+    why = f": {status.reason}" if status.phase == DDPJobPhase.FAILED and status.reason else ""
     print(f"ddpjob {args.job} {status.phase}{took}{why}")
     code = exit_code(status.phase)
     return EXIT_ERROR if code is None else code

@@ -10,6 +10,7 @@ from contextlib import suppress
 from typing import Any
 
 from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_api.pods import PodPhase
 
 from .connection import REQUEST_TIMEOUT
 from .errors import ClusterUnreachable, DDPError
@@ -61,7 +62,7 @@ class VolumeReader(Jobs):
         try:
             pod = self._pod_finished(pod_name, what, error, timeout_s)
             text = self._pod_log(pod, manifest["spec"]["containers"][0]["name"], False)
-            if pod["status"]["phase"] != "Succeeded":
+            if pod["status"]["phase"] != PodPhase.SUCCEEDED:
                 said = text.strip().splitlines()[-1:] or ["no output"]
                 raise error(f"cannot read ddpjob {name}'s {what}: {said[0]}")
             return text

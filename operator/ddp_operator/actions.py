@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import API_VERSION, KIND, PLURAL
-from ddp_api.ddpjob import RESTART_REASONS, DDPJob
+from ddp_api.ddpjob import RESTART_REASONS, DDPJob, Reason
 
 from . import bookkeeping, kube
 from .metrics import OperatorMetrics
@@ -123,7 +123,7 @@ class Actions:
             await self.event(
                 body,
                 "Warning",
-                "CreateFailed",
+                Reason.CREATE_FAILED,
                 f"creating {obj['kind']} {obj['metadata']['name']} failed: {r.message}",
             )
         return False

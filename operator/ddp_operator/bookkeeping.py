@@ -12,10 +12,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobPhase
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobPhase, Reason
 from ddp_api.trainer_config import validation_message
 
-from .planner.draft import Plan, conditions
+from .planner.conditions import conditions
+from .planner.draft import Plan
 
 EXPECTATION_TTL_S = 30.0
 # Status fields that change with every pod coming up; written at most this often.
@@ -77,17 +78,21 @@ def invalid_spec(status: Mapping[str, Any], error: ValidationError, now: dt.date
     """A spec the API server accepted but this operator cannot read (say, from a newer CRD)."""
     p = Plan()
     text = validation_message(error, tidy=False)
-    if status.get("phase") != "Failed":
+    if status.get("phase") != DDPJobPhase.FAILED:
         stamp = rfc3339(now)
         p.status = {
-            "phase": "Failed",
-            "reason": "InvalidSpec",
+            "phase": DDPJobPhase.FAILED,
+            "reason": Reason.INVALID_SPEC,
             "completionTime": stamp,
             "conditions": conditions(
-                status.get("conditions") or [], "Failed", "InvalidSpec", text, stamp
+                status.get("conditions") or [],
+                DDPJobPhase.FAILED,
+                Reason.INVALID_SPEC,
+                text,
+                stamp,
             ),
         }
-        p.warn("InvalidSpec", text)
+        p.warn(Reason.INVALID_SPEC, text)
     return p
 
 

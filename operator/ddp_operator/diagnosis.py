@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobSpec
+from ddp_api.ddpjob import DDPJobSpec, ProblemReason
 
 from . import render
 from .planner.views import (
@@ -31,7 +31,6 @@ from .planner.views import (
     IMAGE_REASONS,
     OOM,
     START_REASONS,
-    UNSCHEDULABLE,
     PodView,
 )
 
@@ -103,23 +102,23 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
         return None
     image = p.image or spec.image or "the image"
     if p.reason in IMAGE_REASONS:
-        return Finding("ImagePullFailed", image, Effect.DEADLINE, p.message)
+        return Finding(ProblemReason.IMAGE_PULL_FAILED, image, Effect.DEADLINE, p.message)
     start = p.reason in START_REASONS or p.reason in ("CreateContainerError", "RunContainerError")
     if (start and _COMMAND_FAILED.search(p.message)) or pod.exit_code in COMMAND_EXIT_CODES:
         command = _command_of(p.message, spec, pod.exit_code)
-        return Finding("CommandNotFound", command, Effect.FAILS, p.message)
+        return Finding(ProblemReason.COMMAND_NOT_FOUND, command, Effect.FAILS, p.message)
     if p.reason in CONFIG_REASONS:
-        return Finding("ContainerConfigError", p.reason, Effect.DEADLINE, p.message)
+        return Finding(ProblemReason.CONTAINER_CONFIG_ERROR, p.reason, Effect.DEADLINE, p.message)
     if p.reason == OOM:
-        return Finding(OOM, memory_limit(spec), Effect.COUNTED, p.message)
+        return Finding(ProblemReason.OOM_KILLED, memory_limit(spec), Effect.COUNTED, p.message)
     if p.reason in START_REASONS:
         return Finding(p.reason, p.reason, Effect.COUNTED, p.message)
     if not p.scheduler:
         return None
     claim = _CLAIM_MISSING.search(p.message)
     if claim:
-        return Finding("ClaimNotFound", claim.group(1), Effect.DEADLINE, p.message)
-    return Finding(UNSCHEDULABLE, p.reason, Effect.WAITS, p.message)
+        return Finding(ProblemReason.CLAIM_NOT_FOUND, claim.group(1), Effect.DEADLINE, p.message)
+    return Finding(ProblemReason.UNSCHEDULABLE, p.reason, Effect.WAITS, p.message)
 
 
 def pod_names(pods: Iterable[PodView]) -> str:
@@ -132,26 +131,26 @@ def pod_names(pods: Iterable[PodView]) -> str:
 def message(f: Finding, pods: Iterable[PodView]) -> str:
     """What the condition and the Event say: the pods, the culprit, the fix."""
     who, why = pod_names(pods), f.detail
-    if f.reason == "ImagePullFailed":
+    if f.reason == ProblemReason.IMAGE_PULL_FAILED:
         return (
             f"{who} cannot pull image {f.culprit}: {why}; check spec.image (and"
             " spec.template.imagePullSecrets for a private registry)"
         )
-    if f.reason == "ClaimNotFound":
+    if f.reason == ProblemReason.CLAIM_NOT_FOUND:
         return (
             f"{who} cannot be scheduled: persistentvolumeclaim {f.culprit!r} not found; create"
             " it in the job's namespace, or fix spec.checkpoint.volume or spec.template.volumes"
         )
-    if f.reason == "ContainerConfigError":
+    if f.reason == ProblemReason.CONTAINER_CONFIG_ERROR:
         return (
             f"{who} cannot create the container ({f.culprit}): {why}; fix spec.template (env,"
             " volumes, volumeMounts) or create what it names"
         )
-    if f.reason == "CommandNotFound":
+    if f.reason == ProblemReason.COMMAND_NOT_FOUND:
         return f"{who} cannot run {f.culprit}: {why}; fix spec.command, or use an image that has it"
-    if f.reason == OOM:
+    if f.reason == ProblemReason.OOM_KILLED:
         return f"OOMKilled: raise spec.resources.limits.memory (now {f.culprit})"
-    if f.reason == UNSCHEDULABLE:
+    if f.reason == ProblemReason.UNSCHEDULABLE:
         return (
             f"no machine can take {who} yet ({f.culprit}): {why}; waiting for one (a cluster"
             " autoscaler may add it); or lower spec.resources.requests, or fix"

@@ -2,14 +2,14 @@
 
 An incident is opened when the planner counts something that stops training (in PerStep mode,
 something that stops one replica group, or stalls them all briefly): a failure, a disruption, a
-lost machine, a stall, the store pod or the lighthouse pod lost, a resize (``KINDS``). It holds
-when it was detected and the step the job had reported by then. It is closed by the first
-progress report written after it (``updatedAt`` later than ``detectedAt``): training went on
-from there, so ``resumedAt`` is that report's time, ``seconds`` the time between, and
-``stepsRedone`` the steps done again (a resume from the checkpoint of step C reports step C + 1
-first: ``atStep + 1 - step``, never below 0; 0 when the other PerStep groups trained on).
-Several incidents open at once (a lost machine and its consequences) close together. The newest
-:data:`KEPT` are kept.
+lost machine, a stall, the store pod or the lighthouse pod lost, a resize (``KINDS``, of
+:class:`ddp_api.ddpjob.IncidentKind`). It holds when it was detected and the step the job had
+reported by then. It is closed by the first progress report written after it (``updatedAt``
+later than ``detectedAt``): training went on from there, so ``resumedAt`` is that report's
+time, ``seconds`` the time between, and ``stepsRedone`` the steps done again (a resume from the
+checkpoint of step C reports step C + 1 first: ``atStep + 1 - step``, never below 0; 0 when
+the other PerStep groups trained on). Several incidents open at once (a lost machine and its
+consequences) close together. The newest :data:`KEPT` are kept.
 
 ``goodput`` is the time in steps that were kept over the wall time since the job started:
 ``keptSeconds`` adds the time between consecutive reports that moved the step with no incident
@@ -23,19 +23,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import IncidentKind
 
 from . import reports
 
 KEPT = 10
-KINDS = (
-    "Failure",
-    "Disruption",
-    "NodeLost",
-    "Stalled",
-    "StoreLost",
-    "LighthouseLost",
-    "Resize",
-)
+KINDS = tuple(IncidentKind)
 
 
 def opened(

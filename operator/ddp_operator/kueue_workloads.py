@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase
 
 from . import informer, kube, queueing, render
 from .planner.views import PodView
@@ -79,7 +79,9 @@ class KueueWorkloads:
         if phase in TERMINAL_PHASES:
             conds = status.get("conditions") or []
             message = next((c.get("message", "") for c in conds if c["type"] == phase), "")
-            body = queueing.finish(workload, phase == "Succeeded", message or str(phase), now)
+            body = queueing.finish(
+                workload, phase == DDPJobPhase.SUCCEEDED, message or str(phase), now
+            )
         elif all(v.done for v in observed):
             body = queueing.release(workload, now)
         else:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ddp_api import contract
-from ddp_api.ddpjob import DDPJob
+from ddp_api.ddpjob import DDPJob, Reason
 
 from . import bookkeeping, informer, queueing, render
 from .actions import Actions
@@ -148,10 +148,10 @@ class Reconciler:
             machines=self.machines.views(),
         )
         for why in refused:
-            p.warn("ProgressRejected", why)
+            p.warn(Reason.PROGRESS_REJECTED, why)
         news = self.trainer.news(job, in_pod)
         if news:
-            p.warn("TrainerPolicyMissing", news)
+            p.warn(Reason.TRAINER_POLICY_MISSING, news)
         return p, workload
 
 

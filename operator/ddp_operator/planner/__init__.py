@@ -65,10 +65,16 @@ command at once, the others once a pod showing it is older than
 ``spec.startupDeadlineSeconds``. An OOM kill is a failure like any other, named while the
 job restarts.
 
-One module per policy, asked in this order by :func:`.plan.plan`: :mod:`.lifecycle` (a finished
-job's TTL, ``spec.suspend``), :mod:`.admission` (Kueue's queueing states), :mod:`.lifecycle`
-again (``activeDeadlineSeconds``), :mod:`.lost_machines`, :mod:`.completion`, :mod:`.failures`,
-:mod:`.stall` (the progress deadline), :mod:`ddp_operator.diagnosis`, then :mod:`.converge`
-(what to create and delete, and the phase; PerStep's: :mod:`.groups`). Each writes into one
-:class:`.draft.Draft`; :mod:`.views` reads the pods and Nodes they all see.
+One module per policy, asked in this order by :func:`.plan.plan`: :mod:`.progress` (rank 0's
+report), :mod:`.lifecycle` (a finished job's TTL, ``spec.suspend``), :mod:`.admission` (Kueue's
+queueing states), :mod:`.lifecycle` again (resuming, ``activeDeadlineSeconds``),
+:mod:`.lost_machines`, :mod:`.completion`, :mod:`.failures`, :mod:`.stall` (the progress
+deadline), :mod:`.problems` (what :mod:`ddp_operator.diagnosis` reads in the pods), then
+:mod:`.converge` (what to create and delete, and the phase; PerStep's: :mod:`.groups`). Each
+only reads the one :class:`.draft.Draft` (and its own arguments) and returns a frozen
+:class:`.decision.Decision`, which :meth:`.draft.Draft.apply` applies before the next policy is
+asked; a decision with an outcome ends the planning. What a policy counts as it goes (restarts
+against ``backoffLimit``, disruptions) it keeps itself and puts the totals in its decision.
+:mod:`.views` reads the pods and Nodes they all see, :mod:`.conditions` writes the job's
+conditions.
 """

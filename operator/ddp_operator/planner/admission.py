@@ -1,69 +1,81 @@
 """A job in a Kueue queue: the ``Queued`` phase while Kueue has not admitted it (or evicted it),
-and the ``Admitted`` condition and Events once it has."""
+and the ``Admitted`` condition and Events once it has; each policy reads the draft and returns
+its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
-from ddp_api.ddpjob import ConditionStatus, DDPJobPhase
+from typing import Any
+
+from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
 
 from .. import queueing
-from .draft import ADMITTED, Draft, Plan
+from .conditions import ADMITTED
+from .decision import Decision, Outcome
+from .draft import Draft
 
 
-def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Plan:
-    """Not admitted by Kueue (yet, or again after an eviction): no pods."""
-    live = st.live
-    st.delete(live)
+def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:
+    """Not admitted by Kueue (yet, or again after an eviction): no pods. Reads ``st`` only."""
+    live = tuple(st.live)
     reason = adm.reason or adm.state.value
+    events: tuple[tuple[str, str, str], ...] = ()
     if adm.state == queueing.State.EVICTED:
         cq = st.status.get("clusterQueue")
         if cq:  # the first reconcile that sees this eviction
-            st.plan.warn(
-                "Evicted",
+            text = (
                 f"Kueue evicted the job from ClusterQueue {cq} ({reason}: {adm.message});"
                 f" deleting {len(live)} pods: rank 0 checkpoints on SIGTERM, and training"
-                " resumes from that checkpoint when Kueue admits the job again",
+                " resumes from that checkpoint when Kueue admits the job again"
             )
+            events = (("Warning", Reason.EVICTED, text),)
         message = (
             f"evicted ({reason}): {adm.message}; waiting for Kueue to admit it again from"
             f" LocalQueue {adm.queue}"
         )
     else:
         if prev_phase != DDPJobPhase.QUEUED and not st.status.get("admissions"):
-            st.plan.info("Queued", f"waiting for Kueue to admit it from LocalQueue {adm.queue}")
+            text = f"waiting for Kueue to admit it from LocalQueue {adm.queue}"
+            events = (("Normal", Reason.QUEUED, text),)
         message = f"waiting in LocalQueue {adm.queue}: {adm.message}"
-    st.admitted = {
-        "type": ADMITTED,
-        "status": ConditionStatus.FALSE,
-        "reason": reason,
-        "message": message,
-    }
-    st.new["clusterQueue"] = None
-    st.new["startTime"] = None  # activeDeadlineSeconds counts time since the last admission
-    return st.result(DDPJobPhase.QUEUED, reason, message)
+    return Decision(
+        delete=live,
+        admitted=_condition(ConditionStatus.FALSE, reason, message),
+        status={
+            "queue": adm.queue,
+            "clusterQueue": None,
+            "startTime": None,  # activeDeadlineSeconds counts time since the last admission
+        },
+        events=events,
+        outcome=Outcome(DDPJobPhase.QUEUED, reason, message),
+    )
 
 
-def admitted(st: Draft, adm: queueing.Admission) -> None:
-    """Admitted by Kueue: an Event the first time this admission is seen."""
+def admitted(st: Draft, adm: queueing.Admission) -> Decision:
+    """Admitted by Kueue: the condition, and an Event the first time this admission is seen.
+    Reads ``st`` only."""
     cq = adm.cluster_queue
     nodes = st.job.spec.nodes
     flavors = f" on flavor {', '.join(adm.flavors)}" if adm.flavors else ""
     message = f"admitted by ClusterQueue {cq}: {nodes} nodes{flavors}"
-    st.admitted = {
-        "type": ADMITTED,
-        "status": ConditionStatus.TRUE,
-        "reason": adm.reason or ADMITTED,
-        "message": message,
-    }
+    condition = _condition(ConditionStatus.TRUE, adm.reason or ADMITTED, message)
     if st.status.get("clusterQueue") == cq:
-        return
+        return Decision(admitted=condition, status={"queue": adm.queue})
     n = int(st.status.get("admissions") or 0) + 1
-    st.new["admissions"] = n
-    st.new["clusterQueue"] = cq
     if n == 1:
-        st.plan.info("Admitted", f"Kueue {message} ({adm.reason}: {adm.message})")
+        text = f"Kueue {message} ({adm.reason}: {adm.message})"
+        event = ("Normal", Reason.ADMITTED, text)
     else:
-        st.plan.info(
-            "Readmitted",
+        text = (
             f"Kueue {message} ({adm.reason}: {adm.message}); admission {n}: training resumes"
-            " from the newest checkpoint",
+            " from the newest checkpoint"
         )
+        event = ("Normal", Reason.READMITTED, text)
+    return Decision(
+        admitted=condition,
+        status={"queue": adm.queue, "admissions": n, "clusterQueue": cq},
+        events=(event,),
+    )
+
+
+def _condition(status: ConditionStatus, reason: str, message: str) -> dict[str, Any]:
+    return {"type": ADMITTED, "status": status, "reason": reason, "message": message}

@@ -1,5 +1,6 @@
 """The end of a job: once any node pod exits 0 (its torchrun finished training) the job is
-complete; the others get ``completion_grace_s`` to finish (the package docstring)."""
+complete; the others get ``completion_grace_s`` to finish (the package docstring). The policy
+reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
+from ddp_api.pods import PodPhase
 
 from .. import render
-from .draft import Draft, Plan
+from .decision import NOTHING, Decision, Outcome
+from .draft import Draft
 from .views import PodView
 
 COMPLETION_GRACE_S = 90.0  # Settings.completion_grace_s: the default
 
 
-def completion(st: Draft, grace_s: float) -> Plan | None:
-    """Once a node's torchrun exited 0 training is complete: None before."""
+def completion(st: Draft, grace_s: float) -> Decision:
+    """Once a node's torchrun exited 0 training is complete: nothing to do before. Reads
+    ``st`` only."""
     workers = st.workers
-    succeeded = [x for x in workers if x.phase == "Succeeded"]
+    succeeded = [x for x in workers if x.phase == PodPhase.SUCCEEDED]
     if not succeeded:
-        return None
+        return NOTHING
     first = min(
         succeeded, key=lambda x: (parse_rfc3339(x.finished or x.created) or st.now, x.index)
     )
@@ -30,26 +34,29 @@ def completion(st: Draft, grace_s: float) -> Plan | None:
     lost = [
         x
         for x in workers
-        if x.index < nodes and (x.phase == "Failed" or (x.deleting and not x.done))
+        if x.index < nodes and (x.phase == PodPhase.FAILED or (x.deleting and not x.done))
     ]
-    for x in lost:  # not failures: the job is complete; recorded so they never count later
-        if x.uid not in st.handled:
-            st.handled.append(x.uid)
+    # Not failures: the job is complete; recorded so they never count later.
+    handled = tuple(x.uid for x in lost)
     running = [x for x in workers if not x.done and not x.deleting]
     done_at = parse_rfc3339(first.finished or first.created) or st.now
     left = (done_at - st.now).total_seconds() + grace_s
     if running and left > 0:
-        st.plan.requeue(left)
         names = ", ".join(x.name for x in running)
-        return st.result(
-            DDPJobPhase.RUNNING,
-            Reason.NODES_COMPLETING,
-            f"{first.name} completed training; waiting up to {left:.0f}s more for {names}",
+        return Decision(
+            handled=handled,
+            requeue_after=left,
+            outcome=Outcome(
+                DDPJobPhase.RUNNING,
+                Reason.NODES_COMPLETING,
+                f"{first.name} completed training; waiting up to {left:.0f}s more for {names}",
+            ),
         )
     if _completing(st.status):  # whatever went since the first success was seen went after it
         known = set()
     message = completion_message(st.name, first, lost, running, known, nodes, succeeded, grace_s)
-    return st.finish(DDPJobPhase.SUCCEEDED, Reason.COMPLETED, message)
+    completed = Outcome(DDPJobPhase.SUCCEEDED, Reason.COMPLETED, message, ends=True)
+    return Decision(handled=handled, outcome=completed)
 
 
 def _completing(status: Mapping[str, Any]) -> bool:

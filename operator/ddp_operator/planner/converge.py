@@ -1,15 +1,22 @@
 """Converging on the spec: the Services, the server pod and the missing node pods to create
-(after the backoff), the node pods beyond ``spec.nodes`` to delete, and the phase that says so."""
+(after the backoff), the node pods beyond ``spec.nodes`` to delete, and the phase that says so;
+the policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, Reason
+from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
 
 from .. import diagnosis, render
-from .draft import Draft, Plan, condition
+from .conditions import condition
+from .decision import Decision, Outcome
+from .draft import Draft, pod_names
 from .groups import groups_phase
-from .views import PodView
+from .lost_machines import avoid_silent
+from .views import MachineView, PodView
 
 BACKOFF_CAP_S = 300.0
 
@@ -30,32 +37,56 @@ def converge(
     cfg: render.OperatorConfig,
     backoff_base_s: float,
     found: diagnosis.Diagnosis | None,
-) -> Plan:
-    """Creates what is missing (after any backoff), removes what is beyond spec.nodes; says
-    what ``found`` is while pods show it."""
-    wait, extra = _create_and_scale(st, cfg, backoff_base_s)
+    machines: Mapping[str, MachineView],
+    lost: str,
+) -> Decision:
+    """Creates what is missing (after any backoff; off the silent ``machines``), removes what
+    is beyond spec.nodes; says what ``found`` is while pods show it, and ``lost``, what lost
+    machines took now ("" none). Reads ``st`` only."""
+    s = st.job.spec
+    create, wait, extra = _create_and_scale(st, cfg, backoff_base_s)
+    create = avoid_silent(create, machines)
+    events: list[tuple[str, str, str]] = []
+    if extra:
+        text = f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}"
+        events.append(("Normal", Reason.SCALING_DOWN, text))
+    if pod_names(create):
+        events.append(("Normal", Reason.CREATING_PODS, f"creating {', '.join(pod_names(create))}"))
     phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
     resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
     # torchrun restarts every worker for the new membership (PerStep: groups come and go alone)
-    restarted = resized and not st.job.spec.per_step
+    restarted = resized and not s.per_step
+    kinds: tuple[IncidentKind, ...] = ()
     if phase == DDPJobPhase.SCALING and prev_phase == DDPJobPhase.RUNNING and restarted:
-        st.incident("Resize")
+        kinds = (IncidentKind.RESIZE,)
     if found is not None:
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
-            st.plan.warn(found.reason, message)
-    return st.result(phase, reason, message)
+            events.append(("Warning", found.reason, message))
+    if lost:  # the condition names the machine
+        # PerStep: the groups left go on (groups_phase said Running), the others restart.
+        training = s.per_step and phase == DDPJobPhase.RUNNING
+        phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
+        reason, message = Reason.NODE_LOST, lost
+    return Decision(
+        create=tuple(create),
+        delete=tuple(extra),
+        incidents=kinds,
+        events=tuple(events),
+        requeue_after=wait if wait > 0 else None,
+        outcome=Outcome(phase, reason, message),
+    )
 
 
 def _create_and_scale(
     st: Draft, cfg: render.OperatorConfig, backoff_base_s: float
-) -> tuple[float, list[PodView]]:
+) -> tuple[list[dict[str, Any]], float, list[PodView]]:
     """The Services, the store and the missing node pods to create once the backoff after the
-    last failure is over (seconds still to wait, else 0), and the node pods beyond spec.nodes
-    to delete (the highest indices go). A PerStep job's lighthouse, in place of the store, is
-    recreated at once, backoff or not: the groups still training need it."""
-    s, p, workers = st.job.spec, st.plan, st.workers
-    p.create += render.render_services(st.job)
+    last failure is over, the seconds still to wait (else 0), and the node pods beyond
+    spec.nodes to delete (the highest indices go). A PerStep job's lighthouse, in place of the
+    store, is recreated at once, backoff or not: the groups still training need it."""
+    s, workers = st.job.spec, st.workers
+    create = list(render.render_services(st.job))
     last_failure = parse_rfc3339(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
     wait = 0.0
     if last_failure is not None:
@@ -70,25 +101,20 @@ def _create_and_scale(
     )
     has_server = server["metadata"]["name"] in st.pending or any(x.role == role for x in st.pods)
     if not has_server and (wait <= 0 or s.per_step):  # PerStep: the live groups need it now
-        p.create.append(server)
-    if wait > 0:
-        p.requeue(wait)
-    else:
-        for i in range(s.nodes):
-            if i not in present:
-                p.create.append(render.render_worker(st.job, i, st.restarts, cfg))
+        create.append(server)
+    if wait <= 0:
+        create += [
+            render.render_worker(st.job, i, st.restarts, cfg)
+            for i in range(s.nodes)
+            if i not in present
+        ]
     extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
-    if extra:
-        st.delete(extra)
-        p.info("ScalingDown", f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}")
-    if p.created_pods():
-        p.info("CreatingPods", f"creating {', '.join(p.created_pods())}")
-    return wait, extra
+    return create, wait, extra
 
 
 def _progress_phase(
     st: Draft, prev_phase: str, wait: float, scaling_down: bool
-) -> tuple[str, str, str]:
+) -> tuple[DDPJobPhase, str, str]:
     """(phase, reason, message) of a job that is neither finished nor failed: Restarting after
     a failure, Running, Scaling or Pending."""
     s, workers = st.job.spec, st.workers

@@ -1,5 +1,6 @@
 """The plan of one reconcile as it is drafted: what to create and delete, the Events, and the
-status patch, which each policy adds to; :meth:`Draft.result` closes it."""
+status patch. Policies only read the :class:`Draft`; :meth:`Draft.apply` applies the
+:class:`~.decision.Decision` each returns, and closes the plan with the decision's outcome."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import ConditionStatus, DDPJob, DDPJobPhase
-from ddp_api.metav1 import transition_time
+from ddp_api.ddpjob import DDPJob, DDPJobPhase
+from ddp_api.pods import selector
 
 from .. import incidents, render
+from .conditions import job_conditions
+from .decision import Decision
 from .views import PodView
 
 HANDLED_KEPT = 64
-ADMITTED = "Admitted"  # the condition of a job queued by Kueue
 
 
 @dataclass
@@ -35,9 +37,6 @@ class Plan:
     def warn(self, reason: str, text: str) -> None:
         self.events.append(("Warning", reason, text))
 
-    def info(self, reason: str, text: str) -> None:
-        self.events.append(("Normal", reason, text))
-
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.1)
         self.requeue_after = (
@@ -45,30 +44,12 @@ class Plan:
         )
 
     def created_pods(self) -> list[str]:
-        return [o["metadata"]["name"] for o in self.create if o["kind"] == "Pod"]
+        return pod_names(self.create)
 
 
-def conditions(
-    previous: Iterable[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
-) -> list[dict[str, Any]]:
-    """One condition per phase the job has been in; only the current one is True
-    (``lastTransitionTime``: :func:`ddp_api.metav1.transition_time`)."""
-    by_type = {c["type"]: dict(c) for c in previous}
-    by_type.setdefault(phase, {"type": phase, "status": ConditionStatus.FALSE})
-    out = []
-    for ctype, c in by_type.items():
-        status = ConditionStatus.TRUE if ctype == phase else ConditionStatus.FALSE
-        c["lastTransitionTime"] = transition_time(c, status, now)
-        c["status"] = status
-        if ctype == phase:
-            c["reason"], c["message"] = reason, message
-        out.append(c)
-    return out
-
-
-def condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
-    """The status's condition of type ``ctype`` ({} when it has none)."""
-    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
+def pod_names(objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The names of the pods among ``objects`` (rendered objects to create)."""
+    return [o["metadata"]["name"] for o in objects if o["kind"] == "Pod"]
 
 
 @dataclass
@@ -87,6 +68,25 @@ class Draft:
     restarts: int = 0
     admitted: dict[str, Any] | None = None  # the Admitted condition, for a job Kueue queues
     cause: tuple[str, str] | None = None  # (reason, message) of a failure counted now
+
+    @classmethod
+    def observe(
+        cls,
+        job: DDPJob,
+        status: Mapping[str, Any],
+        pods: Iterable[PodView],
+        now: dt.datetime,
+        pending: Iterable[str],
+    ) -> Draft:
+        """The draft before any policy: what the status counted, and the fields every status
+        patch writes."""
+        generation = job.metadata.get("generation")
+        new = {"observedGeneration": generation, "selector": selector(render.job_key(job)[1])}
+        handled = list(status.get("handledFailures") or [])
+        restarts = int(status.get("restarts") or 0)
+        return cls(
+            job, status, list(pods), now, set(pending), new=new, handled=handled, restarts=restarts
+        )
 
     @property
     def name(self) -> str:
@@ -111,7 +111,7 @@ class Draft:
         step, total = p.get("step"), p.get("totalSteps")
         return step is not None and total is not None and step >= total
 
-    def delete(self, pods: Iterable[PodView]) -> None:
+    def _delete(self, pods: Iterable[PodView]) -> None:
         """Our own deletions: recorded as handled so they never count as failures."""
         for x in pods:
             if x.name not in self.plan.delete:
@@ -119,42 +119,67 @@ class Draft:
             if x.uid not in self.handled:
                 self.handled.append(x.uid)
 
-    def incident(self, kind: str) -> None:
-        """Opens an incident of ``kind`` (:mod:`ddp_operator.incidents`)."""
-        self.new["incidents"] = incidents.open_incident(
-            self.status, self.new, kind, rfc3339(self.now)
-        )
+    @property
+    def disruptions(self) -> int:
+        """The disruptions counted so far (the status's, and this plan's)."""
+        return int(self.new.get("disruptions") or self.status.get("disruptions") or 0)
 
-    def count_disruption(self, kind: str = "Disruption") -> int:
-        """One more disruption in the status, and its incident; returns how many there have
-        been."""
-        self.incident(kind)
-        n = int(self.new.get("disruptions") or self.status.get("disruptions") or 0) + 1
-        self.new["disruptions"] = n
-        self.new["lastDisruptionTime"] = rfc3339(self.now)
-        return n
+    def apply(self, d: Decision) -> Plan | None:
+        """Applies a policy's decision to the plan; the plan with its status when the decision
+        has an outcome (the job ends with :meth:`_finish`), else None."""
+        self.plan.create.extend(d.create)
+        self.handled.extend(uid for uid in d.handled if uid not in self.handled)
+        self._delete(d.delete)
+        self.plan.force.extend(d.force)
+        for kind in d.incidents:
+            self.new["incidents"] = incidents.open_incident(
+                self.status, self.new, kind, rfc3339(self.now)
+            )
+        if d.disruptions:
+            self.new["disruptions"] = self.disruptions + d.disruptions
+            self.new["lastDisruptionTime"] = rfc3339(self.now)
+        if d.failures:  # their incidents are in d.incidents
+            self.restarts += d.failures
+            self.new["lastFailureTime"] = rfc3339(self.now)
+        self.new.update(d.status)
+        if d.admitted is not None:
+            self.admitted = dict(d.admitted)
+        if d.cause is not None:
+            self.cause = d.cause
+        self.plan.events.extend(d.events)
+        self.plan.closed.extend(d.closed)
+        if d.requeue_after is not None:
+            self.plan.requeue(d.requeue_after)
+        self.plan.delete_job = self.plan.delete_job or d.delete_job
+        out = d.outcome
+        if out is None:
+            return None
+        if out.ends and out.phase is not None:
+            return self._finish(out.phase, out.reason, out.message)
+        return self._result(out.phase, out.reason, out.message)
 
-    def count_failure(self, kind: str = "Failure") -> bool:
-        """One more restart against backoffLimit, counted now, and its incident; whether the
-        job has used up its backoffLimit."""
-        self.incident(kind)
-        self.restarts += 1
-        self.new["lastFailureTime"] = rfc3339(self.now)
-        return self.restarts > self.job.spec.backoff_limit
+    def conclude(self, d: Decision) -> Plan:
+        """Applies a decision that has an outcome: the plan with its status."""
+        out = self.apply(d)
+        assert out is not None, "a concluding decision has an outcome"
+        return out
 
-    def finish(self, phase: DDPJobPhase, reason: str, message: str) -> Plan:
+    def _finish(self, phase: DDPJobPhase, reason: str, message: str) -> Plan:
         """Ends the job: stops what still runs (finished worker pods stay, for their logs)."""
-        self.delete(x for x in self.live if not x.done or x.role != render.ROLE_WORKER)
+        self._delete(x for x in self.live if not x.done or x.role != render.ROLE_WORKER)
         self.new["completionTime"] = rfc3339(self.now)
-        (self.plan.info if phase == DDPJobPhase.SUCCEEDED else self.plan.warn)(reason, message)
-        return self.result(phase, reason, message)
+        kind = "Normal" if phase == DDPJobPhase.SUCCEEDED else "Warning"
+        self.plan.events.append((kind, reason, message))
+        return self._result(phase, reason, message)
 
-    def result(self, phase: str | None, reason: str = "", message: str = "") -> Plan:
+    def _result(self, phase: str | None, reason: str = "", message: str = "") -> Plan:
         """The plan with its status: ``phase`` None keeps the previous phase and conditions."""
         new, desired = self.new, self.job.spec.nodes
         if phase is not None:
             new["phase"], new["reason"] = phase, reason
-            new["conditions"] = self._conditions(phase, reason, message)
+            previous = self.status.get("conditions") or []
+            now = rfc3339(self.now)
+            new["conditions"] = job_conditions(previous, self.admitted, phase, reason, message, now)
         alive = [x for x in self.workers if not x.deleting and not x.done]
         ready = [x for x in alive if x.ready]
         new["nodes"] = len(alive)
@@ -167,17 +192,3 @@ class Draft:
             new["worldSize"] = world
         self.plan.status = new
         return self.plan
-
-    def _conditions(self, phase: str, reason: str, message: str) -> list[dict[str, Any]]:
-        now = rfc3339(self.now)
-        previous = self.status.get("conditions") or []
-        if self.admitted is None:
-            return conditions(previous, phase, reason, message, now)
-        # Admitted sits beside the one-per-phase conditions
-        kept = [c for c in previous if c.get("type") != ADMITTED]
-        out = conditions(kept, phase, reason, message, now)
-        old: dict[str, Any] = next((c for c in previous if c.get("type") == ADMITTED), {})
-        cond = {**old, **self.admitted}
-        cond["lastTransitionTime"] = transition_time(old, cond["status"], now)
-        out.append(cond)
-        return out

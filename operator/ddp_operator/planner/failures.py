@@ -1,5 +1,6 @@
 """How a lost pod is counted: a disruption, a consequence of the last counted loss, or a
-failure against ``backoffLimit`` (the package docstring); what fails the job at once."""
+failure against ``backoffLimit`` (the package docstring); what fails the job at once. The
+policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, Reason, RestartPolicy
+from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, IncidentKind, Reason, RestartPolicy
+from ddp_api.pods import PodPhase
 
 from .. import diagnosis, render
-from .draft import Draft, Plan
+from .decision import Decision, Outcome
+from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
 from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView
 
@@ -50,20 +53,21 @@ def last_counted(status: Mapping[str, Any]) -> dt.datetime | None:
     return max((t for t in stamps if t is not None), default=None)
 
 
-def _new_failures(st: Draft) -> list[tuple[PodView, bool]]:
+def _new_failures(st: Draft) -> tuple[list[tuple[PodView, bool]], list[PodView]]:
     """(pod, failed: else deleted while running or marked for a disruption) not counted yet, a
     disrupted or deleted pod first: it is the likelier cause of what failed with it, and the
-    one an Event names."""
+    one an Event names; and the failed pods counted before whose deletion did not happen yet."""
     nodes = st.job.spec.nodes
     new: list[tuple[PodView, bool]] = []
+    again: list[PodView] = []
     for x in st.pods:
         in_job = x.role in SERVER_ROLES or 0 <= x.index < nodes
-        failed = x.phase == "Failed" and not x.deleting
+        failed = x.phase == PodPhase.FAILED and not x.deleting
         # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
         disrupted = in_job and not x.done and (x.deleting or bool(x.disrupted))
         if x.uid in st.handled:
             if failed:
-                st.delete([x])  # counted before; its deletion did not happen yet
+                again.append(x)
             continue
         if failed or disrupted:
             new.append((x, failed))
@@ -74,7 +78,7 @@ def _new_failures(st: Draft) -> list[tuple[PodView, bool]]:
             pair[0].index,
         )
     )
-    return new
+    return new, again
 
 
 def _what(
@@ -94,85 +98,102 @@ def _what(
     return f"failed ({x.reason or 'no exit code'})"
 
 
-def failures(st: Draft) -> Plan | None:
-    """Counts each new disruption, and each failure that follows none (package docstring);
-    returns the final plan when one fails the job."""
+def failures(st: Draft) -> Decision:
+    """Counts each new disruption, and each failure that follows none (package docstring); the
+    decision ends the job when one fails it. Reads ``st`` only: it counts on its own."""
     s = st.job.spec
     last = last_counted(st.status)
-    for x, failed in _new_failures(st):
-        st.handled.append(x.uid)
+    new, again = _new_failures(st)
+    handled: list[str] = []
+    delete = list(again)  # counted before; their deletion did not happen yet
+    kinds: list[IncidentKind] = []
+    events: list[tuple[str, str, str]] = []
+    disruptions = counted = 0
+    cause: tuple[str, str] | None = None
+
+    def decided(reason: str = "", message: str = "") -> Decision:
+        """What was counted so far; the job Failed with ``reason`` when there is one."""
+        ends = Outcome(DDPJobPhase.FAILED, reason, message, ends=True) if reason else None
+        return Decision(
+            handled=tuple(handled),
+            delete=tuple(delete),
+            incidents=tuple(kinds),
+            disruptions=disruptions,
+            failures=counted,
+            events=tuple(events),
+            cause=cause,
+            outcome=ends,
+        )
+
+    for x, failed in new:
+        handled.append(x.uid)
         worker = x.role == render.ROLE_WORKER
         if worker and s.per_step and st.trained():  # training finished: the job cannot fail
-            if failed:
-                st.delete([x])
-            st.plan.info(
-                Reason.LOST_AFTER_TRAINING,
+            delete += [x] if failed else []
+            text = (
                 f"{x.name} {_what(x, failed, s)} after training reached its last step: not"
-                " counted (the job completes once a replica group exits 0)",
+                " counted (the job completes once a replica group exits 0)"
             )
+            events.append(("Normal", Reason.LOST_AFTER_TRAINING, text))
             continue
         found = diagnosis.finding(x, s) if failed and not x.disrupted else None
         if found is not None and found.outcome == diagnosis.Effect.FAILS:
-            return st.finish(DDPJobPhase.FAILED, found.reason, diagnosis.message(found, [x]))
+            return decided(found.reason, diagnosis.message(found, [x]))
         what = _what(x, failed, s, found)
         if found is not None and found.outcome == diagnosis.Effect.COUNTED:
-            st.cause = (found.reason, f"{x.name} {what}")
+            cause = (found.reason, f"{x.name} {what}")
         # PerStep: a pod deleted while it runs took nothing down with it, whoever deleted it.
         if worker and (x.disrupted or (s.per_step and not failed)):
-            if failed:
-                st.delete([x])
-            disruptions = st.count_disruption()
+            delete += [x] if failed else []
+            kinds.append(IncidentKind.DISRUPTION)
+            disruptions += 1
             last = st.now
-            alone = (
-                "replacing it alone: the other replica groups keep training"
-                if s.per_step
-                else "recreating it"
+            alone = "recreating it"
+            if s.per_step:
+                alone = "replacing it alone: the other replica groups keep training"
+            text = (
+                f"{x.name} {what}; {alone} (disruption {st.disruptions + disruptions};"
+                f" disruptions do not count against backoffLimit {s.backoff_limit})"
             )
-            st.plan.warn(
-                Reason.DISRUPTION,
-                f"{x.name} {what}; {alone} (disruption {disruptions}; disruptions do not"
-                f" count against backoffLimit {s.backoff_limit})",
-            )
+            events.append(("Warning", Reason.DISRUPTION, text))
             continue
-        if failed and x.role == render.ROLE_WORKER and is_permanent(s.restart_policy, x.exit_code):
-            return st.finish(
-                DDPJobPhase.FAILED,
+        if failed and worker and is_permanent(s.restart_policy, x.exit_code):
+            return decided(
                 Reason.POD_FAILED,
                 f"{x.name} {what}; restartPolicy {s.restart_policy.value} treats it as permanent",
             )
-        if failed:
-            st.delete([x])
+        delete += [x] if failed else []
         if x.role == render.ROLE_STORE:
-            st.incident("StoreLost")
-            st.plan.warn(
-                Reason.STORE_LOST,
+            kinds.append(IncidentKind.STORE_LOST)
+            text = (
                 f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
-                " again and resume from the newest checkpoint (no restart counted)",
+                " again and resume from the newest checkpoint (no restart counted)"
             )
+            events.append(("Warning", Reason.STORE_LOST, text))
             continue
         if x.role == render.ROLE_LIGHTHOUSE:
-            st.incident("LighthouseLost")
-            st.plan.warn(
-                Reason.LIGHTHOUSE_LOST,
-                f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})",
-            )
+            kinds.append(IncidentKind.LIGHTHOUSE_LOST)
+            text = f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})"
+            events.append(("Warning", Reason.LIGHTHOUSE_LOST, text))
             continue
         # PerStep: groups fail alone (a survivor never dies because a peer did), so no failure
         # is another's consequence.
         if not s.per_step and follows_disruption(x, failed, last, st.now):
             continue  # counted with the failure or disruption that began this
         last = st.now
-        if st.count_failure():
-            return st.finish(
-                DDPJobPhase.FAILED,
+        kinds.append(IncidentKind.FAILURE)
+        counted += 1
+        restarts = st.restarts + counted
+        if restarts > s.backoff_limit:
+            return decided(
                 Reason.BACKOFF_LIMIT_EXCEEDED,
                 f"{x.name} {what}; the job already used its backoffLimit of"
                 f" {s.backoff_limit} restarts",
             )
-        st.plan.warn(
-            Reason.POD_FAILED if failed else Reason.POD_DISRUPTED,
-            f"{x.name} {what}; recreating it (restart {st.restarts} of backoffLimit"
+        text = (
+            f"{x.name} {what}; recreating it (restart {restarts} of backoffLimit"
             f" {s.backoff_limit}; failures of older pods within {DISRUPTION_WINDOW_S:.0f}s"
-            " count with this one)",
+            " count with this one)"
         )
-    return None
+        events.append(("Warning", Reason.POD_FAILED if failed else Reason.POD_DISRUPTED, text))
+    return decided()

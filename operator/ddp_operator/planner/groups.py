@@ -15,7 +15,7 @@ LIGHTHOUSE_GONE = (
 
 def groups_phase(
     st: Draft, prev_phase: str, running: int, wait: float, scaling_down: bool
-) -> tuple[str, str, str] | None:
+) -> tuple[DDPJobPhase, str, str] | None:
     """A PerStep job that has run, with at least minGroups groups ready but not all of the
     spec.nodes: still Running (the ready groups train every step) while the others are
     replaced, added or removed; None when another rule applies (all ready, or too few)."""

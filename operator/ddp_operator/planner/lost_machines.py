@@ -1,5 +1,6 @@
 """Lost machines: a pod on a Kubernetes Node not Ready, or silent (no Lease renewal), for longer
-than ``node_lost_grace_s`` is deleted at once and recreated elsewhere (the package docstring)."""
+than ``node_lost_grace_s`` is deleted at once and recreated elsewhere (the package docstring).
+The policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import ConditionStatus, Reason
+from ddp_api.ddpjob import ConditionStatus, IncidentKind, Reason
 
 from .. import render
+from .decision import Decision
 from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
 from .views import MachineView
@@ -71,10 +73,19 @@ def avoid_silent(
     return create
 
 
-def lost_machines(st: Draft, machines: Mapping[str, MachineView], grace_s: float) -> str:
+def lost_machines(
+    st: Draft, machines: Mapping[str, MachineView], grace_s: float
+) -> tuple[Decision, str]:
     """Deletes at once (grace 0) the pods on machines not Ready, or silent, for longer than
-    ``grace_s``; returns what happened, for the condition ("" when nothing did)."""
-    said = []
+    ``grace_s``; returns that decision, and what happened, for the condition ("" when nothing
+    did). Reads ``st`` only."""
+    said: list[str] = []
+    handled: list[str] = []
+    force: list[str] = []
+    kinds: list[IncidentKind] = []
+    events: list[tuple[str, str, str]] = []
+    waits: list[float] = []
+    disruptions = 0
     for x in st.pods:
         m = machines.get(x.machine) if x.machine else None
         if m is None or x.done:
@@ -83,33 +94,44 @@ def lost_machines(st: Draft, machines: Mapping[str, MachineView], grace_s: float
         if not how:
             continue
         if gone_s < grace_s:
-            st.plan.requeue(grace_s - gone_s)
+            waits.append(grace_s - gone_s)
             continue
         if x.uid in st.handled:  # counted, or deleted by the operator: stuck Terminating there
             if x.deleting:
-                st.plan.force.append(x.name)
+                force.append(x.name)
             continue
-        st.handled.append(x.uid)
-        st.plan.force.append(x.name)
+        handled.append(x.uid)
+        force.append(x.name)
         what = (
             f"{x.name} was on machine {m.name}, {how} (more than {grace_s:.0f}s):"
             " deleted at once, recreated elsewhere"
         )
         if x.role == render.ROLE_STORE:
-            st.incident("StoreLost")
-            st.plan.warn(Reason.STORE_LOST, f"{what} (no restart counted)")
+            kinds.append(IncidentKind.STORE_LOST)
+            events.append(("Warning", Reason.STORE_LOST, f"{what} (no restart counted)"))
         elif x.role == render.ROLE_LIGHTHOUSE:
-            st.incident("LighthouseLost")
-            st.plan.warn(Reason.LIGHTHOUSE_LOST, f"{what} (no restart counted; {LIGHTHOUSE_GONE})")
-        elif st.job.spec.per_step:
-            n = st.count_disruption("NodeLost")
-            st.plan.warn(
-                Reason.NODE_LOST,
-                f"{what}, alone: the other replica groups keep training (disruption {n}; not"
-                " against backoffLimit)",
-            )
+            kinds.append(IncidentKind.LIGHTHOUSE_LOST)
+            text = f"{what} (no restart counted; {LIGHTHOUSE_GONE})"
+            events.append(("Warning", Reason.LIGHTHOUSE_LOST, text))
         else:
-            n = st.count_disruption("NodeLost")
-            st.plan.warn(Reason.NODE_LOST, f"{what} (disruption {n}; not against backoffLimit)")
+            kinds.append(IncidentKind.NODE_LOST)
+            disruptions += 1
+            n = st.disruptions + disruptions
+            if st.job.spec.per_step:
+                text = (
+                    f"{what}, alone: the other replica groups keep training (disruption {n};"
+                    " not against backoffLimit)"
+                )
+            else:
+                text = f"{what} (disruption {n}; not against backoffLimit)"
+            events.append(("Warning", Reason.NODE_LOST, text))
         said.append(what)
-    return "; ".join(said)
+    decision = Decision(
+        handled=tuple(handled),
+        force=tuple(force),
+        incidents=tuple(kinds),
+        disruptions=disruptions,
+        events=tuple(events),
+        requeue_after=min(waits, default=None),
+    )
+    return decision, "; ".join(said)

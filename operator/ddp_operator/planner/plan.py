@@ -1,5 +1,6 @@
 """The planner's entry: one observation of a job in, one :class:`~.draft.Plan` out, each policy
-asked in turn (the package docstring says what each decides)."""
+asked in turn and its :class:`~.decision.Decision` applied before the next (the package
+docstring says what each decides)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase, Reason
-from ddp_api.pods import selector
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
 
-from .. import diagnosis, incidents, queueing, render, reports
+from .. import queueing, render
 from . import admission as kueue
 from .completion import COMPLETION_GRACE_S, completion
 from .converge import converge
 from .draft import Draft, Plan
 from .failures import failures
-from .lifecycle import finished, past_deadline, suspended
-from .lost_machines import NODE_LOST_GRACE_S, avoid_silent, lost_machines
-from .stall import stall, stepped_since_running
+from .lifecycle import finished, past_deadline, resumed, suspended
+from .lost_machines import NODE_LOST_GRACE_S, lost_machines
+from .problems import diagnosed
+from .progress import take_report
+from .stall import stall
 from .views import MachineView, PodView
 
 
@@ -58,82 +59,40 @@ def plan(
     (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
     cluster's Nodes by name (None: not known).
     """
-    st = Draft(job, status, list(pods), now, pending=set(pending))
-    st.handled = list(status.get("handledFailures") or [])
-    st.restarts = int(status.get("restarts") or 0)
-    st.new = {"observedGeneration": job.metadata.get("generation"), "selector": ""}
-    st.new["selector"] = selector(st.name)
-    if progress is not None:
-        _take_report(st, progress)
+    st = Draft.observe(job, status, pods, now, pending)
+    machines = machines or {}
+    st.apply(take_report(st, progress))
     prev_phase = status.get("phase") or ""
 
     if prev_phase in TERMINAL_PHASES:
-        return finished(st, prev_phase)
+        return st.conclude(finished(st, prev_phase))
     if job.spec.suspend:
-        if admission is not None and admission.state != queueing.State.ADMITTED:
-            st.new["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
-        return suspended(st, prev_phase)
+        return st.conclude(suspended(st, prev_phase, admission))
     if admission is not None:
-        st.new["queue"] = admission.queue
         if admission.state != queueing.State.ADMITTED:
-            return kueue.queued(st, prev_phase, admission)
-        st.job = job = queueing.admitted_job(job, admission)
-        kueue.admitted(st, admission)
-    if prev_phase == DDPJobPhase.SUSPENDED:
-        st.plan.info(
-            Reason.RESUMED, "spec.suspend is false: recreating pods, resuming from checkpoint"
-        )
-
-    late = past_deadline(st)
+            return st.conclude(kueue.queued(st, prev_phase, admission))
+        st.job = queueing.admitted_job(job, admission)  # what Kueue admitted it with
+        st.apply(kueue.admitted(st, admission))
+    st.apply(resumed(prev_phase))
+    late = st.apply(past_deadline(st))
     if late is not None:
         return late
-    lost = lost_machines(st, machines or {}, settings.node_lost_grace_s)
-    done = completion(st, settings.completion_grace_s)
+    decided, lost = lost_machines(st, machines, settings.node_lost_grace_s)
+    st.apply(decided)
+    done = st.apply(completion(st, settings.completion_grace_s))
     if done is not None:
         return done
-    failed = failures(st)
+    failed = st.apply(failures(st))
     if failed is not None:
         return failed
-    stalled = stall(st, prev_phase)
+    stalled = st.apply(stall(st, prev_phase))
     if stalled is not None:
         return stalled
-    found = _diagnosed(st)
-    if found is not None and found.fails_in is not None:
-        if found.fails_in > 0:
-            st.plan.requeue(found.fails_in)
-        elif not (job.spec.per_step and st.trained()):  # PerStep: a group will exit 0
-            return st.finish(DDPJobPhase.FAILED, found.reason, found.failed)
-    converged = converge(st, prev_phase, settings.render, settings.backoff_base_s, found)
-    converged.create = avoid_silent(converged.create, machines or {})
-    if lost:  # the condition names the machine; converge saw the pod still there
-        # PerStep: the groups left go on (groups_phase said Running), the others restart.
-        training = job.spec.per_step and converged.status.get("phase") == DDPJobPhase.RUNNING
-        phase = DDPJobPhase.RUNNING if training else DDPJobPhase.RESTARTING
-        return st.result(phase, Reason.NODE_LOST, lost)
-    return converged
-
-
-def _take_report(st: Draft, progress: Mapping[str, Any]) -> None:
-    """Copies rank 0's newest report into the status when it differs, moves ``lastStepTime``
-    (from which the progress deadline counts) and closes the incidents a new report ends."""
-    shown = st.status.get("progress")
-    progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
-    if reports.without_unset(progress) != reports.without_unset(shown):
-        st.new["progress"] = progress  # None values: fields the merge patch removes
-    fresh = progress.get("updatedAt") != (shown or {}).get("updatedAt")  # a new report
-    moved = progress.get("step") != (shown or {}).get("step")
-    if moved or (fresh and not stepped_since_running(st.status)):
-        st.new["lastStepTime"] = rfc3339(st.now)  # the progress deadline counts from here
-    if fresh:
-        changes, st.plan.closed = incidents.account(st.status, shown, progress)
-        st.new.update(changes)
-
-
-def _diagnosed(st: Draft) -> diagnosis.Diagnosis | None:
-    """The running pods' problem that the job shows (:mod:`~ddp_operator.diagnosis`); a
-    reconcile is due when what they show may have settled."""
-    alive = [x for x in st.live if not x.done]
-    settled = diagnosis.settled_in(alive, st.job.spec, st.now)
-    if settled is not None:
-        st.plan.requeue(settled)
-    return diagnosis.diagnose(alive, st.job.spec, st.now)
+    decided, found = diagnosed(st)
+    failing = st.apply(decided)
+    if failing is not None:
+        return failing
+    decided = converge(
+        st, prev_phase, settings.render, settings.backoff_base_s, found, machines, lost
+    )
+    return st.conclude(decided)

@@ -1,5 +1,6 @@
 """The progress deadline: a Running job whose step has not moved for it is restarted, once as
-a disruption, again at the same step as a failure."""
+a disruption, again at the same step as a failure; the policy reads the draft and returns its
+:class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, Reason
+from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
 
 from .. import render, reports
-from .draft import Draft, Plan, condition
+from .conditions import condition
+from .decision import NOTHING, Decision, Outcome
+from .draft import Draft
 
 PROGRESS_DEADLINE_FLOOR_S = 600.0  # spec.progressDeadlineSeconds unset: at least this ...
 STEP_TIMES_PER_DEADLINE = 10  # ... or this many of the recent step time, whichever is longer
@@ -32,47 +35,45 @@ def stepped_since_running(status: Mapping[str, Any]) -> bool:
     return last is not None and (running is None or last >= running)
 
 
-def stall(st: Draft, prev_phase: str) -> Plan | None:
+def stall(st: Draft, prev_phase: str) -> Decision:
     """Restarts a job that was Running with every node ready and whose step has not moved for
     its progress deadline (:func:`progress_deadline_s`), counted from rank 0's last report of a
     new step (or its first report since the job became Running): every node pod is deleted
     (the store stays) and recreated. Until a report comes after the job became Running, it is
     starting (loading data, compiling), not stalled. The first stall at a step is a disruption;
     another at the same step (it hangs where it hung) is a failure, against backoffLimit. Not
-    while held or after the last step."""
+    while held or after the last step. Reads ``st`` only."""
     s = st.job.spec
     progress = st.progress
     deadline = progress_deadline_s(s.progress_deadline_seconds, progress)
     if not deadline or prev_phase != DDPJobPhase.RUNNING:
-        return None
+        return NOTHING
     # PerStep: the groups ready train without the others, so they may stall without them.
     ft = s.fault_tolerance if s.per_step else None
     if st.status.get("reason") not in (
         Reason.ALL_NODES_RUNNING,
         *([Reason.GROUPS_CHANGING] if ft else []),
     ):
-        return None
+        return NOTHING
     p = progress or {}
     step, total = p.get("step"), p.get("totalSteps")
     if p.get("heldAtStep") is not None or (
         step is not None and total is not None and step >= total
     ):
-        return None
+        return NOTHING
     workers = [x for x in st.workers if not x.deleting and not x.done]
     if len([x for x in workers if x.ready and x.index < s.nodes]) < (
         ft.groups_min if ft else s.nodes
     ):
-        return None
+        return NOTHING
     seen = {**st.status, "lastStepTime": st.new.get("lastStepTime", st.status.get("lastStepTime"))}
     if not stepped_since_running(seen):
-        return None
+        return NOTHING
     since = parse_rfc3339(seen["lastStepTime"])
     assert since is not None  # stepped_since_running said so
     quiet_s = (st.now - since).total_seconds()
     if quiet_s < deadline:
-        st.plan.requeue(deadline - quiet_s)
-        return None
-    st.delete(workers)
+        return Decision(requeue_after=deadline - quiet_s)
     at = "before the first step" if step is None else f"at step {step}"
     setting = "progressDeadlineSeconds" + (
         " (default)" if s.progress_deadline_seconds is None else ""
@@ -84,21 +85,39 @@ def stall(st: Draft, prev_phase: str) -> Plan | None:
     # the bundled trainer's workers (ddp_trainer.reporting.stacks)
     if render.reports_progress(st.job):
         what += " (each worker wrote every thread's stack to its log)"
-    again = step is not None and st.status.get("stalledAtStep") == step
-    st.new["stalledAtStep"] = step
-    if not again:
-        n = st.count_disruption("Stalled")
+    pods, stalled_at = tuple(workers), {"stalledAtStep": step}
+    if step is None or st.status.get("stalledAtStep") != step:  # the first stall here
+        n = st.disruptions + 1
         message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
-        st.plan.warn(Reason.STALLED, message)
-        return st.result(DDPJobPhase.RESTARTING, Reason.STALLED, message)
-    if st.count_failure("Stalled"):
-        return st.finish(
-            DDPJobPhase.FAILED,
-            Reason.STALLED,
-            f"{what}; stalled at this step before, and the job already used its backoffLimit"
-            f" of {s.backoff_limit} restarts",
+        return Decision(
+            delete=pods,
+            status=stalled_at,
+            incidents=(IncidentKind.STALLED,),
+            disruptions=1,
+            events=(("Warning", Reason.STALLED, message),),
+            outcome=Outcome(DDPJobPhase.RESTARTING, Reason.STALLED, message),
         )
-    message = f"{what}; stalled at this step before: restart {st.restarts} of backoffLimit"
+    restarts = st.restarts + 1  # this one counted
+    if restarts > s.backoff_limit:
+        message = (
+            f"{what}; stalled at this step before, and the job already used its backoffLimit"
+            f" of {s.backoff_limit} restarts"
+        )
+        ends = Outcome(DDPJobPhase.FAILED, Reason.STALLED, message, ends=True)
+        return Decision(
+            delete=pods,
+            status=stalled_at,
+            failures=1,
+            incidents=(IncidentKind.STALLED,),
+            outcome=ends,
+        )
+    message = f"{what}; stalled at this step before: restart {restarts} of backoffLimit"
     message += f" {s.backoff_limit}"
-    st.plan.warn(Reason.STALLED, message)
-    return st.result(DDPJobPhase.RESTARTING, Reason.STALLED, message)
+    return Decision(
+        delete=pods,
+        status=stalled_at,
+        failures=1,
+        incidents=(IncidentKind.STALLED,),
+        events=(("Warning", Reason.STALLED, message),),
+        outcome=Outcome(DDPJobPhase.RESTARTING, Reason.STALLED, message),
+    )

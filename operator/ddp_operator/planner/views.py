@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus
+from ddp_api.pods import PodPhase
 
 from .. import render, reports
 
@@ -109,14 +110,14 @@ def view(pod: Mapping[str, Any]) -> PodView:
         if target.get("status") == ConditionStatus.TRUE
         else ""
     )
-    phase = status.get("phase", "Pending")
+    phase = status.get("phase", PodPhase.PENDING)
     return PodView(
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
         role=labels.get(render.LABEL_ROLE, ""),
         index=int(labels.get(render.LABEL_INDEX, "-1")),
         phase=phase,
-        ready=ready and phase == "Running",
+        ready=ready and phase == PodPhase.RUNNING,
         deleting=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
         reason=reason,
