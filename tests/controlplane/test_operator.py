@@ -474,15 +474,13 @@ def test_pods_on_a_machine_that_stopped_its_heartbeat_go_while_its_node_still_sa
         assert ready["status"] == "True"  # the Node never said so: the silence did
         # Recreated, but kept off the silent machine though its Node says Ready: with the job's
         # nodeSelector on that machine alone, they wait (Pending) instead of landing there.
-        new = c.until(
-            "both recreated",
-            lambda: (
-                (w := c.workers("quiet"))
-                and len(w) == 2
-                and not {p["metadata"]["uid"] for p in w.values()} & old
-                and w
-            ),
-        )
+
+        def recreated() -> dict[str, dict[str, Any]] | None:
+            w = c.workers("quiet")
+            fresh = len(w) == 2 and not {p["metadata"]["uid"] for p in w.values()} & old
+            return w if fresh else None
+
+        new = c.until("both recreated", recreated)
         assert all(not p["spec"].get("nodeName") for p in new.values()), new
         lost = [m for t, r, m in c.events("quiet") if (t, r) == ("Warning", "NodeLost")]
         assert len(lost) == 2, lost
@@ -1042,7 +1040,7 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
 # What release 0.1.0 made in a namespace: one ServiceAccount for every job, whose Role could patch
 # the status of any DDPJob there.
 LEGACY = "ddp-trainer"
-LEGACY_OBJECTS = [
+LEGACY_OBJECTS: list[dict[str, Any]] = [
     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": LEGACY}},
     {
         "apiVersion": "rbac.authorization.k8s.io/v1",
