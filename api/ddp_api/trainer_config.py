@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from .contract import DEFAULT_METRICS_PORT, ENV_CHECKPOINT_DIR, ENV_TRAINER_CONFIG
@@ -31,14 +31,35 @@ class ConfigError(ValueError):
     """Settings a user gave that cannot be used; the message names the field and the fix."""
 
 
-class TrainerConfig(BaseModel):
-    """Settings of one training run (``spec.trainer`` of a DDPJob)."""
+def _known_workload(value: str) -> str:
+    if value in BUILTIN_WORKLOADS or PLUGIN_PATTERN.match(value):
+        return value
+    raise ValueError(
+        f"unknown workload {value!r}: use one of {', '.join(BUILTIN_WORKLOADS)} "
+        "or a plugin 'package.module:function'"
+    )
+
+
+# A built-in workload's name or a plugin's ``package.module:function``.
+Workload = Annotated[str, AfterValidator(_known_workload)]
+
+
+class _Settings(BaseModel):
+    """A frozen settings model: camelCase keys (field names accepted too), unknown keys refused."""
 
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
 
-    workload: str = Field(
+    def to_json_dict(self) -> dict[str, Any]:
+        """The settings with camelCase keys, as JSON types (what checkpoints store)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class TrainerConfig(_Settings):
+    """Settings of one training run (``spec.trainer`` of a DDPJob)."""
+
+    workload: Workload = Field(
         "digits",
         description="What to train: `digits` (scikit-learn's handwritten digits, a small CNN), "
         "`charlm` (a small GPT-style character model on local text), `synthetic` (random data, "
@@ -214,16 +235,6 @@ class TrainerConfig(BaseModel):
         "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout.",
     )
 
-    @field_validator("workload")
-    @classmethod
-    def _known_workload(cls, value: str) -> str:
-        if value in BUILTIN_WORKLOADS or PLUGIN_PATTERN.match(value):
-            return value
-        raise ValueError(
-            f"unknown workload {value!r}: use one of {', '.join(BUILTIN_WORKLOADS)} "
-            "or a plugin 'package.module:function'"
-        )
-
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
         if self.min_lr > self.lr:
@@ -240,10 +251,6 @@ class TrainerConfig(BaseModel):
     @property
     def is_plugin(self) -> bool:
         return self.workload not in BUILTIN_WORKLOADS
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The settings with camelCase keys, as JSON types (what checkpoints store)."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 def _field_name_by_key() -> dict[str, str]:

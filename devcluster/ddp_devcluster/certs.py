@@ -161,3 +161,58 @@ def write_pair(directory: Path, name: str, pair: KeyPair) -> tuple[Path, Path]:
     key.write_bytes(pair.key_pem)
     key.chmod(0o600)
     return crt, key
+
+
+@dataclass(frozen=True)
+class PlanePKI:
+    """What the control plane keeps of its certificates once they are written."""
+
+    ca_pem: bytes
+    admin_cert: tuple[Path, Path]  # the admin client's (cert, key) files
+
+
+def write_plane_pki(workdir: Path, server: str) -> PlanePKI:
+    """A fresh CA and every certificate and key of the control plane under ``workdir/pki``; the
+    kubeconfigs of the admin, controller-manager, scheduler and kwok in ``workdir``."""
+    pki = workdir / "pki"
+    pki.mkdir(exist_ok=True)
+    ca, ca_key, ca_cert = make_ca()
+    write_pair(pki, "ca", ca)
+    serving = issue(
+        ca_key,
+        ca_cert,
+        "kube-apiserver",
+        dns=(
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+        ips=("127.0.0.1", KUBERNETES_SERVICE_IP),
+    )
+    write_pair(pki, "apiserver", serving)
+    write_pair(pki, "sa", service_account_keys())
+    clients = {
+        "admin": ("kubernetes-admin", ("system:masters",)),
+        "controller-manager": ("system:kube-controller-manager", ()),
+        "scheduler": ("system:kube-scheduler", ()),
+        "kwok": ("system:kwok-controller", ("system:masters",)),
+    }
+    for name, (cn, orgs) in clients.items():
+        pair = issue(ca_key, ca_cert, cn, orgs)
+        (workdir / f"{name}.kubeconfig").write_text(
+            kubeconfig(server, ca.cert_pem, cn, client=pair)
+        )
+    # What the API server presents to kubelets (logs, exec), which check it against the CA.
+    write_pair(
+        pki,
+        "apiserver-kubelet-client",
+        issue(ca_key, ca_cert, "kube-apiserver-kubelet-client"),
+    )
+    admin = write_pair(
+        pki,
+        "admin-client",
+        issue(ca_key, ca_cert, "kubernetes-admin", ("system:masters",)),
+    )
+    return PlanePKI(ca.cert_pem, admin)

@@ -57,28 +57,16 @@ class Event(NamedTuple):
     message: str
 
 
-class Harness:
-    """kubectl and waits on one cluster (its ``kubeconfig``)."""
+class ClusterObjects:
+    """kubectl on one cluster (its ``kubeconfig``): applying objects and reading DDPJobs, their
+    Events, pods and logs. :class:`Harness` adds the waits."""
 
     ns: str = ""  # kubectl's namespace where a call names none ("": kubectl's own default)
-    timeout_s: float = 60  # until's deadline and phase's stall timeout, unless a call says
-    interval_s: float = 0.5
     kubectl_timeout_s: float = 120
-    pod_log_lines: int = 25  # of each container, in diagnostics (0: none, e.g. kwok's pods)
     _kubeconfig: Path | None = None
 
-    def __init__(
-        self,
-        kubeconfig: Path,
-        ns: str = "",
-        timeout_s: float | None = None,
-        interval_s: float | None = None,
-    ) -> None:
+    def __init__(self, kubeconfig: Path, ns: str = "") -> None:
         self._kubeconfig, self.ns = kubeconfig, ns
-        if timeout_s is not None:
-            self.timeout_s = timeout_s
-        if interval_s is not None:
-            self.interval_s = interval_s
 
     @property
     def kubeconfig(self) -> Path:
@@ -151,25 +139,6 @@ class Harness:
         """Name -> uid of the job's node pods (which of them were made again)."""
         return {n: p["metadata"]["uid"] for n, p in self.workers(job, ns=ns).items()}
 
-    def replaced(
-        self,
-        job: str,
-        pod: str,
-        uid: str,
-        what: str = "",
-        timeout_s: float | None = None,
-        *,
-        ns: str | None = None,
-    ) -> dict[str, Any]:
-        """Waits until the job's node pod ``pod`` is there again with a uid other than ``uid``
-        (made again); that pod."""
-
-        def new() -> dict[str, Any] | None:
-            p = self.workers(job, ns=ns).get(pod)
-            return p if p and p["metadata"]["uid"] != uid else None
-
-        return self.until(what or f"a new {pod}", new, timeout_s, ns=ns)
-
     def logs(self, pod: str, container: str = "", *, ns: str | None = None) -> str:
         where = ["-c", container] if container else []
         return self.k("logs", pod, *where, ns=ns, check=False)
@@ -178,6 +147,28 @@ class Harness:
         """(pod, container) of every pod's containers."""
         pods = self.get("pods", ns=ns).get("items", [])
         return [(p["metadata"]["name"], c["name"]) for p in pods for c in p["spec"]["containers"]]
+
+
+class Harness(ClusterObjects):
+    """kubectl and waits on one cluster (its ``kubeconfig``), and what to read when a wait
+    failed."""
+
+    timeout_s: float = 60  # until's deadline and phase's stall timeout, unless a call says
+    interval_s: float = 0.5
+    pod_log_lines: int = 25  # of each container, in diagnostics (0: none, e.g. kwok's pods)
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        ns: str = "",
+        timeout_s: float | None = None,
+        interval_s: float | None = None,
+    ) -> None:
+        super().__init__(kubeconfig, ns)
+        if timeout_s is not None:
+            self.timeout_s = timeout_s
+        if interval_s is not None:
+            self.interval_s = interval_s
 
     # -- waits -------------------------------------------------------------------------------
     def until(
@@ -234,6 +225,25 @@ class Harness:
             lambda: self.diagnostics(ns),
             progress=moved,
         )
+
+    def replaced(
+        self,
+        job: str,
+        pod: str,
+        uid: str,
+        what: str = "",
+        timeout_s: float | None = None,
+        *,
+        ns: str | None = None,
+    ) -> dict[str, Any]:
+        """Waits until the job's node pod ``pod`` is there again with a uid other than ``uid``
+        (made again); that pod."""
+
+        def new() -> dict[str, Any] | None:
+            p = self.workers(job, ns=ns).get(pod)
+            return p if p and p["metadata"]["uid"] != uid else None
+
+        return self.until(what or f"a new {pod}", new, timeout_s, ns=ns)
 
     def held(
         self, job: str, step: int, timeout_s: float | None = None, *, ns: str | None = None

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from . import certs, versions
+from . import plane_flags as flags
 from .paths import cache_dir
 from .procs import free_port
 
@@ -259,76 +260,24 @@ class ControlPlane(ClusterAPI):
         env[MARKER_ENV] = self.marker
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> Process:
+    def _spawn(self, name: str, flags: list[str]) -> Process:
+        """Start the binary ``name`` with ``flags`` (see :mod:`~ddp_devcluster.plane_flags`)."""
+        argv = [str(binary(name)), *flags]
         p = Process(name, argv, self._dir / "logs" / f"{name}.log", self._env())
         p.start()
         self.procs[name] = p
         return p
 
     def _write_pki(self) -> None:
-        pki = self._dir / "pki"
-        pki.mkdir(exist_ok=True)
-        ca, ca_key, ca_cert = certs.make_ca()
-        certs.write_pair(pki, "ca", ca)
-        self.ca_pem = ca.cert_pem
         self.apiserver_port = free_port()
         self.server = f"https://127.0.0.1:{self.apiserver_port}"
-        serving = certs.issue(
-            ca_key,
-            ca_cert,
-            "kube-apiserver",
-            dns=(
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ),
-            ips=("127.0.0.1", certs.KUBERNETES_SERVICE_IP),
-        )
-        certs.write_pair(pki, "apiserver", serving)
-        certs.write_pair(pki, "sa", certs.service_account_keys())
-        clients = {
-            "admin": ("kubernetes-admin", ("system:masters",)),
-            "controller-manager": ("system:kube-controller-manager", ()),
-            "scheduler": ("system:kube-scheduler", ()),
-            "kwok": ("system:kwok-controller", ("system:masters",)),
-        }
-        for name, (cn, orgs) in clients.items():
-            pair = certs.issue(ca_key, ca_cert, cn, orgs)
-            (self._dir / f"{name}.kubeconfig").write_text(
-                certs.kubeconfig(self.server, ca.cert_pem, cn, client=pair)
-            )
-        # What the API server presents to kubelets (logs, exec), which check it against the CA.
-        certs.write_pair(
-            pki,
-            "apiserver-kubelet-client",
-            certs.issue(ca_key, ca_cert, "kube-apiserver-kubelet-client"),
-        )
-        self.admin_cert = certs.write_pair(
-            pki,
-            "admin-client",
-            certs.issue(ca_key, ca_cert, "kubernetes-admin", ("system:masters",)),
-        )
+        pki = certs.write_plane_pki(self._dir, self.server)
+        self.ca_pem, self.admin_cert = pki.ca_pem, pki.admin_cert
 
     def _start_etcd(self) -> None:
-        self.etcd_port, peer = free_port(), free_port()
+        self.etcd_port = free_port()
         url = f"http://127.0.0.1:{self.etcd_port}"
-        self._spawn(
-            "etcd",
-            [
-                str(binary("etcd")),
-                "--name=devcluster",
-                f"--data-dir={self._dir / 'etcd'}",
-                f"--listen-client-urls={url}",
-                f"--advertise-client-urls={url}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-cluster=devcluster=http://127.0.0.1:{peer}",
-                "--unsafe-no-fsync",  # throwaway data: durability costs seconds per test
-                "--log-level=warn",
-            ],
-        )
+        self._spawn("etcd", flags.etcd(self._dir, url, free_port()))
         self._wait(lambda: _http_ok(f"{url}/health"), "etcd /health", 30)
 
     @property
@@ -337,94 +286,25 @@ class ControlPlane(ClusterAPI):
         return self._dir / "logs" / "audit.log"
 
     def _start_apiserver(self) -> None:
-        pki = self._dir / "pki"
         policy = self._dir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         self._spawn(
             "kube-apiserver",
-            [
-                str(binary("kube-apiserver")),
-                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.apiserver_port}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                # Reaching kubelets (pods/log): at the node's InternalIP, since node names
-                # resolve nowhere here; their serving certificates verified against the CA.
-                "--kubelet-preferred-address-types=InternalIP,Hostname",
-                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-                # Node: a real kubelet reads only what its own pods need (NodeRestriction).
-                "--authorization-mode=Node,RBAC",
-                "--anonymous-auth=false",
-                f"--service-account-key-file={pki / 'sa.crt'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-cluster-ip-range={certs.SERVICE_CIDR}",
-                "--allow-privileged=true",
-                "--profiling=false",
-                "--event-ttl=1h",
-                f"--audit-policy-file={policy}",
-                f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json",
-                "--v=1",
-            ],
+            flags.kube_apiserver(
+                self._dir, self.etcd_port, self.apiserver_port, policy, self.audit_log
+            ),
         )
         self._wait(self._apiserver_ready, "kube-apiserver /readyz", 90)
 
     def _start_controllers(self) -> None:
-        d = self._dir
         cm_port, sched_port = free_port(), free_port()
-        self._spawn(
-            "kube-controller-manager",
-            [
-                str(binary("kube-controller-manager")),
-                f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
-                f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
-                f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={cm_port}",
-                "--leader-elect=false",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={d / 'pki' / 'sa.key'}",
-                f"--root-ca-file={d / 'pki' / 'ca.crt'}",
-                # The garbage collector and ServiceAccount controllers are what tests rely on;
-                # the rest of the defaults stay on, as on a real cluster.
-                "--controllers=*",
-                "--concurrent-gc-syncs=5",
-                "--v=1",
-            ],
-        )
-        self._spawn(
-            "kube-scheduler",
-            [
-                str(binary("kube-scheduler")),
-                f"--kubeconfig={d / 'scheduler.kubeconfig'}",
-                f"--authentication-kubeconfig={d / 'scheduler.kubeconfig'}",
-                f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={sched_port}",
-                "--leader-elect=false",
-                "--v=1",
-            ],
-        )
-        stages = d / "kwok-stages.yaml"
+        self._spawn("kube-controller-manager", flags.kube_controller_manager(self._dir, cm_port))
+        self._spawn("kube-scheduler", flags.kube_scheduler(self._dir, sched_port))
+        stages = self._dir / "kwok-stages.yaml"
         stages.write_text(
             resources.files("ddp_devcluster").joinpath("kwok-stages.yaml").read_text()
         )
-        self._spawn(
-            "kwok",
-            [
-                str(binary("kwok")),
-                f"--kubeconfig={d / 'kwok.kubeconfig'}",
-                f"--config={stages}",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--server-address=127.0.0.1:{free_port()}",
-            ],
-        )
+        self._spawn("kwok", flags.kwok(self._dir, stages, KWOK_NODE_ANNOTATION, free_port()))
         self.health_urls = {
             "kube-controller-manager": f"https://127.0.0.1:{cm_port}/healthz",
             "kube-scheduler": f"https://127.0.0.1:{sched_port}/healthz",
@@ -476,20 +356,7 @@ class ControlPlane(ClusterAPI):
             return json.loads(r.read() or b"null")
 
     def add_kwok_node(self, name: str, labels: dict[str, str] | None = None) -> None:
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
-            },
-            "status": {
-                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
-                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"},
-            },
-        }
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(kwok_node(name, labels)))
 
     def _nodes_ready(self) -> bool:
         out = self.kubectl(
@@ -501,22 +368,44 @@ class ControlPlane(ClusterAPI):
         return len(out) >= self.nodes and all(s == "True" for s in out)
 
     def requests_of(self, user: str) -> tuple[set[tuple[str, str, str]], list[str]]:
-        """What ``user`` asked of the API server, by the audit log: (apiGroup,
-        resource[/subresource], verb) of each request, and "verb resource" of those RBAC
-        refused (a ResourceQuota's 403s are allowed by RBAC, then refused: not those)."""
-        used: set[tuple[str, str, str]] = set()
-        refused: list[str] = []
-        for line in self.audit_log.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("user", {}).get("username") != user or "objectRef" not in record:
-                continue
-            ref = record["objectRef"]
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            resource, verb = ref["resource"] + sub, record["verb"]
-            if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-                refused.append(f"{verb} {resource}")
-            used.add((ref.get("apiGroup", ""), resource, verb))
-        return used, refused
+        """What ``user`` asked of the API server, by the audit log (see :func:`audit_requests`)."""
+        return audit_requests(self.audit_log, user)
+
+
+def kwok_node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node that kwok manages (by its annotation): 64 CPUs, 256 GiB, 110 pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
+        },
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+        },
+    }
+
+
+def audit_requests(audit_log: Path, user: str) -> tuple[set[tuple[str, str, str]], list[str]]:
+    """What ``user`` asked of the API server, by ``audit_log``: (apiGroup,
+    resource[/subresource], verb) of each request, and "verb resource" of those RBAC
+    refused (a ResourceQuota's 403s are allowed by RBAC, then refused: not those)."""
+    used: set[tuple[str, str, str]] = set()
+    refused: list[str] = []
+    for line in audit_log.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("user", {}).get("username") != user or "objectRef" not in record:
+            continue
+        ref = record["objectRef"]
+        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+        resource, verb = ref["resource"] + sub, record["verb"]
+        if record.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
+            refused.append(f"{verb} {resource}")
+        used.add((ref.get("apiGroup", ""), resource, verb))
+    return used, refused
 
 
 def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ddp_api.contract import API_VERSION, KIND, PLURAL
 from ddp_devcluster.harness import Harness
 from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane
+from ddp_operator.kube import group_path
 
 EXIT = "kwok.ddp.dev/exit-code"
 
@@ -23,6 +25,11 @@ class KwokNamespace(Harness):
         super().__init__(cp.kubeconfig, f"{prefix}-{uuid.uuid4().hex[:8]}")
         self.cp, self.op = cp, op
         self.k("create", "namespace", self.ns, ns="")
+
+    @property
+    def jobs_path(self) -> str:
+        """The API path of the namespace's DDPJobs (``/apis/ddp.dev/v1alpha1/namespaces/...``)."""
+        return group_path(API_VERSION, self.ns, PLURAL)
 
     def operator_log(self, lines: int = 20) -> str:
         return self.op.tail(lines)
@@ -40,8 +47,8 @@ class KwokNamespace(Harness):
         """A DDPJob with an emptyDir checkpoint volume unless ``spec`` names one."""
         self.apply(
             {
-                "apiVersion": "ddp.dev/v1alpha1",
-                "kind": "DDPJob",
+                "apiVersion": API_VERSION,
+                "kind": KIND,
                 "metadata": {"name": name, **({"labels": labels} if labels else {})},
                 "spec": {"checkpoint": {"volume": {"emptyDir": {}}}, **spec},
             }

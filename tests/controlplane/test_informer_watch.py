@@ -82,12 +82,12 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
             real_watch = w.watch
 
             async def expired_once() -> None:
-                w.watch = real_watch  # type: ignore[method-assign]
+                monkeypatch.setattr(w, "watch", real_watch)
                 raise informer.Expired("too old resource version")
 
             cache.apply("ADDED", {"metadata": {"namespace": ns, "name": "ghost",
                                                "labels": {render.LABEL_JOB: "g"}}})  # fmt: skip
-            w.watch = expired_once  # type: ignore[method-assign]
+            monkeypatch.setattr(w, "watch", expired_once)
             await until("a second LIST", lambda: w.lists == 2, timeout_s=15)
             assert (ns, "g") not in cache.by_job and changed[-1] == (ns, "g")
             assert cache.names((ns, "b")) == {"x"}

@@ -90,7 +90,7 @@ class Queues(KwokNamespace):
         self.kueue = kueue
         self.id = self.ns.removeprefix("q-")
         self.flavor, self.cq = f"f-{self.id}", f"cq-{self.id}"
-        quota = {"cpu": cpu, "memory": "64Gi"}
+        quota: dict[str, int | str] = {"cpu": cpu, "memory": "64Gi"}
         self.apply(*queue_objects(self.ns, "lq", self.cq, self.flavor, quota, {"type": "kwok"}))
 
     def create(self, obj: dict[str, Any]) -> None:

@@ -90,6 +90,13 @@ def annotated(text: str) -> dict[str, Any]:
 class Cluster(KwokNamespace):
     """The harness in one fresh namespace, with the trainer's ServiceAccount tokens."""
 
+    def running_pair(self, nodes: int) -> None:
+        """Jobs ``a`` and ``b``, each Running with ``nodes`` nodes: one whose pods act, one
+        they must not reach."""
+        for name in ("a", "b"):
+            self.submit(name, {"nodes": nodes})
+            self.running(name, nodes)
+
     def account(self, name: str) -> Account:
         """A real token of ServiceAccount ``name`` of this namespace, as a pod would hold it."""
         token = self.until(
@@ -467,15 +474,13 @@ def test_pods_on_a_machine_that_stopped_its_heartbeat_go_while_its_node_still_sa
         assert ready["status"] == "True"  # the Node never said so: the silence did
         # Recreated, but kept off the silent machine though its Node says Ready: with the job's
         # nodeSelector on that machine alone, they wait (Pending) instead of landing there.
-        new = c.until(
-            "both recreated",
-            lambda: (
-                (w := c.workers("quiet"))
-                and len(w) == 2
-                and not {p["metadata"]["uid"] for p in w.values()} & old
-                and w
-            ),
-        )
+
+        def recreated() -> dict[str, dict[str, Any]] | None:
+            w = c.workers("quiet")
+            fresh = len(w) == 2 and not {p["metadata"]["uid"] for p in w.values()} & old
+            return w if fresh else None
+
+        new = c.until("both recreated", recreated)
         assert all(not p["spec"].get("nodeName") for p in new.values()), new
         lost = [m for t, r, m in c.events("quiet") if (t, r) == ("Warning", "NodeLost")]
         assert len(lost) == 2, lost
@@ -848,11 +853,9 @@ def without_policy(c: Cluster) -> Iterator[None]:
 
 @pytest.mark.usefixtures("without_policy")
 def test_a_training_pod_reports_only_its_own_progress_and_can_change_no_job(c: Cluster) -> None:
-    for name in ("a", "b"):
-        c.submit(name, {"nodes": 1})
-        c.running(name, 1)
+    c.running_pair(1)
     pod_a = c.account("a-trainer")
-    jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
+    jobs = c.jobs_path
     maps = f"/api/v1/namespaces/{c.ns}/configmaps"
     for method, path, body in (
         *job_writes(jobs, c.job("b"), nodes=2),
@@ -894,11 +897,9 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     """The pods of the bundled trainer run as the namespace's account. With a token bound to
     its pod, as the kubelet mounts it, rank 0 may write its progress into its own pod's
     annotation; the admission policy refuses any other change, naming its rule."""
-    for name in ("a", "b"):
-        c.submit(name, {"nodes": 2})
-        c.running(name, 2)
+    c.running_pair(2)
     pod_a = c.pod_account("a-node-0")
-    jobs = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs"
+    jobs = c.jobs_path
     pods = f"/api/v1/namespaces/{c.ns}/pods"
     own = f"{pods}/a-node-0"
     record = json.dumps(GOOD_PROGRESS)
@@ -1039,7 +1040,7 @@ def test_without_the_policy_the_grant_goes_and_jobs_report_through_objects_of_th
 # What release 0.1.0 made in a namespace: one ServiceAccount for every job, whose Role could patch
 # the status of any DDPJob there.
 LEGACY = "ddp-trainer"
-LEGACY_OBJECTS = [
+LEGACY_OBJECTS: list[dict[str, Any]] = [
     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": LEGACY}},
     {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -1085,7 +1086,7 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
 
     # The old path: rank 0 patches the job's status itself, and it still may.
     old_pod = c.account(LEGACY)
-    status = f"/apis/ddp.dev/v1alpha1/namespaces/{c.ns}/ddpjobs/old/status"
+    status = f"{c.jobs_path}/old/status"
     old_report = {"status": {"progress": {"step": 5, "totalSteps": 88}}}
     assert old_pod.call("PATCH", status, old_report, merge=True) == 200
     c.progressed("old", 5, "the old report")

@@ -78,12 +78,12 @@ def test_a_deleted_group_and_a_lost_lighthouse_are_replaced_alone(c: KwokNamespa
     # A deleted group: only it is made again; a disruption, no restart.
     before = c.worker_uids("ps")
     c.k("delete", "pod", "ps-node-1", "--wait=false")
-    after = c.until(
-        "a new ps-node-1",
-        lambda: (
-            (u := c.worker_uids("ps")).get("ps-node-1") not in (None, before["ps-node-1"]) and u
-        ),
-    )
+
+    def replaced() -> dict[str, str] | None:
+        uids = c.worker_uids("ps")
+        return uids if uids.get("ps-node-1") not in (None, before["ps-node-1"]) else None
+
+    after = c.until("a new ps-node-1", replaced)
     assert after["ps-node-0"] == before["ps-node-0"] and after["ps-node-2"] == before["ps-node-2"]
     status = c.running("ps", 3)
     assert status["restarts"] == 0 and status["disruptions"] == 1, status
@@ -98,14 +98,13 @@ def test_a_deleted_group_and_a_lost_lighthouse_are_replaced_alone(c: KwokNamespa
         "a new ps-lighthouse",
         lambda: (p := lighthouse(c, "ps")) and p["metadata"]["uid"] != old,
     )
-    status = c.until(
-        "the LighthouseLost incident",
-        lambda: (
-            (s := c.status("ps"))
-            and [i["kind"] for i in s.get("incidents") or []] == ["Disruption", "LighthouseLost"]
-            and s
-        ),
-    )
+
+    def lighthouse_lost() -> dict[str, Any] | None:
+        s = c.status("ps")
+        kinds = [i["kind"] for i in s.get("incidents") or []]
+        return s if kinds == ["Disruption", "LighthouseLost"] else None
+
+    status = c.until("the LighthouseLost incident", lighthouse_lost)
     assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] == "Running"
     assert c.worker_uids("ps") == after
     assert any(r == "LighthouseLost" for _, r, _ in c.events("ps"))

@@ -72,7 +72,11 @@ def test_a_late_kwok_action_never_reaches_the_pod_made_next_under_the_same_name(
         cp.kubectl("create", "namespace", ns)
         made = json.dumps({**pod, "metadata": {"name": "p", "namespace": ns}})
         cp.kubectl("create", "-f", "-", input=made)
-        until("the old pod Running", lambda n=ns: state(cp, n, None) == "Running", 30)
+
+        def running(ns: str = ns) -> bool:
+            return state(cp, ns, None) == "Running"
+
+        until("the old pod Running", running, 30)
         seen = len(kwok.tail(1_000_000).splitlines())
         os.killpg(kwok.popen.pid, signal.SIGSTOP)
         try:
@@ -90,7 +94,10 @@ def test_a_late_kwok_action_never_reaches_the_pod_made_next_under_the_same_name(
             lines = kwok.tail(1_000_000).splitlines()[seen:]
             return any(f'"pod":"{ns}/p"' in x and "rejected our request" in x for x in lines)
 
-        until("kwok to mark the new pod", lambda n=ns, u=new: state(cp, n, u) != "Pending", 30)
+        def marked(ns: str = ns, uid: str = new) -> bool:
+            return state(cp, ns, uid) != "Pending"
+
+        until("kwok to mark the new pod", marked, 30)
         with contextlib.suppress(TimedOut):  # kwok may have cancelled the late action instead
             until("kwok's late action", refused, 1.0, interval_s=0.1)
         assert state(cp, ns, new) == "Running", f"try {attempt}"

@@ -280,7 +280,7 @@ def test_changes_to_a_nested_template_field_are_refused(ddpjob_crd: ControlPlane
 def test_fields_that_leave_the_pods_alone_stay_mutable(ddpjob_crd: ControlPlane, ns: str) -> None:
     cp = ddpjob_crd
     accepted(apply(cp, ns, ELASTIC))
-    changes = {
+    changes: dict[str, Any] = {
         "nodes": 4,
         "suspend": True,
         "backoffLimit": 10,

@@ -15,7 +15,6 @@ import sys
 import threading
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from ddp_api.contract import RDZV_PORT
@@ -39,19 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> int:
     """Serve until `stop` is set; returns the exit code."""
-    from torch.distributed import TCPStore
+    from ddp_trainer.launch.store_probe import STORE_ID_KEY, open_store
 
-    store = TCPStore(
-        host,
-        port,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    store = open_store(host, port, timeout_s, serve=True)
     # A new id per start: a node's agent that finds another id knows the store it joined is
     # gone (ddp_trainer.node starts torchrun again instead of failing the pod).
-    from ddp_trainer.launch.store_probe import STORE_ID_KEY
-
     store_id = uuid.uuid4().hex
     store.set(STORE_ID_KEY, store_id)
     log.info("rendezvous store listening on %s:%d (id %s)", host, store.port, store_id)

@@ -10,9 +10,12 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_api.contract import LABEL_PREFIX, RDZV_PORT
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 log = logging.getLogger("ddp_trainer.node")
 
@@ -35,28 +38,34 @@ def split_endpoint(endpoint: str, default_port: int = RDZV_PORT) -> tuple[str, i
     return host.strip("[]"), int(port)
 
 
+def open_store(host: str, port: int, timeout_s: float, *, serve: bool) -> TCPStore:
+    """The job's rendezvous store: its server (``serve``: :mod:`ddp_trainer.launch.rdzv_store`)
+    or a client of it. Neither waits for workers (torchrun's agents come and go); a store
+    operation gives up after ``timeout_s``."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        host,
+        port,
+        is_master=serve,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
 def read_store_id(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """The id the store at ``endpoint`` published, or None when none answers in time.
 
     A plain TCP connect first: TCPStore's client backs off for seconds after a refused
     connection, longer than ``timeout_s``, which would start torchrun seconds after the new
     store answers."""
-    from torch.distributed import TCPStore
-
     host, port = split_endpoint(endpoint)
     try:
         socket.create_connection((host, port), timeout=min(timeout_s, 1.0)).close()
     except OSError:
         return None
     try:
-        store = TCPStore(
-            host,
-            port,
-            is_master=False,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        return store.get(STORE_ID_KEY).decode()
+        return open_store(host, port, timeout_s, serve=False).get(STORE_ID_KEY).decode()
     except Exception:  # refused, unresolvable, timed out: no store there now
         return None
 
