@@ -150,6 +150,53 @@ def test_the_dependency_image_has_the_first_layers_and_their_history() -> None:
     assert cfg["config"] == {} and (cfg["architecture"], cfg["os"]) == ("amd64", "linux")
 
 
+def test_the_dependency_layout_links_the_first_layers_under_the_preload_name(
+    tmp_path: Path,
+) -> None:
+    from ddp_devcluster.kind.nodeimage import PRELOAD_REPO, _dependency_layout
+
+    saved = tmp_path / "saved"
+    blobs = saved / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return f"sha256:{digest}"
+
+    diff_ids = [put(f"layer {i}".encode()) for i in range(7)]
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": TRAINER_HISTORY,
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"digest": put(json.dumps(config).encode())},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d,
+                    "size": 7} for d in diff_ids],
+    }  # fmt: skip
+    index = {"schemaVersion": 2, "manifests": [{"digest": put(json.dumps(manifest).encode())}]}
+    (saved / "index.json").write_text(json.dumps(index))
+
+    out = tmp_path / "layout"
+    assert _dependency_layout(saved, out, 5) == diff_ids[:5]
+    desc = json.loads((out / "index.json").read_text())["manifests"][0]
+    name = chain_id(diff_ids[:5]).removeprefix("sha256:")[:12]
+    assert desc["annotations"]["org.opencontainers.image.ref.name"] == f"{PRELOAD_REPO}:{name}"
+    got = out / "blobs" / "sha256"
+    man = json.loads((got / desc["digest"].removeprefix("sha256:")).read_bytes())
+    assert [layer["digest"] for layer in man["layers"]] == diff_ids[:5]
+    cfg = json.loads((got / man["config"]["digest"].removeprefix("sha256:")).read_bytes())
+    assert cfg["rootfs"]["diff_ids"] == diff_ids[:5]
+    for d in diff_ids[:5]:  # linked, not copied
+        assert (got / d[7:]).stat().st_ino == (blobs / d[7:]).stat().st_ino
+    assert not (got / diff_ids[5][7:]).exists()
+
+
 def test_input_key_changes_with_any_input_and_not_with_order() -> None:
     a = input_key({"x": b"1", "y": b"2"})
     assert a == input_key({"y": b"2", "x": b"1"})
