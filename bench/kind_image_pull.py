@@ -8,7 +8,9 @@ On the cluster of `make up`, made anew (left up afterwards):
 1. ``first``: the trainer image pulled by all four new machines at once from the host
    registry: kubelet's own ``Pulled`` times, per machine. (Removing the image from a running
    machine's containerd is not enough: the layers stay while a container of it is
-   remembered, and the pull then takes a tenth of a second.)
+   remembered, and the pull then takes a tenth of a second.) Since the node image preloads
+   the trainer's dependency layers (docs/kind.md), this first pull fetches and unpacks only
+   the code layers too.
 2. ``code change``: the trainer image is rebuilt from a copy of the checkout in which one file
    of ``trainer_image/ddp_trainer`` has one more line, exactly as `make images` builds it
    (buildah's layer cache keeps every layer but the code's); pushed (only the new layer is

@@ -1,5 +1,6 @@
 """The kind cluster's pure parts: the node image's containerd config, kind's storage manifest,
-kubeadm's image list, the image key, readiness, the registry's config, a gzipped archive."""
+kubeadm's image list, the image key, the trainer's dependency layers, readiness, the
+registry's config, a gzipped archive."""
 
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ from ddp_devcluster.kind.cluster import (
 )
 from ddp_devcluster.kind.nodeimage import (
     PAUSE_REF,
+    PRELOAD_PATH,
     SHARED_CLASS,
     SHARED_PATH,
+    chain_id,
     containerd_config,
     control_plane_images,
+    dependency_image,
+    dependency_layers,
     input_key,
     storage_manifest,
     with_shared_class,
@@ -89,6 +94,107 @@ def test_control_plane_images_are_keyed_by_component() -> None:
     assert images["etcd"] == "registry.k8s.io/etcd:3.6.8-0"
     with pytest.raises(ValueError, match="expected"):
         control_plane_images(listed[:-1])
+
+
+# The trainer image's history as podman shows it (2026-11-27): the base, uv and the lock
+# copied, the venv and the user made by RUN steps, then the code copied.
+TRAINER_HISTORY = [
+    {"created_by": "/bin/sh -c #(nop) ADD file:03d8 in /"},
+    {"created_by": "/bin/sh -c #(nop) ENV TORCH_BACKEND=cpu", "empty_layer": True},
+    {"created_by": "/bin/sh -c #(nop) COPY file:d0d6 in /usr/local/bin/uv"},
+    {"created_by": "/bin/sh -c #(nop) ENV UV_NO_CACHE=1", "empty_layer": True},
+    {"created_by": "/bin/sh -c #(nop) COPY file:a08a in /tmp/trainer.lock"},
+    {"created_by": "/bin/sh -c #(nop) ARG TORCH_SOURCE", "empty_layer": True},
+    {"created_by": "|1 TORCH_SOURCE=pypi /bin/sh -c uv venv --python 3.11 /opt/venv"},
+    {"created_by": "|1 TORCH_SOURCE=pypi /bin/sh -c useradd --create-home trainer"},
+    {"created_by": "/bin/sh -c #(nop) COPY dir:743b in /opt/app/ddp_api"},
+    {"created_by": "/bin/sh -c #(nop) COPY dir:bee7 in /opt/app/ddp_trainer"},
+    {"created_by": "/bin/sh -c #(nop) ENV PATH=/opt/venv/bin:$PATH", "empty_layer": True},
+    {"created_by": '/bin/sh -c #(nop) CMD ["python"]', "empty_layer": True},
+]
+
+
+def test_the_dependency_layers_end_with_the_last_run_step() -> None:
+    assert dependency_layers(TRAINER_HISTORY) == 5  # base, uv, lock, venv, user; not the code
+    # a code-only change keeps them; another RUN after the code would take the code in
+    more = [*TRAINER_HISTORY, {"created_by": "/bin/sh -c python -m compileall /opt/app"}]
+    assert dependency_layers(more) == 8
+    with pytest.raises(ValueError, match="RUN"):
+        dependency_layers(TRAINER_HISTORY[:1])
+
+
+def test_chain_id_is_the_oci_chain_id() -> None:
+    a, b, c = (f"sha256:{x * 64}" for x in "abc")
+    assert chain_id([a]) == a
+    ab = "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest()
+    assert chain_id([a, b]) == ab
+    assert chain_id([a, b, c]) == "sha256:" + hashlib.sha256(f"{ab} {c}".encode()).hexdigest()
+    assert chain_id([a, b]) != chain_id([b, a])
+
+
+def test_the_dependency_image_has_the_first_layers_and_their_history() -> None:
+    diff_ids = [f"sha256:{i}" for i in range(7)]
+    layers = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": 1}
+              for d in diff_ids]  # fmt: skip
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/opt/venv/bin"], "Cmd": ["python"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": TRAINER_HISTORY,
+    }
+    man, cfg = dependency_image({"layers": layers}, config, 5)
+    assert man["layers"] == layers[:5]
+    assert cfg["rootfs"] == {"type": "layers", "diff_ids": diff_ids[:5]}
+    assert cfg["history"] == TRAINER_HISTORY[:8]  # up to the useradd step
+    assert cfg["config"] == {} and (cfg["architecture"], cfg["os"]) == ("amd64", "linux")
+
+
+def test_the_dependency_layout_links_the_first_layers_under_the_preload_name(
+    tmp_path: Path,
+) -> None:
+    from ddp_devcluster.kind.nodeimage import PRELOAD_REPO, _dependency_layout
+
+    saved = tmp_path / "saved"
+    blobs = saved / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return f"sha256:{digest}"
+
+    diff_ids = [put(f"layer {i}".encode()) for i in range(7)]
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": TRAINER_HISTORY,
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"digest": put(json.dumps(config).encode())},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d,
+                    "size": 7} for d in diff_ids],
+    }  # fmt: skip
+    index = {"schemaVersion": 2, "manifests": [{"digest": put(json.dumps(manifest).encode())}]}
+    (saved / "index.json").write_text(json.dumps(index))
+
+    out = tmp_path / "layout"
+    assert _dependency_layout(saved, out, 5) == diff_ids[:5]
+    desc = json.loads((out / "index.json").read_text())["manifests"][0]
+    name = chain_id(diff_ids[:5]).removeprefix("sha256:")[:12]
+    assert desc["annotations"]["org.opencontainers.image.ref.name"] == f"{PRELOAD_REPO}:{name}"
+    got = out / "blobs" / "sha256"
+    man = json.loads((got / desc["digest"].removeprefix("sha256:")).read_bytes())
+    assert [layer["digest"] for layer in man["layers"]] == diff_ids[:5]
+    cfg = json.loads((got / man["config"]["digest"].removeprefix("sha256:")).read_bytes())
+    assert cfg["rootfs"]["diff_ids"] == diff_ids[:5]
+    for d in diff_ids[:5]:  # linked, not copied
+        assert (got / d[7:]).stat().st_ino == (blobs / d[7:]).stat().st_ino
+    assert not (got / diff_ids[5][7:]).exists()
 
 
 def test_input_key_changes_with_any_input_and_not_with_order() -> None:
@@ -190,16 +296,22 @@ def test_the_shared_class_keeps_kinds_node_local_paths_and_adds_a_shared_path() 
         with_shared_class("data:\n  other: x\n")
 
 
-def test_every_node_of_the_rendered_config_mounts_the_shared_folder(tmp_path: Path) -> None:
+def test_every_node_of_the_rendered_config_mounts_the_shared_and_preload_folders(
+    tmp_path: Path,
+) -> None:
     import yaml
 
     config = Path(__file__).resolve().parents[2] / "kind" / "cluster-4.yaml"
-    out = yaml.safe_load(rendered_config(config.read_text(), tmp_path / "shared"))
+    out = yaml.safe_load(
+        rendered_config(config.read_text(), tmp_path / "shared", tmp_path / "preload")
+    )
     assert len(out["nodes"]) == 4
     for node in out["nodes"]:
         assert node["extraMounts"] == [
-            {"hostPath": str(tmp_path / "shared"), "containerPath": SHARED_PATH}
-        ]
+            {"hostPath": str(tmp_path / "shared"), "containerPath": SHARED_PATH},
+            {"hostPath": str(tmp_path / "preload"), "containerPath": PRELOAD_PATH,
+             "readOnly": True},
+        ]  # fmt: skip
     assert out["kubeadmConfigPatches"] == yaml.safe_load(config.read_text())["kubeadmConfigPatches"]
 
 

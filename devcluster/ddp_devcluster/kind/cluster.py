@@ -20,7 +20,7 @@ from ..paths import cache_dir, state_dir
 from ..polling import until
 from . import registry
 from .lock import held
-from .nodeimage import SHARED_PATH, ensure_node_image
+from .nodeimage import PRELOAD_PATH, SHARED_PATH, ensure_node_image, preload_dir
 
 if TYPE_CHECKING:
     from ..harness import Harness
@@ -81,15 +81,19 @@ def node_count(config_text: str) -> int:
     return len(yaml.safe_load(config_text)["nodes"])
 
 
-def rendered_config(config_text: str, shared: Path) -> str:
-    """The cluster config kind is given: the one in kind/, with the shared folder mounted
-    into every node (a host path, which a file in the repository cannot name)."""
+def rendered_config(config_text: str, shared: Path, preload: Path) -> str:
+    """The cluster config kind is given: the one in kind/, with the shared folder and the node
+    image's preload folder (read-only) mounted into every node (host paths, which a file in the
+    repository cannot name)."""
     import yaml
 
     config = yaml.safe_load(config_text)
-    mount = {"hostPath": str(shared), "containerPath": SHARED_PATH}
+    mounts = [
+        {"hostPath": str(shared), "containerPath": SHARED_PATH},
+        {"hostPath": str(preload), "containerPath": PRELOAD_PATH, "readOnly": True},
+    ]
     for node in config["nodes"]:
-        node.setdefault("extraMounts", []).append(mount)
+        node.setdefault("extraMounts", []).extend(mounts)
     return str(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -176,7 +180,7 @@ def _up(log: Log, name: str, config: Path) -> Path:
     kubeconfig = kubeconfig_path(name)
     nodes = node_count(config.read_text())
     shared = shared_dir(name)
-    wanted = rendered_config(config.read_text(), shared)
+    wanted = rendered_config(config.read_text(), shared, preload_dir(image))
     given = state_dir() / f"kind-{name}.yaml"  # the config the running cluster was made with
     if exists(name):
         # A cluster left by a run that was killed may have containers podman still calls

@@ -12,6 +12,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .. import versions
 from ..archive import docker_archive, tar_dir, tar_members
@@ -32,6 +33,12 @@ PAUSE_REF = "registry.k8s.io/pause:3.10.2"
 # the same on every machine (what NFS, CephFS, Filestore or EFS give a real cluster).
 SHARED_CLASS = "ddp-shared"
 SHARED_PATH = "/ddp-shared"
+# The trainer image's dependency layers, unpacked once on this host and mounted read-only into
+# every node there (cluster.py): the node image's containerd has them as overlayfs snapshots
+# whose folders are links to PRELOAD_PATH, so that kubelet's pull of the trainer image finds
+# their chain IDs and fetches and unpacks only the code layers.
+PRELOAD_PATH = "/ddp-preload"
+PRELOAD_REPO = "ddp.local/preload/trainer-deps"
 Log = Callable[[str], None]
 
 
@@ -141,6 +148,53 @@ def input_key(parts: dict[str, bytes]) -> str:
     return h.hexdigest()[:12]
 
 
+def dependency_layers(history: list[dict[str, Any]]) -> int:
+    """How many of an image's layers are its dependencies: those up to the last one a RUN step
+    made (the trainer's Dockerfile installs everything, then COPYs the code last), from the
+    image's history (OCI config ``history``: ``created_by``, ``empty_layer``)."""
+    made = [h.get("created_by", "") for h in history if not h.get("empty_layer")]
+    runs = [i for i, by in enumerate(made) if "#(nop)" not in by]
+    if not runs:
+        raise ValueError("no layer of the image was made by a RUN step")
+    return runs[-1] + 1
+
+
+def chain_id(diff_ids: list[str]) -> str:
+    """The chain ID of a stack of layers (the OCI image spec's ChainID), which containerd names
+    an unpacked layer's snapshot by."""
+    out = diff_ids[0]
+    for d in diff_ids[1:]:
+        out = "sha256:" + hashlib.sha256(f"{out} {d}".encode()).hexdigest()
+    return out
+
+
+def dependency_image(
+    manifest: dict[str, Any], config: dict[str, Any], count: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest and config of an image of the first ``count`` layers of another (no
+    entrypoint, no environment): the trainer's dependencies, for the node image to unpack."""
+    history, made = [], 0
+    for h in config["history"]:
+        if made == count:
+            break
+        history.append(h)
+        made += 0 if h.get("empty_layer") else 1
+    cfg = {
+        "architecture": config["architecture"],
+        "os": config["os"],
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": config["rootfs"]["diff_ids"][:count]},
+        "history": history,
+    }
+    man = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {},  # the caller fills in the config's descriptor
+        "layers": manifest["layers"][:count],
+    }
+    return man, cfg
+
+
 # --- I/O ------------------------------------------------------------------------------------
 
 
@@ -223,10 +277,31 @@ def _kubectl() -> Path:
     return Path(kubectl_path())
 
 
-def node_ref(base: str) -> str:
-    """The node image's tag: the Kubernetes version and a hash of every input."""
+def trainer_dependencies(log: Log) -> tuple[str, list[str]]:
+    """The trainer image (built when it is missing) and the diff IDs of its dependency layers
+    (:func:`dependency_layers`), which a change to its code leaves as they are."""
+    from .. import images
+    from ..containers import image_id
+
+    ref = images.default_refs()["trainer"]
+    if image_id(ref) is None:
+        images.ensure_images(("trainer",), log)
+    info = json.loads(podman("image", "inspect", ref, check=True).stdout)[0]
+    return ref, list(info["RootFS"]["Layers"][: dependency_layers(info["History"])])
+
+
+def preload_dir(ref: str) -> Path:
+    """The host folder of node image ``ref``'s unpacked trainer dependencies, which every node
+    of a cluster on that image mounts read-only at PRELOAD_PATH."""
+    return cache_dir() / "kind" / "preload" / ref.rsplit(":", 1)[1]
+
+
+def node_ref(base: str, trainer_deps: list[str]) -> str:
+    """The node image's tag: the Kubernetes version and a hash of every input, the trainer's
+    dependency layers included (by their chain ID, not by the trainer's code)."""
     kind = kind_module()
     parts: dict[str, bytes] = {"base": base.encode()}
+    parts["trainer-deps"] = chain_id(trainer_deps).encode()
     parts.update({f"files/{k}": v for k, v in _files_of(FILES).items()})
     parts["nodeimage.py"] = Path(__file__).read_bytes()
     parts["const_storage.go"] = (kind / "pkg/build/nodeimage/const_storage.go").read_bytes()
@@ -289,8 +364,9 @@ def ensure_node_image(log: Log = print) -> str:
     """The node image's ref; builds the base and the node image only when their tags are
     missing (about a minute; seconds when both exist)."""
     base = ensure_base(log)
-    ref = node_ref(base)
-    if _image_exists(ref):
+    trainer, deps = trainer_dependencies(log)
+    ref = node_ref(base, deps)
+    if _image_exists(ref) and preload_dir(ref).is_dir():
         return ref
     t0 = time.monotonic()
     log(f"building {ref}")
@@ -317,11 +393,11 @@ def ensure_node_image(log: Log = print) -> str:
     shutil.copy2(FILES / "kindnet-lite.sh", ctx / "kind" / "bin")
     (ctx / "kind" / "version").write_text(f"v{versions.KUBERNETES}\n")
     shutil.copy2(FILES / "kindnet-lite.service", ctx)
-    shutil.copy2(FILES / "import-images.sh", ctx)
     (ctx / "certs.d" / "localhost:5001").mkdir(parents=True)
     shutil.copy2(FILES / "hosts.toml", ctx / "certs.d" / "localhost:5001")
     _write_images(ctx / "images", _rootfs(base), storage_refs)
     log(f"image archives written in {time.monotonic() - t0:.0f}s")
+    _containerd_root(ctx, base, trainer, len(deps), preload_dir(ref), log)
     _buildah(
         ctx,
         FILES / "node.Containerfile",
@@ -336,9 +412,93 @@ def ensure_node_image(log: Log = print) -> str:
     return ref
 
 
+def _dependency_layout(saved: Path, layout: Path, count: int) -> list[str]:
+    """An OCI layout of the first ``count`` layers of the image in OCI folder ``saved`` (its
+    blobs linked, not copied), named PRELOAD_REPO:<its chain ID>; returns the layers' digests."""
+    blobs = saved / "blobs" / "sha256"
+
+    def blob(digest: str) -> dict[str, Any]:
+        return dict(json.loads((blobs / digest.removeprefix("sha256:")).read_bytes()))
+
+    index = json.loads((saved / "index.json").read_text())
+    manifest = blob(index["manifests"][0]["digest"])
+    man, cfg = dependency_image(manifest, blob(manifest["config"]["digest"]), count)
+    out = layout / "blobs" / "sha256"
+    out.mkdir(parents=True)
+
+    def put(data: bytes, media_type: str) -> dict[str, Any]:
+        digest = hashlib.sha256(data).hexdigest()
+        (out / digest).write_bytes(data)
+        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+
+    man["config"] = put(json.dumps(cfg).encode(), "application/vnd.oci.image.config.v1+json")
+    for layer in man["layers"]:
+        name = layer["digest"].removeprefix("sha256:")
+        (out / name).hardlink_to(blobs / name)
+    desc = put(json.dumps(man).encode(), man["mediaType"])
+    desc["annotations"] = {
+        "org.opencontainers.image.ref.name": f"{PRELOAD_REPO}:"
+        + chain_id(cfg["rootfs"]["diff_ids"]).removeprefix("sha256:")[:12]
+    }
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [desc]}))
+    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    return [str(layer["digest"]) for layer in man["layers"]]
+
+
+def _containerd_root(
+    ctx: Path, base: str, trainer: str, count: int, preload: Path, log: Log
+) -> None:
+    """containerd's root for the node image, in ``ctx/containerd``: import-images.sh run in a
+    privileged container of the base image (overlayfs needs a real filesystem and mounts, which
+    a buildah RUN step has not), then the unpacked snapshots moved to ``preload`` and linked
+    from where they were to PRELOAD_PATH, where every node mounts ``preload``."""
+    t0 = time.monotonic()
+    saved, layout, root = ctx / "trainer", ctx / "layout", ctx / "containerd"
+    proc = podman("save", "--uncompressed", "--format", "oci-dir", "-o", str(saved), trainer)
+    if proc.returncode != 0:
+        raise RuntimeError(f"podman save {trainer} failed:\n{proc.stderr[-3000:]}")
+    layers = _dependency_layout(saved, layout, count)
+    log(f"{trainer}: its {count} dependency layers saved in {time.monotonic() - t0:.0f}s")
+    root.mkdir()
+    proc = podman(
+        "run", "--rm", "--privileged", "--network=none", "--pull=never",
+        "-e", f"LAYERS={' '.join(layers)}",
+        "-v", f"{binary('containerd', 'containerd')}:/usr/local/bin/containerd:ro",
+        "-v", f"{binary('containerd', 'ctr')}:/usr/local/bin/ctr:ro",
+        "-v", f"{ctx / 'containerd-config.toml'}:/etc/containerd/config.toml:ro",
+        "-v", f"{FILES / 'import-images.sh'}:/import-images.sh:ro,z",
+        "-v", f"{ctx / 'images'}:/images:ro,z", "-v", f"{layout}:/layout:ro,z",
+        "-v", f"{root}:/var/lib/containerd:z",
+        "--entrypoint", "/bin/bash", base, "/import-images.sh",
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"import-images.sh failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    shutil.rmtree(saved)
+    shutil.rmtree(layout)
+    blobs = root / "io.containerd.content.v1.content" / "blobs" / "sha256"
+    for digest in layers:  # removed from containerd's index; its collector may not have run
+        (blobs / digest.removeprefix("sha256:")).unlink(missing_ok=True)
+    snapshots = root / "io.containerd.snapshotter.v1.overlayfs" / "snapshots"
+    tmp = preload.with_name(preload.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for snap in sorted(snapshots.iterdir()):
+        snap.rename(tmp / snap.name)
+        snap.symlink_to(f"{PRELOAD_PATH}/{snap.name}")
+    shutil.rmtree(preload, ignore_errors=True)
+    tmp.rename(preload)
+    log(f"{trainer}'s dependencies unpacked into {preload} in {time.monotonic() - t0:.0f}s")
+
+
 def _remove_older(repo: str, keep: str, log: Log) -> None:
-    """Removes this repository's other node images (1 GB each); one a cluster runs on stays."""
+    """Removes this repository's other node images (1 GB each) and the preload folders of
+    images that are gone (4 GB each); one a cluster runs on stays."""
     tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split()
     for tag in tags:
         if tag != keep and tag.startswith(repo + ":") and podman("rmi", tag).returncode == 0:
             log(f"removed the older node image {tag}")
+    folders = preload_dir(keep).parent
+    for folder in sorted(folders.iterdir()) if folders.is_dir() else []:
+        if folder != preload_dir(keep) and not _image_exists(f"{repo}:{folder.name}"):
+            shutil.rmtree(folder)
+            log(f"removed {folder}")
