@@ -1082,6 +1082,12 @@ class DDPJobStatus(_Model):
     admissions: int | None = Field(
         default=None, description="Times Kueue admitted the job (more than 1 after evictions)."
     )
+    admitted_nodes: int | None = Field(
+        default=None,
+        description="The node pods Kueue admitted the job with (its Workload's admitted count;"
+        " Kueue may admit fewer than spec.nodes, down to spec.minNodes): the job runs the"
+        " smaller of spec.nodes and this. Unset while queued and without Kueue.",
+    )
     handled_failures: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None,
         max_length=64,

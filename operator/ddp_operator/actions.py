@@ -15,6 +15,7 @@ from typing import Any
 
 from ddp_api.contract import API_VERSION, KIND, PLURAL
 from ddp_api.ddpjob import RESTART_REASONS, DDPJob, Reason
+from ddp_api.status import StatusFields
 
 from . import bookkeeping, kube
 from .metrics import OperatorMetrics
@@ -37,7 +38,7 @@ class Actions:
     trainer: TrainerObjects
     api: kube.Kube
     instance: str = COMPONENT  # reportingInstance of its Events: the pod's name in a cluster
-    written: dict[str, dict[str, Any]] = field(default_factory=dict)  # job uid -> our status
+    written: dict[str, StatusFields] = field(default_factory=dict)  # job uid -> our status
     status_written_at: dict[str, float] = field(default_factory=dict)  # job uid -> monotonic
 
     def forget(self, uid: str) -> None:
@@ -48,7 +49,7 @@ class Actions:
         self,
         body: dict[str, Any],
         job: DDPJob | None,
-        status: dict[str, Any],
+        status: StatusFields,
         p: Plan,
         in_pod: bool = True,
     ) -> list[dict[str, Any]]:
@@ -71,7 +72,7 @@ class Actions:
             )
             if r.status == 404:
                 return False  # the job is gone; its pods go with it
-            self.written[uid] = dict(p.status)
+            self.written[uid] = StatusFields(**p.status)
             self.status_written_at[uid] = time.monotonic()
             return True
 

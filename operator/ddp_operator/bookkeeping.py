@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobPhase, Reason
+from ddp_api.status import StatusFields, status_fields
 from ddp_api.trainer_config import validation_message
 
 from .planner.conditions import conditions
@@ -24,16 +25,16 @@ COUNT_FIELDS = frozenset({"nodes", "readyNodes", "ready", "worldSize"})
 STATUS_COUNTS_EVERY_S = 1.0
 
 
-def merged(observed: Mapping[str, Any], ours: Mapping[str, Any] | None) -> dict[str, Any]:
+def merged(observed: Mapping[str, Any] | None, ours: StatusFields | None) -> StatusFields:
     """The watched status with our own last write on top (a merge patch: None removes), so a
     reconcile never plans from a status staler than the one this process wrote."""
-    out = dict(observed)
+    out = dict(status_fields(observed))
     for k, v in (ours or {}).items():
         if v is None:
             out.pop(k, None)
         else:
             out[k] = v
-    return out
+    return status_fields(out)
 
 
 def pending_creates(
@@ -74,7 +75,7 @@ def status_write(
     return True, "handledFailures" in diff, None
 
 
-def invalid_spec(status: Mapping[str, Any], error: ValidationError, now: dt.datetime) -> Plan:
+def invalid_spec(status: StatusFields, error: ValidationError, now: dt.datetime) -> Plan:
     """A spec the API server accepted but this operator cannot read (say, from a newer CRD)."""
     p = Plan()
     text = validation_message(error, tidy=False)
@@ -130,7 +131,7 @@ PODS_CREATED = "pods"  # all first node pods created
 FIRST_STEP = "step"  # the first training step seen in status.progress
 
 
-def milestones_to_time(status: Mapping[str, Any], workers: int) -> set[str]:
+def milestones_to_time(status: StatusFields, workers: int) -> set[str]:
     """The milestones to time for a job seen for the first time: only those still ahead of it,
     so an operator restarted mid-run never records a job's age as a start-up latency."""
     phase = status.get("phase") or ""
@@ -145,7 +146,7 @@ def milestones_to_time(status: Mapping[str, Any], workers: int) -> set[str]:
 
 
 def milestones_reached(
-    ahead: Collection[str], status: Mapping[str, Any], workers: int, nodes: int
+    ahead: Collection[str], status: StatusFields, workers: int, nodes: int
 ) -> set[str]:
     """Of the milestones still ``ahead`` of a job, those it has reached now."""
     reached = set()

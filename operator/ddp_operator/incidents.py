@@ -24,6 +24,7 @@ from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import IncidentKind
+from ddp_api.status import StatusFields
 
 from . import reports
 
@@ -70,8 +71,8 @@ def closing(
 
 
 def account(
-    status: Mapping[str, Any], previous: Mapping[str, Any] | None, report: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    status: StatusFields, previous: Mapping[str, Any] | None, report: Mapping[str, Any]
+) -> tuple[StatusFields, list[dict[str, Any]]]:
     """The status fields a new ``report`` changes (incidents, keptSeconds, goodput) given the
     ``status`` and the ``previous`` report it holds, and the incidents it closed."""
     incidents = status.get("incidents") or []
@@ -87,7 +88,7 @@ def account(
     per_step = reports.step_seconds(prev)
     kept -= sum(i.get("stepsRedone", 0) for i in closed) * per_step
     kept = max(0.0, kept)
-    out: dict[str, Any] = {"keptSeconds": round(kept, 1)}
+    out = StatusFields(keptSeconds=round(kept, 1))
     if closed:
         out["incidents"] = incidents
     started = parse_rfc3339(status.get("startTime"))
@@ -97,10 +98,10 @@ def account(
 
 
 def open_incident(
-    status: Mapping[str, Any], new: Mapping[str, Any], kind: str, now: str
+    status: StatusFields, new: StatusFields, kind: str, now: str
 ) -> list[dict[str, Any]]:
     """The incidents after one of ``kind`` detected ``now`` (``new``: this plan's status so
     far, whose incidents are newer than ``status``'s)."""
-    incidents = new.get("incidents", status.get("incidents") or [])
+    incidents = new["incidents"] if "incidents" in new else status.get("incidents")
     progress = new.get("progress") or status.get("progress")
-    return opened(incidents, kind, now, progress)
+    return opened(incidents or [], kind, now, progress)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob, DDPJobPhase
+from ddp_api.status import StatusFields
 
 from . import informer, kube, queueing, render
 from .planner.views import PodView
@@ -43,7 +44,7 @@ class KueueWorkloads:
         worker: dict[str, Any],
         queue: str,
         workload: dict[str, Any] | None,
-        status: dict[str, Any],
+        status: StatusFields,
     ) -> queueing.Admission:
         """Creates the job's Workload if it has none; returns what Kueue decided. ``worker``
         is the job's pod as rendered: the Workload asks quota for ``spec.nodes`` of it."""
@@ -70,7 +71,7 @@ class KueueWorkloads:
         self,
         workload: dict[str, Any],
         observed: Sequence[PodView],
-        status: dict[str, Any],
+        status: StatusFields,
     ) -> None:
         """Releases an evicted Workload's quota once the job's pods are gone; marks the Workload
         of a finished job Finished (both applied as Kueue's own job reconciler applies them)."""

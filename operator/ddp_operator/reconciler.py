@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from ddp_api import contract
 from ddp_api.ddpjob import DDPJob, Reason
+from ddp_api.status import StatusFields
 
 from . import bookkeeping, informer, queueing, render
 from .actions import Actions
@@ -58,7 +59,7 @@ class Reconciler:
         expected = bookkeeping.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
         self.expected[key] = expected
         status = bookkeeping.merged(
-            body.get("status") or {}, self.actions.written.get(meta.get("uid", ""))
+            body.get("status"), self.actions.written.get(meta.get("uid", ""))
         )
         job: DDPJob | None = None
         workload: dict[str, Any] | None = None
@@ -71,12 +72,6 @@ class Reconciler:
             in_pod = await self.trainer.in_pod(job)
             await self._account_first(job, status, in_pod)
             p, workload = await self._plan(key, job, status, observed, expected.keys(), in_pod)
-        services = self.services.names(key)
-        p.create = [
-            o
-            for o in p.create
-            if o["metadata"]["name"] not in (services if o["kind"] == "Service" else pods)
-        ]
         servers = {render.store_name(meta["name"]), contract.lighthouse_name(meta["name"])}
         workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
         workers_before |= {n for n in expected if n not in servers}
@@ -95,7 +90,7 @@ class Reconciler:
         self.trainer.settle(meta["namespace"], observed)
         self.later(key, p.requeue_after)
 
-    async def _account_first(self, job: DDPJob, status: dict[str, Any], in_pod: bool) -> None:
+    async def _account_first(self, job: DDPJob, status: StatusFields, in_pod: bool) -> None:
         """A new job's pods will wait for their trainer account: its create goes out before the
         plan is made, so that the round trip runs while the plan is computed (the short sleep
         is a turn of the event loop long enough for the request to be sent; a job whose pods
@@ -110,7 +105,7 @@ class Reconciler:
         self,
         key: Key,
         job: DDPJob,
-        status: dict[str, Any],
+        status: StatusFields,
         observed: list[views.PodView],
         pending: Collection[str],
         in_pod: bool,
@@ -146,6 +141,7 @@ class Reconciler:
             admission=admission,
             progress=progress,
             machines=self.machines.views(),
+            services=self.services.names(key),
         )
         for why in refused:
             p.warn(Reason.PROGRESS_REJECTED, why)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
+from ddp_api.status import StatusFields
 
 from . import bookkeeping
 from .metrics import OperatorMetrics
@@ -24,7 +25,7 @@ class StartupTimes:
     def observe(
         self,
         meta: dict[str, Any],
-        status: dict[str, Any],
+        status: StatusFields,
         before: set[str],
         made: set[str],
         nodes: int,

@@ -184,6 +184,7 @@ def test_the_second_job_waits_queued_without_pods_until_the_first_succeeds(q2: Q
     q2.running("first", 2)
     first = q2.status("first")
     assert (first["queue"], first["clusterQueue"], first["admissions"]) == ("lq", q2.cq, 1)
+    assert first["admittedNodes"] == 2
     assert condition(first, "Admitted")["status"] == "True"
     admitted = [e for e in q2.events("first") if e[1] == "Admitted"]
     assert admitted and q2.cq in admitted[0][2]
@@ -200,6 +201,7 @@ def test_the_second_job_waits_queued_without_pods_until_the_first_succeeds(q2: Q
     q2.queue("second")
     second = q2.phase("second", "Queued")
     assert second["queue"] == "lq" and "clusterQueue" not in second
+    assert "admittedNodes" not in second
     wide = q2.k("get", "ddpj", "second", "-o", "wide")
     assert "Queued" in wide and "lq" in wide
     assert q2.worker_names("second") == []
@@ -296,6 +298,7 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
     q2.queue("wide", nodes=3, minNodes=1, maxNodes=4)
     status = q2.running("wide", 2)
     assert status["nodes"] == 2 and len(q2.worker_names("wide")) == 2
+    assert status["admittedNodes"] == 2  # Kueue's count, beside spec.nodes 3
     (wl,) = q2.workloads("wide")
     assert (wl["spec"]["podSets"][0]["count"], wl["spec"]["podSets"][0]["minCount"]) == (3, 1)
     assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 2
@@ -309,7 +312,8 @@ def test_an_elastic_job_is_admitted_partially_and_follows_scale_while_queued(q2:
     assert q2.worker_names("wide") == ["wide-node-0", "wide-node-1"]
     q2.k("scale", "ddpjob", "wide", "--replicas=1")
     q2.until("wide down to 1 node", lambda: q2.worker_names("wide") == ["wide-node-0"])
-    q2.running("wide", 1)
+    shrunk = q2.running("wide", 1)
+    assert shrunk["admittedNodes"] == 2  # still admitted for 2; it runs spec.nodes 1
 
     q2.queue("later", nodes=2, minNodes=1, maxNodes=4)
     q2.phase("later", "Queued")

@@ -47,6 +47,17 @@ def test_pods_created_but_not_yet_watched_are_not_created_again() -> None:
     assert [m for _, r, m in p.events if r == "CreatingPods"] == ["creating j-node-1"]
 
 
+def test_a_service_that_exists_is_not_created_again_and_a_service_s_name_is_no_pod() -> None:
+    """The store pod and the store Service share the name j-rdzv: each kind is checked
+    against what exists of its own kind."""
+    p = plan(job(), {}, [], NOW, RULES, services=["j-rdzv", "j"])
+    assert created_pods(p) == ["j-rdzv", "j-node-0", "j-node-1"]
+    assert [o for o in p.create if o["kind"] == "Service"] == []
+    again = plan(job(), {}, [STORE, pod(0)], NOW, RULES, services=["j-rdzv"])
+    assert created_pods(again) == ["j-node-1"]
+    assert [o["metadata"]["name"] for o in again.create if o["kind"] == "Service"] == ["j"]
+
+
 def test_replanning_an_unchanged_state_creates_nothing_new() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     p = plan(job(), status, [STORE, pod(0), pod(1)], NOW, RULES)

@@ -43,6 +43,7 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:
         status={
             "queue": adm.queue,
             "clusterQueue": None,
+            "admittedNodes": None,
             "startTime": None,  # activeDeadlineSeconds counts time since the last admission
         },
         events=events,
@@ -51,15 +52,18 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:
 
 
 def admitted(st: Draft, adm: queueing.Admission) -> Decision:
-    """Admitted by Kueue: the condition, and an Event the first time this admission is seen.
-    Reads ``st`` only."""
+    """Admitted by Kueue: the condition, Kueue's admitted node count (``admittedNodes``: the
+    user's ``spec.nodes`` is left as asked; ``st.job`` is the job as it runs under the
+    admission, :func:`~ddp_operator.queueing.admitted_job`, with the smaller of the two), and
+    an Event the first time this admission is seen. Reads ``st`` only."""
     cq = adm.cluster_queue
     nodes = st.job.spec.nodes
+    count = nodes if adm.count is None else adm.count  # Kueue's, beside spec.nodes
     flavors = f" on flavor {', '.join(adm.flavors)}" if adm.flavors else ""
     message = f"admitted by ClusterQueue {cq}: {nodes} nodes{flavors}"
     condition = _condition(ConditionStatus.TRUE, adm.reason or ADMITTED, message)
     if st.status.get("clusterQueue") == cq:
-        return Decision(admitted=condition, status={"queue": adm.queue})
+        return Decision(admitted=condition, status={"queue": adm.queue, "admittedNodes": count})
     n = int(st.status.get("admissions") or 0) + 1
     if n == 1:
         text = f"Kueue {message} ({adm.reason}: {adm.message})"
@@ -72,7 +76,7 @@ def admitted(st: Draft, adm: queueing.Admission) -> Decision:
         event = ("Normal", Reason.READMITTED, text)
     return Decision(
         admitted=condition,
-        status={"queue": adm.queue, "admissions": n, "clusterQueue": cq},
+        status={"queue": adm.queue, "admissions": n, "clusterQueue": cq, "admittedNodes": count},
         events=(event,),
     )
 

@@ -4,12 +4,12 @@ reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
 from ddp_api.pods import PodPhase
+from ddp_api.status import StatusFields
 
 from .. import render
 from .decision import NOTHING, Decision, Outcome
@@ -59,7 +59,7 @@ def completion(st: Draft, grace_s: float) -> Decision:
     return Decision(handled=handled, outcome=completed)
 
 
-def _completing(status: Mapping[str, Any]) -> bool:
+def _completing(status: StatusFields) -> bool:
     """Whether the last plan saw a node finished and waited for the rest."""
     return any(
         c.get("reason") == Reason.NODES_COMPLETING and c.get("status") == ConditionStatus.TRUE

@@ -8,6 +8,7 @@ from typing import Any
 
 from ddp_api.ddpjob import ConditionStatus, Reason
 from ddp_api.metav1 import transition_time
+from ddp_api.status import StatusFields
 
 ADMITTED = Reason.ADMITTED  # the condition of a job queued by Kueue
 
@@ -30,7 +31,7 @@ def conditions(
     return out
 
 
-def condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+def condition(status: StatusFields, ctype: str) -> Mapping[str, Any]:
     """The status's condition of type ``ctype`` ({} when it has none)."""
     return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
 

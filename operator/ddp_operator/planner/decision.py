@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.ddpjob import DDPJobPhase, IncidentKind
+from ddp_api.status import StatusFields
 
 from .views import PodView
 
@@ -35,7 +36,8 @@ class Decision:
     incidents: tuple[IncidentKind, ...] = ()  # opened, in this order
     disruptions: int = 0  # counted now: status.disruptions, lastDisruptionTime
     failures: int = 0  # restarts counted now against backoffLimit: lastFailureTime
-    status: Mapping[str, Any] = field(default_factory=dict)  # other fields of the status patch
+    # other fields of the status patch
+    status: StatusFields = field(default_factory=lambda: StatusFields())
     events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, text)
     requeue_after: float | None = None
     delete_job: bool = False  # the DDPJob itself (its TTL is due)

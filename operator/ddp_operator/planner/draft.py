@@ -12,6 +12,7 @@ from typing import Any
 from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import DDPJob, DDPJobPhase
 from ddp_api.pods import selector
+from ddp_api.status import StatusFields
 
 from .. import incidents, render
 from .conditions import job_conditions
@@ -28,7 +29,7 @@ class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)  # pod names
     force: list[str] = field(default_factory=list)  # pod names to delete with grace period 0
-    status: dict[str, Any] = field(default_factory=dict)  # merge patch of .status
+    status: StatusFields = field(default_factory=lambda: StatusFields())  # merge patch
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
     delete_job: bool = False
     requeue_after: float | None = None
@@ -58,12 +59,12 @@ class Draft:
     plan so far."""
 
     job: DDPJob
-    status: Mapping[str, Any]
+    status: StatusFields
     pods: list[PodView]
     now: dt.datetime
     pending: set[str] = field(default_factory=set)
     plan: Plan = field(default_factory=Plan)
-    new: dict[str, Any] = field(default_factory=dict)
+    new: StatusFields = field(default_factory=lambda: StatusFields())
     handled: list[str] = field(default_factory=list)
     restarts: int = 0
     admitted: dict[str, Any] | None = None  # the Admitted condition, for a job Kueue queues
@@ -73,7 +74,7 @@ class Draft:
     def observe(
         cls,
         job: DDPJob,
-        status: Mapping[str, Any],
+        status: StatusFields,
         pods: Iterable[PodView],
         now: dt.datetime,
         pending: Iterable[str],
@@ -81,7 +82,7 @@ class Draft:
         """The draft before any policy: what the status counted, and the fields every status
         patch writes."""
         generation = job.metadata.get("generation")
-        new = {"observedGeneration": generation, "selector": selector(render.job_key(job)[1])}
+        new = StatusFields(observedGeneration=generation, selector=selector(render.job_key(job)[1]))
         handled = list(status.get("handledFailures") or [])
         restarts = int(status.get("restarts") or 0)
         return cls(

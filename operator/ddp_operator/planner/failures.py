@@ -5,12 +5,11 @@ policy reads the draft and returns its :class:`~.decision.Decision`."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, IncidentKind, Reason, RestartPolicy
 from ddp_api.pods import PodPhase
+from ddp_api.status import StatusFields
 
 from .. import diagnosis, render
 from .decision import Decision, Outcome
@@ -47,9 +46,10 @@ def follows_disruption(
     )
 
 
-def last_counted(status: Mapping[str, Any]) -> dt.datetime | None:
+def last_counted(status: StatusFields) -> dt.datetime | None:
     """When the last failure or disruption was counted: what later losses may follow."""
-    stamps = [parse_rfc3339(status.get(k)) for k in ("lastFailureTime", "lastDisruptionTime")]
+    stamps = [parse_rfc3339(status.get("lastFailureTime"))]
+    stamps.append(parse_rfc3339(status.get("lastDisruptionTime")))
     return max((t for t in stamps if t is not None), default=None)
 
 

@@ -3,10 +3,9 @@ and ``spec.suspend``; each policy reads the draft and returns its :class:`~.deci
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddp_api.contract import parse_rfc3339, rfc3339
 from ddp_api.ddpjob import DDPJobPhase, Reason
+from ddp_api.status import StatusFields
 
 from .. import queueing, render
 from .decision import NOTHING, Decision, Outcome
@@ -17,10 +16,10 @@ def past_deadline(st: Draft) -> Decision:
     """Sets ``startTime`` on the first reconcile; the job Failed once it has run longer than
     ``activeDeadlineSeconds``, else a reconcile is due when it would. Reads ``st`` only."""
     start = parse_rfc3339(st.status.get("startTime"))
-    first = {}
+    first = StatusFields()
     if start is None:
         start = st.now
-        first = {"startTime": rfc3339(st.now)}
+        first = StatusFields(startTime=rfc3339(st.now))
     deadline = st.job.spec.active_deadline_seconds
     if deadline is None:
         return Decision(status=first)
@@ -66,9 +65,10 @@ def suspended(st: Draft, prev_phase: str, admission: queueing.Admission | None) 
             " training resumes from them when spec.suspend is false again"
         )
         events = (("Normal", Reason.SUSPENDED, message),)
-    status: dict[str, Any] = {}
+    status = StatusFields()
     if admission is not None and admission.state != queueing.State.ADMITTED:
         status["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
+        status["admittedNodes"] = None
     status["startTime"] = None  # activeDeadlineSeconds counts time since the last resume
     return Decision(
         delete=live,

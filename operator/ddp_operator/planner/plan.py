@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.ddpjob import TERMINAL_PHASES, DDPJob
+from ddp_api.status import StatusFields
 
 from .. import queueing, render
 from . import admission as kueue
@@ -40,7 +41,7 @@ class PlanSettings:
 
 def plan(
     job: DDPJob,
-    status: Mapping[str, Any],
+    status: StatusFields,
     pods: Iterable[PodView],
     now: dt.datetime,
     settings: PlanSettings,
@@ -49,6 +50,7 @@ def plan(
     admission: queueing.Admission | None = None,
     progress: Mapping[str, Any] | None = None,
     machines: Mapping[str, MachineView] | None = None,
+    services: Collection[str] = (),
 ) -> Plan:
     """Decides what to do for one observation of a job; see the package docstring.
 
@@ -57,8 +59,28 @@ def plan(
     ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
     into ``status.progress`` with the time it estimates is left
     (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
-    cluster's Nodes by name (None: not known).
+    cluster's Nodes by name (None: not known); ``services`` names the job's Services that
+    exist. The plan creates no object that exists already (a pod or Service of that name).
     """
+    observed = list(pods)
+    p = _decide(job, status, observed, now, settings, pending, admission, progress, machines)
+    exist = {"Pod": {x.name for x in observed}, "Service": set(services)}
+    p.create = [o for o in p.create if o["metadata"]["name"] not in exist.get(o["kind"], ())]
+    return p
+
+
+def _decide(
+    job: DDPJob,
+    status: StatusFields,
+    pods: list[PodView],
+    now: dt.datetime,
+    settings: PlanSettings,
+    pending: Collection[str],
+    admission: queueing.Admission | None,
+    progress: Mapping[str, Any] | None,
+    machines: Mapping[str, MachineView] | None,
+) -> Plan:
+    """:func:`plan`'s policies, asked in turn."""
     st = Draft.observe(job, status, pods, now, pending)
     machines = machines or {}
     st.apply(take_report(st, progress))

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import rfc3339
+from ddp_api.status import StatusFields
 
 from .. import incidents, reports
 from .decision import NOTHING, Decision
@@ -22,7 +23,7 @@ def take_report(st: Draft, progress: Mapping[str, Any] | None) -> Decision:
         return NOTHING
     shown = st.status.get("progress")
     progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
-    status: dict[str, Any] = {}
+    status = StatusFields()
     if reports.without_unset(progress) != reports.without_unset(shown):
         status["progress"] = progress  # None values: fields the merge patch removes
     fresh = progress.get("updatedAt") != (shown or {}).get("updatedAt")  # a new report
@@ -32,4 +33,5 @@ def take_report(st: Draft, progress: Mapping[str, Any] | None) -> Decision:
     if not fresh:
         return Decision(status=status)
     changes, closed = incidents.account(st.status, shown, progress)
-    return Decision(status={**status, **changes}, closed=tuple(closed))
+    status.update(changes)
+    return Decision(status=status, closed=tuple(closed))

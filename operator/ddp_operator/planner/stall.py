@@ -9,6 +9,7 @@ from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
+from ddp_api.status import StatusFields
 
 from .. import render, reports
 from .conditions import condition
@@ -28,7 +29,7 @@ def progress_deadline_s(spec_s: int | None, progress: Mapping[str, Any] | None) 
     return max(PROGRESS_DEADLINE_FLOOR_S, STEP_TIMES_PER_DEADLINE * reports.step_seconds(progress))
 
 
-def stepped_since_running(status: Mapping[str, Any]) -> bool:
+def stepped_since_running(status: StatusFields) -> bool:
     """Whether a report came (``lastStepTime``) since the job last became Running."""
     last = parse_rfc3339(status.get("lastStepTime"))
     running = parse_rfc3339(condition(status, DDPJobPhase.RUNNING).get("lastTransitionTime"))
@@ -66,7 +67,10 @@ def stall(st: Draft, prev_phase: str) -> Decision:
         ft.groups_min if ft else s.nodes
     ):
         return NOTHING
-    seen = {**st.status, "lastStepTime": st.new.get("lastStepTime", st.status.get("lastStepTime"))}
+    seen: StatusFields = {
+        **st.status,
+        "lastStepTime": st.new.get("lastStepTime", st.status.get("lastStepTime")),
+    }
     if not stepped_since_running(seen):
         return NOTHING
     since = parse_rfc3339(seen["lastStepTime"])
@@ -85,7 +89,7 @@ def stall(st: Draft, prev_phase: str) -> Decision:
     # the bundled trainer's workers (ddp_trainer.reporting.stacks)
     if render.reports_progress(st.job):
         what += " (each worker wrote every thread's stack to its log)"
-    pods, stalled_at = tuple(workers), {"stalledAtStep": step}
+    pods, stalled_at = tuple(workers), StatusFields(stalledAtStep=step)
     if step is None or st.status.get("stalledAtStep") != step:  # the first stall here
         n = st.disruptions + 1
         message = f"{what}; disruption {n}, not against backoffLimit (a second stall here is)"
