@@ -48,8 +48,32 @@ ADMISSION_CONDITIONS = (
     "Finished",
     "PodsReady",
 )
-# Eviction reasons after which Kueue's reconciler sets Requeued=True (the others False).
-REQUEUED_REASONS = ("Preempted", "NodeFailures")
+
+
+class WorkloadCondition(StrEnum):
+    """The Workload conditions (Kueue's API) this module reads or applies."""
+
+    QUOTA_RESERVED = "QuotaReserved"
+    EVICTED = "Evicted"
+    ADMITTED = "Admitted"
+    REQUEUED = "Requeued"
+    FINISHED = "Finished"
+
+
+class WorkloadReason(StrEnum):
+    """The reasons (Kueue's) this module gives a Workload condition it applies, or an
+    Admission while the Workload is not there yet."""
+
+    PENDING = "Pending"  # QuotaReserved=False: waiting in the queue
+    NO_RESERVATION = "NoReservation"  # Admitted=False after an eviction's release
+    SUCCEEDED = "Succeeded"  # Finished=True
+    FAILED = "Failed"
+    # Eviction reasons after which Kueue's reconciler sets Requeued=True (the others False).
+    PREEMPTED = "Preempted"
+    NODE_FAILURES = "NodeFailures"
+
+
+REQUEUED_REASONS = (WorkloadReason.PREEMPTED, WorkloadReason.NODE_FAILURES)
 
 
 class State(StrEnum):
@@ -100,11 +124,11 @@ def _true(wl: Mapping[str, Any], ctype: str) -> bool:
 
 
 def quota_reserved(wl: Mapping[str, Any]) -> bool:
-    return _true(wl, "QuotaReserved")
+    return _true(wl, WorkloadCondition.QUOTA_RESERVED)
 
 
 def finished(wl: Mapping[str, Any]) -> bool:
-    return _true(wl, "Finished")
+    return _true(wl, WorkloadCondition.FINISHED)
 
 
 def _pod_set_template(worker: Mapping[str, Any]) -> dict[str, Any]:
@@ -188,9 +212,11 @@ def activation(job: DDPJob, wl: Mapping[str, Any]) -> dict[str, Any] | None:
 def admission(wl: Mapping[str, Any] | None, queue: str) -> Admission:
     """What Kueue decided, read from the Workload's conditions and ``status.admission``."""
     if wl is None:
-        return Admission(State.QUEUED, queue, reason="Pending", message="creating the Workload")
+        return Admission(
+            State.QUEUED, queue, reason=WorkloadReason.PENDING, message="creating the Workload"
+        )
     name = (wl.get("metadata") or {}).get("name", "")
-    evicted = find_condition(wl, "Evicted")
+    evicted = find_condition(wl, WorkloadCondition.EVICTED)
     if evicted is not None and evicted.get("status") == ConditionStatus.TRUE:
         return Admission(
             State.EVICTED,
@@ -199,12 +225,12 @@ def admission(wl: Mapping[str, Any] | None, queue: str) -> Admission:
             reason=evicted.get("reason", ""),
             message=evicted.get("message", ""),
         )
-    if _true(wl, "Admitted"):
+    if _true(wl, WorkloadCondition.ADMITTED):
         adm = (wl.get("status") or {}).get("admission") or {}
         assignments = adm.get("podSetAssignments") or []
         mine: dict[str, Any] = next((a for a in assignments if a.get("name") == POD_SET), {})
         flavors = tuple(sorted(set((mine.get("flavors") or {}).values())))
-        admitted = find_condition(wl, "Admitted") or {}
+        admitted = find_condition(wl, WorkloadCondition.ADMITTED) or {}
         return Admission(
             State.ADMITTED,
             queue,
@@ -215,12 +241,12 @@ def admission(wl: Mapping[str, Any] | None, queue: str) -> Admission:
             reason=admitted.get("reason", ""),
             message=admitted.get("message", ""),
         )
-    reserved = find_condition(wl, "QuotaReserved") or {}
+    reserved = find_condition(wl, WorkloadCondition.QUOTA_RESERVED) or {}
     return Admission(
         State.QUEUED,
         queue,
         name,
-        reason=reserved.get("reason") or "Pending",
+        reason=reserved.get("reason") or WorkloadReason.PENDING,
         message=reserved.get("message") or f"waiting for LocalQueue {queue} to admit it",
     )
 
@@ -312,22 +338,35 @@ def release(wl: Mapping[str, Any], now: str) -> dict[str, Any] | None:
     """After an eviction, once the job's pods are gone: the apply that clears the admission
     (QuotaReserved=False "Pending", Admitted=False "NoReservation", Requeued) so that Kueue
     queues the Workload again; None when there is nothing to release."""
-    evicted = find_condition(wl, "Evicted")
+    evicted = find_condition(wl, WorkloadCondition.EVICTED)
     if evicted is None or evicted.get("status") != ConditionStatus.TRUE or not quota_reserved(wl):
         return None
     gen = (wl.get("metadata") or {}).get("generation")
     reason, message = evicted.get("reason", ""), evicted.get("message", "")
     conds = _managed(wl)
     requeued = ConditionStatus.TRUE if reason in REQUEUED_REASONS else ConditionStatus.FALSE
-    _set(conds, _cond("Requeued", requeued, reason, message, gen), now)
-    _set(conds, _cond("QuotaReserved", ConditionStatus.FALSE, "Pending", message, gen), now)
-    if "Admitted" in conds and conds["Admitted"].get("status") != ConditionStatus.FALSE:
+    _set(conds, _cond(WorkloadCondition.REQUEUED, requeued, reason, message, gen), now)
+    _set(
+        conds,
+        _cond(
+            WorkloadCondition.QUOTA_RESERVED,
+            ConditionStatus.FALSE,
+            WorkloadReason.PENDING,
+            message,
+            gen,
+        ),
+        now,
+    )
+    if (
+        WorkloadCondition.ADMITTED in conds
+        and conds[WorkloadCondition.ADMITTED].get("status") != ConditionStatus.FALSE
+    ):
         _set(
             conds,
             _cond(
-                "Admitted",
+                WorkloadCondition.ADMITTED,
                 ConditionStatus.FALSE,
-                "NoReservation",
+                WorkloadReason.NO_RESERVATION,
                 "The workload has no reservation",
                 gen,
             ),
@@ -346,8 +385,8 @@ def finish(wl: Mapping[str, Any], succeeded: bool, message: str, now: str) -> di
         return None
     gen = (wl.get("metadata") or {}).get("generation")
     conds = _managed(wl)
-    reason = "Succeeded" if succeeded else "Failed"
-    _set(conds, _cond("Finished", ConditionStatus.TRUE, reason, message, gen), now)
+    reason = WorkloadReason.SUCCEEDED if succeeded else WorkloadReason.FAILED
+    _set(conds, _cond(WorkloadCondition.FINISHED, ConditionStatus.TRUE, reason, message, gen), now)
     return _status_patch(wl, list(conds.values()))
 
 
