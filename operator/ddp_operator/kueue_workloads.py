@@ -9,7 +9,7 @@ pods are gone, Finished once the job is.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,22 +41,24 @@ class KueueWorkloads:
     async def admission(
         self,
         job: DDPJob,
-        worker: dict[str, Any],
+        worker: Callable[[], dict[str, Any]],
         queue: str,
         workload: dict[str, Any] | None,
         status: StatusFields,
     ) -> queueing.Admission:
         """Creates the job's Workload if it has none; returns what Kueue decided. ``worker``
-        is the job's pod as rendered: the Workload asks quota for ``spec.nodes`` of it."""
+        renders the job's pod (only to create the Workload, which asks quota for
+        ``spec.nodes`` of it)."""
         if workload is None:
             if status.get("phase") not in TERMINAL_PHASES:
-                pcn = worker["spec"].get("priorityClassName")
+                pod = worker()
+                pcn = pod["spec"].get("priorityClassName")
                 priority = await self._priority(pcn) if pcn else None
-                wl = queueing.render_workload(job, worker, queue, priority, render.LABEL_JOB)
+                wl = queueing.render_workload(job, pod, queue, priority, render.LABEL_JOB)
                 await self.api.must("POST", _path(wl), wl, ok=(409,))
             return queueing.admission(None, queue)
         path = _path(workload, workload["metadata"]["name"])
-        patch = queueing.resize(job, workload, worker)
+        patch = queueing.resize(job, workload)
         if patch is not None:  # spec.nodes changed while queued; 422: Kueue reserved meanwhile
             await self.api.must("PATCH", path, patch, kube.MERGE_PATCH, ok=(404, 409, 422))
         patch = queueing.activation(job, workload)

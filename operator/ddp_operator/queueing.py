@@ -145,11 +145,15 @@ def _pod_set_template(worker: Mapping[str, Any]) -> dict[str, Any]:
 def pod_sets(job: DDPJob, worker: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One pod set of ``spec.nodes`` pods; an elastic job may be admitted with ``minNodes``
     (Kueue's partial admission)."""
+    return [{"name": POD_SET, **_counts(job), "template": _pod_set_template(worker)}]
+
+
+def _counts(job: DDPJob) -> dict[str, int]:
+    """The pod set's ``count`` and, for an elastic job, ``minCount``."""
     s = job.spec
-    ps: dict[str, Any] = {"name": POD_SET, "count": s.nodes, "template": _pod_set_template(worker)}
     if s.min_nodes is not None and s.min_nodes < s.nodes:
-        ps["minCount"] = s.min_nodes
-    return [ps]
+        return {"count": s.nodes, "minCount": s.min_nodes}
+    return {"count": s.nodes}
 
 
 def render_workload(
@@ -181,10 +185,10 @@ def render_workload(
     }
 
 
-def resize(job: DDPJob, wl: Mapping[str, Any], worker: Mapping[str, Any]) -> dict[str, Any] | None:
+def resize(job: DDPJob, wl: Mapping[str, Any]) -> dict[str, Any] | None:
     """A merge patch of the Workload's pod sets when ``spec.nodes`` changed while the job waits
     in the queue (Kueue refuses pod set changes while quota is reserved); else None."""
-    want = pod_sets(job, worker)
+    want = [_counts(job)]
     have = (wl.get("spec") or {}).get("podSets") or []
     if quota_reserved(wl) or finished(wl) or not have:
         return None

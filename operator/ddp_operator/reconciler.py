@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ class Reconciler:
         queue = queueing.queue_name(job.metadata) if self.settings.kueue else ""
         if queue:
             workload = self.workloads.of(key, job)
-            worker = render.render_worker(job, 0, 0, cfg)
+            worker = functools.partial(render.render_worker, job, 0, 0, cfg)
             admission = await self.workloads.admission(job, worker, queue, workload, status)
         progress, refused = self.progress.latest(
             key, job.metadata.get("uid", ""), observed, status.get("progress")

@@ -126,12 +126,12 @@ def test_an_elastic_job_may_be_admitted_with_min_nodes() -> None:
 def test_the_pod_sets_follow_spec_nodes_only_while_no_quota_is_reserved() -> None:
     j = job(nodes=3, minNodes=1, maxNodes=4)
     queued = workload(cond("QuotaReserved", "False", "Pending"))
-    patch = queueing.resize(j, queued, worker(j))
+    patch = queueing.resize(j, queued)
     assert patch is not None
     assert (patch["spec"]["podSets"][0]["count"], patch["spec"]["podSets"][0]["minCount"]) == (3, 1)
-    assert queueing.resize(j, ADMITTED, worker(j)) is None
+    assert queueing.resize(j, ADMITTED) is None
     same = job(nodes=2)
-    assert queueing.resize(same, queued, worker(same)) is None
+    assert queueing.resize(same, queued) is None
 
 
 # -- what Kueue decided ---------------------------------------------------------------------
