@@ -61,8 +61,7 @@ class WorkloadCondition(StrEnum):
 
 
 class WorkloadReason(StrEnum):
-    """The reasons (Kueue's) this module gives a Workload condition it applies, or an
-    Admission while the Workload is not there yet."""
+    """Kueue's reasons of the Workload conditions this module applies or reads."""
 
     PENDING = "Pending"  # QuotaReserved=False: waiting in the queue
     NO_RESERVATION = "NoReservation"  # Admitted=False after an eviction's release
