@@ -62,7 +62,7 @@ def _cross_group_pg(device: torch.device, timeout: timedelta) -> Any:
     watchdog's "dump signal" (its flight recorder's debug dump, for which it waits up to a
     minute), and it did not exit after the last step. The
     dump is turned off for torchft's groups too (``TORCH_NCCL_DUMP_ON_TIMEOUT`` 0); that this
-    removes the stall has not been seen on a GPU yet (tests/trainer/test_trainer_cuda.py)."""
+    removes the stall has not been seen on a GPU yet (tests/trainer/cuda_paths.py)."""
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     if device.type == "cuda":

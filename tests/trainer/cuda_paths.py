@@ -1,13 +1,15 @@
-"""The bundled trainer's CUDA paths, which the CPU machine CI runs on cannot take (each test is
-skipped there, saying so): Restart mode over NCCL with fp16 autocast and a GradScaler, resumed
-from its checkpoint; PerStep mode's cross-group process group on NCCL (torchft's
-``ProcessGroupNCCL``), its fp16 GradScaler stepped only on a passed commit vote, and a group
-SIGKILLed mid-run that heals from its live peer while the peer trains on.
+"""The bundled trainer's CUDA paths, which the CPU machine CI runs on cannot take: Restart mode
+over NCCL with fp16 autocast and a GradScaler, resumed from its checkpoint; PerStep mode's
+cross-group process group on NCCL (torchft's ``ProcessGroupNCCL``), its fp16 GradScaler stepped
+only on a passed commit vote, and a group SIGKILLed mid-run that heals from its live peer while
+the peer trains on.
 
-Run on a machine with a GPU: ``python -m pytest tests/trainer/test_trainer_cuda.py -v -s``
-(docs/benchmarks.md says where it last ran). One GPU serves every process: two replica groups on
-it get distinct ``NCCL_HOSTID`` values, so NCCL treats them as two hosts (it refuses two ranks of
-one communicator on one device of one host) and connects them over sockets, as across machines."""
+Not a ``test_`` module, so ``make test`` (pytest over tests/trainer) does not collect it: it
+runs only where it is named, on a machine with a GPU, and each test fails (never skips) where
+CUDA is missing: ``python -m pytest tests/trainer/cuda_paths.py -v -s`` (docs/benchmarks.md
+says where it last ran). One GPU serves every process: two replica groups on it get distinct
+``NCCL_HOSTID`` values, so NCCL treats them as two hosts (it refuses two ranks of one
+communicator on one device of one host) and connects them over sockets, as across machines."""
 
 from __future__ import annotations
 
@@ -24,9 +26,13 @@ from ddp_devcluster.recipes import digits
 from ddp_trainer import hold
 from ddp_trainer.state.store import CheckpointStore, read_completion
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device (run on a machine with a GPU)"
-)
+
+@pytest.fixture(autouse=True)
+def _a_gpu() -> None:
+    """A run without CUDA fails each test: these check the GPU paths, nothing else."""
+    if not torch.cuda.is_available():
+        pytest.fail("needs a CUDA device: run this module on a machine with a GPU")
+
 
 FP16 = {"device": "cuda", "amp": "fp16", "evaluate": False, "logEverySteps": 10}
 INITIAL_SCALE = 65536.0  # torch.amp.GradScaler's default init_scale
