@@ -28,7 +28,7 @@ STATUS_COUNTS_EVERY_S = 1.0
 def merged(observed: Mapping[str, Any] | None, ours: StatusFields | None) -> StatusFields:
     """The watched status with our own last write on top (a merge patch: None removes), so a
     reconcile never plans from a status staler than the one this process wrote."""
-    out = dict(status_fields(observed))
+    out = dict(observed or {})
     for k, v in (ours or {}).items():
         if v is None:
             out.pop(k, None)
