@@ -50,8 +50,8 @@ def converge(
     if extra:
         text = f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}"
         events.append(("Normal", Reason.SCALING_DOWN, text))
-    if pod_names(create):
-        events.append(("Normal", Reason.CREATING_PODS, f"creating {', '.join(pod_names(create))}"))
+    if pods := pod_names(create):
+        events.append(("Normal", Reason.CREATING_PODS, f"creating {', '.join(pods)}"))
     phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
     resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
     # torchrun restarts every worker for the new membership (PerStep: groups come and go alone)
