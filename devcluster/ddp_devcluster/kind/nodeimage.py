@@ -17,7 +17,7 @@ from typing import Any
 from .. import versions
 from ..archive import docker_archive, tar_dir, tar_members
 from ..build import binary, tools
-from ..containers import podman, podman_env
+from ..containers import podman, podman_checked, podman_env
 from ..paths import cache_dir
 from .pause import pause_binary
 
@@ -454,9 +454,7 @@ def _containerd_root(
     from where they were to PRELOAD_PATH, where every node mounts ``preload``."""
     t0 = time.monotonic()
     saved, layout, root = ctx / "trainer", ctx / "layout", ctx / "containerd"
-    proc = podman("save", "--uncompressed", "--format", "oci-dir", "-o", str(saved), trainer)
-    if proc.returncode != 0:
-        raise RuntimeError(f"podman save {trainer} failed:\n{proc.stderr[-3000:]}")
+    podman_checked("save", "--uncompressed", "--format", "oci-dir", "-o", str(saved), trainer)
     layers = _dependency_layout(saved, layout, count)
     log(f"{trainer}: its {count} dependency layers saved in {time.monotonic() - t0:.0f}s")
     root.mkdir()
