@@ -3,13 +3,13 @@
 A lost machine is frozen (``podman pause`` of its node container: kubelet, containerd and the
 pods stop at once and say nothing, as after a kernel hang or a network partition), so
 Kubernetes marks it NotReady only when its heartbeats stop arriving, and the operator deletes
-its pods once it has been NotReady for DDP_NODE_LOST_GRACE_S (30 s). It is thawed after the
+its pods once its kubelet's Lease has not been renewed for DDP_NODE_LOST_GRACE_S (12 s on
+kind, whose kubelets renew every 2.5 s: docs/kind.md). It is thawed after the
 job has moved on, as a repaired machine would come back.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +49,7 @@ def operator_replicas(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]
 
 
 def lease_holder(cluster: Cluster) -> str:
-    lease = json.loads(cluster.k("get", "lease", OPERATOR, "-n", "ddp-system", "-o", "json"))
+    lease = cluster.get("lease", OPERATOR, ns="ddp-system", check=True)
     return str(lease["spec"].get("holderIdentity") or "")
 
 
