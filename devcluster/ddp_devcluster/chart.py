@@ -12,6 +12,10 @@ from .build import binary
 from .operator_process import NAMESPACE, REPO
 
 CHART = REPO / "helm" / "ddp-operator"
+# DDP_NODE_LOST_GRACE_S on kind: its kubelets renew their Lease every 2.5 s (kind/cluster-4.yaml),
+# so 12 s of silence is four renewals missed, where the chart's default 30 s waits for the
+# default 10 s renewals.
+NODE_LOST_GRACE_S = 12.0
 
 
 def helm_install_args(
@@ -25,6 +29,7 @@ def helm_install_args(
         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
         "--set", f"image.pullPolicy={pull_policy}", "--set", f"trainerImage={trainer_ref}",
         "--set", "settings.backoffBaseSeconds=2", "--set", f"kueue.enabled={str(kueue).lower()}",
+        "--set", f"settings.nodeLostGraceSeconds={NODE_LOST_GRACE_S:g}",
         "--wait", "--timeout", "5m",
     ]  # fmt: skip
 
