@@ -232,6 +232,13 @@ class ConditionStatus(StrEnum):
     UNKNOWN = "Unknown"
 
 
+class EventType(StrEnum):
+    """The type of an Event the operator records about a job (core/v1 Event ``type``)."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
 class Reason(StrEnum):
     """The reasons the operator gives, in the job's condition (``status.reason``) and in its
     Events, beside those of a pod's problem (:class:`ProblemReason`) and Kueue's own."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import API_VERSION, KIND, PLURAL
-from ddp_api.ddpjob import RESTART_REASONS, DDPJob, Reason
+from ddp_api.ddpjob import RESTART_REASONS, DDPJob, EventType, Reason
 from ddp_api.status import StatusFields
 
 from . import bookkeeping, kube
@@ -123,13 +123,13 @@ class Actions:
             # Refused (quota, admission, a bad override): say why where the user looks.
             await self.event(
                 body,
-                "Warning",
+                EventType.WARNING,
                 Reason.CREATE_FAILED,
                 f"creating {obj['kind']} {obj['metadata']['name']} failed: {r.message}",
             )
         return False
 
-    async def event(self, body: dict[str, Any], etype: str, reason: str, text: str) -> None:
+    async def event(self, body: dict[str, Any], etype: EventType, reason: str, text: str) -> None:
         meta = body["metadata"]
         event = bookkeeping.event_body(
             meta,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, Reason
+from ddp_api.ddpjob import ConditionStatus, DDPJobPhase, EventType, Reason
 
 from .. import queueing
 from .conditions import ADMITTED
-from .decision import Decision, Outcome
+from .decision import Decision, EventNote, Outcome
 from .draft import Draft
 
 
@@ -18,7 +18,7 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:
     """Not admitted by Kueue (yet, or again after an eviction): no pods. Reads ``st`` only."""
     live = tuple(st.live)
     reason = adm.reason or adm.state.value
-    events: tuple[tuple[str, str, str], ...] = ()
+    events: tuple[EventNote, ...] = ()
     if adm.state == queueing.State.EVICTED:
         cq = st.status.get("clusterQueue")
         if cq:  # the first reconcile that sees this eviction
@@ -27,7 +27,7 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:
                 f" deleting {len(live)} pods: rank 0 checkpoints on SIGTERM, and training"
                 " resumes from that checkpoint when Kueue admits the job again"
             )
-            events = (("Warning", Reason.EVICTED, text),)
+            events = ((EventType.WARNING, Reason.EVICTED, text),)
         message = (
             f"evicted ({reason}): {adm.message}; waiting for Kueue to admit it again from"
             f" LocalQueue {adm.queue}"
@@ -35,7 +35,7 @@ def queued(st: Draft, prev_phase: str, adm: queueing.Admission) -> Decision:
     else:
         if prev_phase != DDPJobPhase.QUEUED and not st.status.get("admissions"):
             text = f"waiting for Kueue to admit it from LocalQueue {adm.queue}"
-            events = (("Normal", Reason.QUEUED, text),)
+            events = ((EventType.NORMAL, Reason.QUEUED, text),)
         message = f"waiting in LocalQueue {adm.queue}: {adm.message}"
     return Decision(
         delete=live,
@@ -67,13 +67,13 @@ def admitted(st: Draft, adm: queueing.Admission) -> Decision:
     n = int(st.status.get("admissions") or 0) + 1
     if n == 1:
         text = f"Kueue {message} ({adm.reason}: {adm.message})"
-        event = ("Normal", Reason.ADMITTED, text)
+        event = (EventType.NORMAL, Reason.ADMITTED, text)
     else:
         text = (
             f"Kueue {message} ({adm.reason}: {adm.message}); admission {n}: training resumes"
             " from the newest checkpoint"
         )
-        event = ("Normal", Reason.READMITTED, text)
+        event = (EventType.NORMAL, Reason.READMITTED, text)
     return Decision(
         admitted=condition,
         status={"queue": adm.queue, "admissions": n, "clusterQueue": cq, "admittedNodes": count},

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
+from ddp_api.ddpjob import DDPJobPhase, EventType, IncidentKind, Reason
 
 from .. import diagnosis, render
 from .conditions import condition
-from .decision import Decision, Outcome
+from .decision import Decision, EventNote, Outcome
 from .draft import Draft, pod_names
 from .groups import groups_phase
 from .lost_machines import avoid_silent
@@ -46,12 +46,12 @@ def converge(
     s = st.job.spec
     create, wait, extra = _create_and_scale(st, cfg, backoff_base_s)
     create = avoid_silent(create, machines)
-    events: list[tuple[str, str, str]] = []
+    events: list[EventNote] = []
     if extra:
         text = f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}"
-        events.append(("Normal", Reason.SCALING_DOWN, text))
+        events.append((EventType.NORMAL, Reason.SCALING_DOWN, text))
     if pods := pod_names(create):
-        events.append(("Normal", Reason.CREATING_PODS, f"creating {', '.join(pods)}"))
+        events.append((EventType.NORMAL, Reason.CREATING_PODS, f"creating {', '.join(pods)}"))
     phase, reason, message = _progress_phase(st, prev_phase, wait, bool(extra))
     resized = st.status.get("observedGeneration") != st.job.metadata.get("generation")
     # torchrun restarts every worker for the new membership (PerStep: groups come and go alone)
@@ -62,7 +62,7 @@ def converge(
     if found is not None:
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
-            events.append(("Warning", found.reason, message))
+            events.append((EventType.WARNING, found.reason, message))
     if lost:  # the condition names the machine
         # PerStep: the groups left go on (groups_phase said Running), the others restart.
         training = s.per_step and phase == DDPJobPhase.RUNNING

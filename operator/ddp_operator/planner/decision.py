@@ -7,10 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_api.ddpjob import DDPJobPhase, IncidentKind
+from ddp_api.ddpjob import DDPJobPhase, EventType, IncidentKind
 from ddp_api.status import StatusFields
 
 from .views import PodView
+
+EventNote = tuple[EventType, str, str]  # an Event to record about the job: (type, reason, text)
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Decision:
     failures: int = 0  # restarts counted now against backoffLimit: lastFailureTime
     # other fields of the status patch
     status: StatusFields = field(default_factory=lambda: StatusFields())
-    events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, text)
+    events: tuple[EventNote, ...] = ()
     requeue_after: float | None = None
     delete_job: bool = False  # the DDPJob itself (its TTL is due)
     admitted: Mapping[str, Any] | None = None  # Kueue's Admitted condition, when it queues

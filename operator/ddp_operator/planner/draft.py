@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import DDPJob, DDPJobPhase
+from ddp_api.ddpjob import DDPJob, DDPJobPhase, EventType
 from ddp_api.pods import selector
 from ddp_api.status import StatusFields
 
 from .. import incidents, render
 from .conditions import job_conditions
-from .decision import Decision
+from .decision import Decision, EventNote
 from .views import PodView
 
 HANDLED_KEPT = 64
@@ -30,13 +30,13 @@ class Plan:
     delete: list[str] = field(default_factory=list)  # pod names
     force: list[str] = field(default_factory=list)  # pod names to delete with grace period 0
     status: StatusFields = field(default_factory=lambda: StatusFields())  # merge patch
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, text)
+    events: list[EventNote] = field(default_factory=list)  # (type, reason, text)
     delete_job: bool = False
     requeue_after: float | None = None
     closed: list[dict[str, Any]] = field(default_factory=list)  # incidents a report closed
 
     def warn(self, reason: str, text: str) -> None:
-        self.events.append(("Warning", reason, text))
+        self.events.append((EventType.WARNING, reason, text))
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.1)
@@ -169,7 +169,7 @@ class Draft:
         """Ends the job: stops what still runs (finished worker pods stay, for their logs)."""
         self._delete(x for x in self.live if not x.done or x.role != render.ROLE_WORKER)
         self.new["completionTime"] = rfc3339(self.now)
-        kind = "Normal" if phase == DDPJobPhase.SUCCEEDED else "Warning"
+        kind = EventType.NORMAL if phase == DDPJobPhase.SUCCEEDED else EventType.WARNING
         self.plan.events.append((kind, reason, message))
         return self._result(phase, reason, message)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import datetime as dt
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, IncidentKind, Reason, RestartPolicy
+from ddp_api.ddpjob import DDPJobPhase, DDPJobSpec, EventType, IncidentKind, Reason, RestartPolicy
 from ddp_api.pods import PodPhase
 from ddp_api.status import StatusFields
 
 from .. import diagnosis, render
-from .decision import Decision, Outcome
+from .decision import Decision, EventNote, Outcome
 from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
 from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView
@@ -107,7 +107,7 @@ def failures(st: Draft) -> Decision:
     handled: list[str] = []
     delete = list(again)  # counted before; their deletion did not happen yet
     kinds: list[IncidentKind] = []
-    events: list[tuple[str, str, str]] = []
+    events: list[EventNote] = []
     disruptions = counted = 0
     cause: tuple[str, str] | None = None
 
@@ -134,7 +134,7 @@ def failures(st: Draft) -> Decision:
                 f"{x.name} {_what(x, failed, s)} after training reached its last step: not"
                 " counted (the job completes once a replica group exits 0)"
             )
-            events.append(("Normal", Reason.LOST_AFTER_TRAINING, text))
+            events.append((EventType.NORMAL, Reason.LOST_AFTER_TRAINING, text))
             continue
         found = diagnosis.finding(x, s) if failed and not x.disrupted else None
         if found is not None and found.outcome == diagnosis.Effect.FAILS:
@@ -155,7 +155,7 @@ def failures(st: Draft) -> Decision:
                 f"{x.name} {what}; {alone} (disruption {st.disruptions + disruptions};"
                 f" disruptions do not count against backoffLimit {s.backoff_limit})"
             )
-            events.append(("Warning", Reason.DISRUPTION, text))
+            events.append((EventType.WARNING, Reason.DISRUPTION, text))
             continue
         if failed and worker and is_permanent(s.restart_policy, x.exit_code):
             return decided(
@@ -169,12 +169,12 @@ def failures(st: Draft) -> Decision:
                 f"{x.name} {what}; recreating it: the nodes wait for the new store, rendezvous"
                 " again and resume from the newest checkpoint (no restart counted)"
             )
-            events.append(("Warning", Reason.STORE_LOST, text))
+            events.append((EventType.WARNING, Reason.STORE_LOST, text))
             continue
         if x.role == render.ROLE_LIGHTHOUSE:
             kinds.append(IncidentKind.LIGHTHOUSE_LOST)
             text = f"{x.name} {what}; recreating it (no restart counted; {LIGHTHOUSE_GONE})"
-            events.append(("Warning", Reason.LIGHTHOUSE_LOST, text))
+            events.append((EventType.WARNING, Reason.LIGHTHOUSE_LOST, text))
             continue
         # PerStep: groups fail alone (a survivor never dies because a peer did), so no failure
         # is another's consequence.
@@ -195,5 +195,7 @@ def failures(st: Draft) -> Decision:
             f" {s.backoff_limit}; failures of older pods within {DISRUPTION_WINDOW_S:.0f}s"
             " count with this one)"
         )
-        events.append(("Warning", Reason.POD_FAILED if failed else Reason.POD_DISRUPTED, text))
+        events.append(
+            (EventType.WARNING, Reason.POD_FAILED if failed else Reason.POD_DISRUPTED, text)
+        )
     return decided()

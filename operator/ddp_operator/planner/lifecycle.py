@@ -4,11 +4,11 @@ and ``spec.suspend``; each policy reads the draft and returns its :class:`~.deci
 from __future__ import annotations
 
 from ddp_api.contract import parse_rfc3339, rfc3339
-from ddp_api.ddpjob import DDPJobPhase, Reason
+from ddp_api.ddpjob import DDPJobPhase, EventType, Reason
 from ddp_api.status import StatusFields
 
 from .. import queueing, render
-from .decision import NOTHING, Decision, Outcome
+from .decision import NOTHING, Decision, EventNote, Outcome
 from .draft import Draft
 
 
@@ -50,7 +50,7 @@ def finished(st: Draft, prev_phase: str) -> Decision:
     return Decision(
         delete=free,
         delete_job=True,
-        events=(("Normal", Reason.TTL_EXPIRED, message),),
+        events=((EventType.NORMAL, Reason.TTL_EXPIRED, message),),
         outcome=stays,
     )
 
@@ -58,13 +58,13 @@ def finished(st: Draft, prev_phase: str) -> Decision:
 def suspended(st: Draft, prev_phase: str, admission: queueing.Admission | None) -> Decision:
     """A job with ``spec.suspend`` true: no pods; the checkpoints stay. Reads ``st`` only."""
     live = tuple(st.live)
-    events: tuple[tuple[str, str, str], ...] = ()
+    events: tuple[EventNote, ...] = ()
     if prev_phase != DDPJobPhase.SUSPENDED:
         message = (
             f"spec.suspend is true: deleting {len(live)} pods; the checkpoints are kept and"
             " training resumes from them when spec.suspend is false again"
         )
-        events = (("Normal", Reason.SUSPENDED, message),)
+        events = ((EventType.NORMAL, Reason.SUSPENDED, message),)
     status = StatusFields()
     if admission is not None and admission.state != queueing.State.ADMITTED:
         status["clusterQueue"] = None  # Kueue took the quota back (Workload inactive)
@@ -83,4 +83,4 @@ def resumed(prev_phase: str) -> Decision:
     if prev_phase != DDPJobPhase.SUSPENDED:
         return NOTHING
     message = "spec.suspend is false: recreating pods, resuming from checkpoint"
-    return Decision(events=(("Normal", Reason.RESUMED, message),))
+    return Decision(events=((EventType.NORMAL, Reason.RESUMED, message),))

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import ConditionStatus, IncidentKind, Reason
+from ddp_api.ddpjob import ConditionStatus, EventType, IncidentKind, Reason
 
 from .. import render
-from .decision import Decision
+from .decision import Decision, EventNote
 from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
 from .views import MachineView
@@ -83,7 +83,7 @@ def lost_machines(
     handled: list[str] = []
     force: list[str] = []
     kinds: list[IncidentKind] = []
-    events: list[tuple[str, str, str]] = []
+    events: list[EventNote] = []
     waits: list[float] = []
     disruptions = 0
     for x in st.pods:
@@ -108,11 +108,11 @@ def lost_machines(
         )
         if x.role == render.ROLE_STORE:
             kinds.append(IncidentKind.STORE_LOST)
-            events.append(("Warning", Reason.STORE_LOST, f"{what} (no restart counted)"))
+            events.append((EventType.WARNING, Reason.STORE_LOST, f"{what} (no restart counted)"))
         elif x.role == render.ROLE_LIGHTHOUSE:
             kinds.append(IncidentKind.LIGHTHOUSE_LOST)
             text = f"{what} (no restart counted; {LIGHTHOUSE_GONE})"
-            events.append(("Warning", Reason.LIGHTHOUSE_LOST, text))
+            events.append((EventType.WARNING, Reason.LIGHTHOUSE_LOST, text))
         else:
             kinds.append(IncidentKind.NODE_LOST)
             disruptions += 1
@@ -124,7 +124,7 @@ def lost_machines(
                 )
             else:
                 text = f"{what} (disruption {n}; not against backoffLimit)"
-            events.append(("Warning", Reason.NODE_LOST, text))
+            events.append((EventType.WARNING, Reason.NODE_LOST, text))
         said.append(what)
     decision = Decision(
         handled=tuple(handled),

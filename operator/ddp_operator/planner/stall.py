@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, IncidentKind, Reason
+from ddp_api.ddpjob import DDPJobPhase, EventType, IncidentKind, Reason
 from ddp_api.status import StatusFields
 
 from .. import render, reports
@@ -98,7 +98,7 @@ def stall(st: Draft, prev_phase: str) -> Decision:
             status=stalled_at,
             incidents=(IncidentKind.STALLED,),
             disruptions=1,
-            events=(("Warning", Reason.STALLED, message),),
+            events=((EventType.WARNING, Reason.STALLED, message),),
             outcome=Outcome(DDPJobPhase.RESTARTING, Reason.STALLED, message),
         )
     restarts = st.restarts + 1  # this one counted
@@ -122,6 +122,6 @@ def stall(st: Draft, prev_phase: str) -> Decision:
         status=stalled_at,
         failures=1,
         incidents=(IncidentKind.STALLED,),
-        events=(("Warning", Reason.STALLED, message),),
+        events=((EventType.WARNING, Reason.STALLED, message),),
         outcome=Outcome(DDPJobPhase.RESTARTING, Reason.STALLED, message),
     )
