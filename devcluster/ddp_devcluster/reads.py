@@ -60,7 +60,7 @@ def route(args: tuple[str, ...], ns: str) -> Route | None:
     query: list[tuple[str, str]] = []
     while rest:
         flag = rest.pop(0)
-        if flag not in _SELECTORS or not rest or (name and flag in ("-l", "--selector")):
+        if flag not in _SELECTORS or not rest:
             return None
         query.append((_SELECTORS[flag], rest.pop(0)))
     if "/" in name or (name and query):
