@@ -52,6 +52,31 @@ def holding_at(*steps: int, last: int | None = None) -> Callable[[dict[str, Any]
     return edit
 
 
+def claim_names(obj: Any) -> set[str]:
+    """Every ``claimName`` anywhere in ``obj`` (a DDPJob's checkpoint volume, its pod
+    template's volumes)."""
+    if isinstance(obj, dict):
+        found = {str(obj["claimName"])} if isinstance(obj.get("claimName"), str) else set()
+        return found.union(*(claim_names(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(claim_names(v) for v in obj))
+    return set()
+
+
+def claims_unused(docs: Sequence[dict[str, Any]]) -> set[int]:
+    """The ``id`` of each PersistentVolumeClaim among ``docs`` that no DDPJob among them names;
+    none when there is no DDPJob (claims applied on their own, for jobs applied later)."""
+    jobs = [d for d in docs if d.get("kind") == KIND]
+    if not jobs:
+        return set()
+    named = set().union(*(claim_names(j) for j in jobs))
+    return {
+        id(d)
+        for d in docs
+        if d.get("kind") == "PersistentVolumeClaim" and d["metadata"]["name"] not in named
+    }
+
+
 class Event(NamedTuple):
     type: str
     reason: str
@@ -124,12 +149,16 @@ class ClusterObjects:
         edit: Callable[[dict[str, Any]], None] | None = None,
         ns: str | None = None,
     ) -> str:
-        """``kubectl apply`` of files of manifests/examples; ``edit`` may adjust the DDPJob."""
+        """``kubectl apply`` of files of manifests/examples; ``edit`` may adjust the DDPJob.
+        With a DDPJob among them, only the claims a DDPJob names are applied
+        (:func:`claims_unused`): every claim a test leaves unused is a volume provisioned
+        and deleted for nothing (on kind, two helper pods)."""
         docs = [d for f in files for d in yaml.safe_load_all((EXAMPLES / f).read_text()) if d]
         for d in docs:
             if edit is not None and d["kind"] == KIND:
                 edit(d)
-        return self.apply(*docs, ns=ns)
+        unused = claims_unused(docs)
+        return self.apply(*(d for d in docs if id(d) not in unused), ns=ns)
 
     # -- jobs and pods -----------------------------------------------------------------------
     def job(self, name: str, *, ns: str | None = None) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_exactly_after_its_checkpo
     assert sc.status("digits")["admissions"] == 1
 
     sc.apply_example(
-        "digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints"))
+        CLAIMS, "digits.yaml", edit=queued("ddp-high", renamed("urgent", "charlm-checkpoints"))
     )
     evicted = sc.until(
         "digits evicted by Kueue",
