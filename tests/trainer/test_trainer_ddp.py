@@ -1,4 +1,5 @@
-"""Two nodes x two processes train `digits` with DDP over gloo to the accuracy target."""
+"""Two nodes x two processes train `digits` with DDP over gloo to the accuracy target (one node's
+workers forked warm, the other's fresh interpreters under plain torchrun)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ DIGITS = digits(epochs=10, checkpointEverySteps=50, logEverySteps=20, pgTimeoutS
 def test_two_nodes_reach_accuracy_and_only_rank0_writes(launcher: Launcher) -> None:
     ckpt = launcher.workdir / "ckpt"
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = launcher.agents(
-        ("node0", "node1"),
-        host="node0",  # torchrun's default: the first agent hosts the c10d store
-        endpoint=endpoint,
-        nnodes="2",
-        nproc=2,
-        settings=DIGITS,
-        checkpoint_dir=ckpt,
-        max_restarts=0,
-    )
+    nodes = [
+        launcher.node(
+            name,
+            is_host=name == "node0",  # torchrun's default: the first agent hosts the c10d store
+            warm=name == "node0",  # node1 is plain torchrun, as a user runs the image
+            endpoint=endpoint,
+            nnodes="2",
+            nproc=2,
+            settings=DIGITS,
+            checkpoint_dir=ckpt,
+            max_restarts=0,
+        )
+        for name in ("node0", "node1")
+    ]
     for node in nodes:
         assert node.wait(240) == 0, launcher.logs()
 

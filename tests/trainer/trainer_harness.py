@@ -33,6 +33,12 @@ RDZV_CONF = (
 )
 
 
+def launcher_module(warm: bool) -> str:
+    """The torchrun a test's agent runs: with warm workers (``ddp_trainer.launch.warm``: the
+    agent forks each ddp_trainer worker, torch imported once) or plain."""
+    return "ddp_trainer.launch.warm" if warm else "torch.distributed.run"
+
+
 def trainer_settings(settings: dict[str, Any]) -> str:
     """DDP_TRAINER_CONFIG of a started trainer: no Prometheus endpoint unless the test asks for
     one, so that trainers on one host do not all reach for the default port."""
@@ -156,6 +162,7 @@ class Launcher:
         rdzv_id: str = "job",
         max_restarts: int = 3,
         supervised: bool = False,
+        warm: bool = True,
         rdzv_conf: str = RDZV_CONF,
         worker: str = "ddp_trainer",
         extra_env: dict[str, str] | None = None,
@@ -163,12 +170,14 @@ class Launcher:
         """One torchrun agent (a node), c10d rendezvous on loopback, running ddp_trainer (or the
         module ``worker``, with ``extra_env``); ``supervised``: under ``ddp_trainer.node``, as the
         operator's pods run it; ``rdzv_conf``: its ``--rdzv-conf`` (``is_host`` comes from
-        ``is_host``; False: an agent of the test's own store, :meth:`store`)."""
+        ``is_host``; False: an agent of the test's own store, :meth:`store`). ``warm``: the
+        agent forks ddp_trainer's workers as the operator's CPU pods do
+        (``ddp_trainer.launch.warm``); False: plain torchrun, each worker a fresh interpreter."""
         kept = [kv for kv in rdzv_conf.split(",") if kv and not kv.startswith("is_host=")]
         conf = ",".join([*kept, f"is_host={'true' if is_host else 'false'}"])
         args = [
             "-m",
-            "ddp_trainer.node" if supervised else "torch.distributed.run",
+            "ddp_trainer.node" if supervised else launcher_module(warm),
             f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",
@@ -183,8 +192,12 @@ class Launcher:
             "--checkpoint-dir",
             str(checkpoint_dir),
         ]
+        warmth = {} if warm else {"DDPJOB_WARM_WORKERS": "0"}
         env = subprocess_env(
-            DDP_TRAINER_CONFIG=trainer_settings(settings), **AGENT_ENV, **(extra_env or {})
+            DDP_TRAINER_CONFIG=trainer_settings(settings),
+            **AGENT_ENV,
+            **warmth,
+            **(extra_env or {}),
         )
         return self.start(name, args, env)
 
@@ -197,10 +210,10 @@ class Launcher:
         checkpoint_dir: Path,
         extra_env: dict[str, str] | None = None,
     ) -> Proc:
-        """A single-node torchrun (`--standalone`) with `nproc` workers."""
+        """A single-node torchrun (`--standalone`) with `nproc` workers (forked warm)."""
         args = [
             "-m",
-            "torch.distributed.run",
+            launcher_module(warm=True),
             "--standalone",
             f"--nproc-per-node={nproc}",
             "--monitor-interval=0.5",

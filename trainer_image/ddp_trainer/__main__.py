@@ -18,6 +18,7 @@ def _setup_logging() -> None:
         level=logging.INFO if rank == "0" else logging.WARNING,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+        force=True,  # a worker forked from torchrun's agent has the agent's handlers
     )
 
 

@@ -33,7 +33,9 @@ bounded exit barrier (which has only this pod's agent to wait for) are as in Res
 torchrun runs in a child forked from this process, which has imported torch already (the
 store probe needs it): starting it costs no second torch import (2-3 s on two cores), on
 every start and in every store-loss recovery. Forking with torch imported is what
-DataLoader workers do; the workers torchrun starts are fresh interpreters, as always.
+DataLoader workers do. The workers torchrun starts are forked from its agent in turn, with the
+trainer imported once per pod (:mod:`ddp_trainer.launch.warm`; not where a GPU is visible):
+fresh interpreters only for other programs, or with ``DDPJOB_WARM_WORKERS=0``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ddp_api.contract import ENV_POD_NAME
+from ddp_trainer.launch import warm
 from ddp_trainer.launch.keptlog import KeptLog, Relay, keep
 from ddp_trainer.launch.settings import (
     DEFAULT_EXIT_BARRIER_S,
@@ -187,15 +190,20 @@ def keep_rendezvous_open() -> None:
     setattr(dr.DynamicRendezvousHandler, "shutdown", shutdown)  # noqa: B010
 
 
-def run_torchrun(args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S) -> NoReturn:
+def run_torchrun(
+    args: Sequence[str], barrier_s: float = DEFAULT_EXIT_BARRIER_S, warm_workers: bool = False
+) -> NoReturn:
     """In the forked child: torchrun's main, exiting as ``python -m torch.distributed.run``
-    would (0, its SystemExit's code, or 1 with the traceback)."""
+    would (0, its SystemExit's code, or 1 with the traceback); ``warm_workers``: the agent
+    forks the bundled trainer's workers (:mod:`ddp_trainer.launch.warm`)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)  # torchrun installs its own while it runs
     code = 1
     try:
         bound_agent_waits(barrier_s)
         keep_rendezvous_open()
+        if warm_workers:
+            warm.install()
         from torch.distributed.run import main as torchrun
 
         torchrun(list(args))
@@ -219,6 +227,7 @@ class Torchrun:
         args: Sequence[str],
         barrier_s: float = DEFAULT_EXIT_BARRIER_S,
         kept: KeptLog | None = None,
+        warm_workers: bool = False,
     ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -229,7 +238,7 @@ class Torchrun:
                 os.dup2(write, target)
                 os.close(read)
                 os.close(write)
-            run_torchrun(args, barrier_s)
+            run_torchrun(args, barrier_s, warm_workers)
         self.pid = pid
         self.code: int | None = None
         self.relays: list[Relay] = []
@@ -331,6 +340,11 @@ def supervise(args: list[str], kept: KeptLog | None) -> int:
         )
         return 0
     barrier_s = exit_barrier_s(os.environ)
+    warm_workers = warm.enabled(os.environ) and warm.runs_trainer(args)
+    if warm_workers:  # once per pod, not at each worker (re)start
+        began = time.monotonic()
+        warm.preload(alone)
+        log.info("imported the trainer for warm worker starts in %.1fs", time.monotonic() - began)
 
     while True:
         joined = wait_for_store(endpoint, STORE_WAIT_S, lambda: stopping) if endpoint else None
@@ -339,7 +353,7 @@ def supervise(args: list[str], kept: KeptLog | None) -> int:
         if endpoint and joined is None:
             log.error("no rendezvous store answered at %s in %.0fs", endpoint, STORE_WAIT_S)
             return 1
-        child = Torchrun(args, barrier_s, kept)
+        child = Torchrun(args, barrier_s, kept, warm_workers)
         if stopping:  # a signal between the fork and the line above found no child to pass on to
             child.send_signal(signal.SIGTERM)
         if endpoint:
