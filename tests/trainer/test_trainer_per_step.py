@@ -39,7 +39,12 @@ from ddp_trainer.state.store import read_completion
 KILLS = int(os.environ.get("DDPJOB_TEST_KILLS", "50"))
 SPACING = 2  # committed steps between two kills
 JOIN_AT = 6  # the late group starts once this many steps are committed
-TOTAL = 40 + KILLS * 4 + 80  # the kills take ~2.5 steps each here: they end well before
+# Until the kill loop ends, each group starts a step at most every STEP_S (below the
+# lighthouse's 0.3 s join timeout), so that a kill costs about as many steps on any machine:
+# paced, 50 kills took 32 s and 90 steps here; unpaced, two cores trained 40 steps a second, a
+# kill cost 14 steps, and the run ended before the loop did.
+STEP_S = 0.2
+TOTAL = 40 + KILLS * 4 + 80
 SAMPLES = 1438  # digits' training set
 BATCH = 48
 SETTINGS = {
@@ -79,6 +84,8 @@ class Groups:
         self.started: dict[int, float] = {}
         self.count = 0
         self.kills = 0
+        self.pace = launcher.workdir / "pace"  # STEP_S until the kill loop ends
+        self.pace.write_text(str(STEP_S))
 
     def env(self, group: int, groups: int, stop_at: str | None = None) -> dict[str, str]:
         env = group_env(
@@ -89,7 +96,8 @@ class Groups:
         if stop_at:
             stop.write_text(stop_at)
         self.stop_files[group] = stop
-        return {**env, "DDPJOB_TEST_STOP_AT": str(stop)}
+        # a step at most every STEP_S while the pace file says so (DDPJOB_TEST_STEP_S)
+        return {**env, "DDPJOB_TEST_STOP_AT": str(stop), "DDPJOB_TEST_STEP_S": str(self.pace)}
 
     def start_pod(self, group: int, groups: int = 3, stop_at: str | None = None) -> Proc:
         env = self.env(group, groups, stop_at)
@@ -240,7 +248,11 @@ def check_exactly_once(samples: Path, total: int = TOTAL, nproc: int = 1) -> dic
     fed: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     tried: set[tuple[int, int]] = set()
     commits_by_file: dict[str, list[float]] = defaultdict(list)
+    paced: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (time, seconds waited)
     for row in rows:
+        if row["event"] == "paced":  # slept for the test's pace (DDPJOB_TEST_STEP_S): no stall
+            paced[row["file"]].append((row["time"], row["waited_s"]))
+            continue
         key = (row["step"], row["quorum"])
         if row["event"] == "committed":
             committing[row["step"]] = max(committing.get(row["step"], -1), row["quorum"])
@@ -257,7 +269,11 @@ def check_exactly_once(samples: Path, total: int = TOTAL, nproc: int = 1) -> dic
         assert sorted(row["rank"] for row in shares) == ranks, (step, shares)
         seen = sorted(i for row in shares for i in row["indices"])
         assert seen == sorted(restart_mode_batch(step, total)), f"step {step} fed other samples"
-    gaps = [b - a for times in commits_by_file.values() for a, b in itertools.pairwise(times)]
+    gaps = [
+        b - a - sum(w for t, w in paced[file] if a < t <= b)
+        for file, times in commits_by_file.items()
+        for a, b in itertools.pairwise(times)
+    ]
     redone = len({k for k in tried if committing.get(k[0]) != k[1]})
     return {
         "redone_tries": redone,
@@ -299,13 +315,18 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
 
         # (a) the kill loop
         by_phase = kill_loop(groups, random.Random(37))
+        groups.pace.unlink()  # the rest of the run at the machine's speed
         kill_s = time.monotonic() - started_kills
-        print(f"{groups.kills} kills in {kill_s:.1f}s: {dict(by_phase)}")
+        print(
+            f"{groups.kills} kills in {kill_s:.1f}s, by step {committed_step(samples)} of"
+            f" {TOTAL}: {dict(by_phase)}"
+        )
 
         # (c) a fourth group joins; then one group leaves on SIGTERM
         groups.release(3)
         wait_until(lambda: 3 in groups.live(), 120, "the fourth group's first step")
-        wait_until(lambda: any(r["groups"] == 4 for r in sample_lines(samples)), 120, "4 groups")
+        four = lambda: any(r.get("groups") == 4 for r in sample_lines(samples))  # noqa: E731
+        wait_until(four, 120, "4 groups")
         leaving = groups.current[1]
         groups.ended_by_us.add(id(leaving))
         if isinstance(leaving, Warm):

@@ -174,7 +174,7 @@ def test_a_relay_passes_bytes_through_unchanged_and_keeps_each_line(tmp_path: Pa
 def test_the_wrapper_keeps_torchruns_output_and_its_own_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    def fake_torchrun(args: list[str], barrier_s: float) -> None:
+    def fake_torchrun(args: list[str], barrier_s: float, warm_workers: bool) -> None:
         os.write(1, b"[rank0]: to stdout\n")
         os.write(2, b"agent: to stderr\n")
         os._exit(3)

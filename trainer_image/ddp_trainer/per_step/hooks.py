@@ -1,7 +1,10 @@
 """PerStep mode's test hooks (off unless set): ``DDPJOB_SAMPLE_LOG`` (a folder: each process
-appends the sample indices it fed and the steps it committed) and ``DDPJOB_TEST_STOP_AT`` (a file
+appends the sample indices it fed and the steps it committed), ``DDPJOB_TEST_STOP_AT`` (a file
 naming a phase: ``start``, ``quorum``, ``serve``, ``heal``, ``forward``, ``allreduce``,
-``commit``; the process writes ``<file>.reached`` there and waits while the file names it)."""
+``commit``; the process writes ``<file>.reached`` there and waits while the file names it) and
+``DDPJOB_TEST_STEP_S`` (a file holding seconds: while it does, the process starts a step at most
+that often, so that a test's scene takes about as many steps on a fast machine as on a slow
+one)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any
 
 ENV_SAMPLE_LOG = "DDPJOB_SAMPLE_LOG"
 ENV_STOP_AT = "DDPJOB_TEST_STOP_AT"
+ENV_STEP_S = "DDPJOB_TEST_STEP_S"
 
 
 class SampleLog:
@@ -51,3 +55,33 @@ class StopAt:
             return Path(str(self.path)).read_text().strip() == phase
         except OSError:
             return False
+
+
+class StepPace:
+    """``DDPJOB_TEST_STEP_S``: while its file holds a number of seconds, each step of the
+    process starts at least that long after the one before (a sleep before its quorum). A test
+    that kills groups between steps then spends about as many steps per kill on any machine; a
+    pause shorter than the lighthouse's join timeout keeps a joining group from forming a
+    quorum without the paced ones. Returns the seconds it slept (its sample log says so: such
+    a wait is the test's, not a stall)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.last: float | None = None
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        seconds = self._seconds()
+        wait = 0.0 if self.last is None else max(0.0, self.last + seconds - now)
+        if wait > 0:
+            time.sleep(wait)
+        self.last = now + wait
+        return wait
+
+    def _seconds(self) -> float:
+        if self.path is None:
+            return 0.0
+        try:
+            return float(Path(self.path).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0.0

@@ -76,7 +76,14 @@ from ddp_trainer.distributed import DistEnv, Interrupted, init_distributed
 from ddp_trainer.parts import Parts, build_parts, compiled
 from ddp_trainer.per_step.completion import completed, wait_for_completion
 from ddp_trainer.per_step.group import ReplicaGroup, Tail, quiet_torchft
-from ddp_trainer.per_step.hooks import ENV_SAMPLE_LOG, ENV_STOP_AT, SampleLog, StopAt
+from ddp_trainer.per_step.hooks import (
+    ENV_SAMPLE_LOG,
+    ENV_STEP_S,
+    ENV_STOP_AT,
+    SampleLog,
+    StepPace,
+    StopAt,
+)
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
     loads_checkpoint,
@@ -114,6 +121,7 @@ class PerStepTrainer(Trainer):
             os.environ.get(ENV_SAMPLE_LOG), f"{group.replica_id}-{env.local_rank}"
         )
         self.phase = StopAt(os.environ.get(ENV_STOP_AT))
+        self.pace = StepPace(os.environ.get(ENV_STEP_S))
         self.replicas = ReplicaGroup(group, env, parts, self.distributed, self.phase)
         self.shares = Shares(parts.state.num_samples, config.seed)
 
@@ -158,6 +166,10 @@ class PerStepTrainer(Trainer):
         self.tally.restart_clock()
         started = time.perf_counter()
         while True:
+            waited = self.pace()
+            if waited > 0:
+                self.samples.write(event="paced", waited_s=round(waited, 4))
+                started += waited  # the test's wait is no step time
             self.phase("quorum")
             if not self._quorum():
                 if self.stop_requested.is_set():  # while waiting for peers or the lighthouse
