@@ -63,6 +63,7 @@ def test_only_the_bundled_trainer_without_a_gpu_starts_warm() -> None:
     assert enabled({"DDPJOB_WARM_WORKERS": "1"}, gpus=["/dev/nvidia0"])
     assert not enabled({"DDPJOB_WARM_WORKERS": "0"}, gpus=[])
     assert not enabled({"DDPJOB_WARM_WORKERS": "false"}, gpus=[])
+    assert not enabled({"DDPJOB_WARM_WORKERS": "yes please"}, gpus=["/dev/nvidia0"])  # warned
 
 
 @pytest.mark.timeout(240)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import signal
 import subprocess
@@ -32,6 +33,8 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, NoReturn
+
+log = logging.getLogger("ddp_trainer.node")
 
 ENV_WARM = "DDPJOB_WARM_WORKERS"
 WORKER_MODULE = "ddp_trainer"
@@ -49,6 +52,8 @@ def enabled(environ: Mapping[str, str], gpus: Sequence[str] | None = None) -> bo
         return False
     if setting in ("1", "true", "yes"):
         return True
+    if setting:
+        log.warning("%s=%r is not 0 or 1: warm only without a GPU", ENV_WARM, setting)
     return not (glob.glob(GPU_DEVICES) if gpus is None else gpus)
 
 
