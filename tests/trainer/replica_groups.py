@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from trainer_harness import HERE, Launcher, Proc, subprocess_env, trainer_settings, wait_until
 
 from ddp_devcluster.procs import free_port
+from ddp_trainer.launch.warm import run_trainer
 
 LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
 
@@ -269,12 +271,13 @@ def _serve() -> None:
 
 
 def _fork(command: dict[str, Any]) -> int:
+    """A group in a child of its own session, its output in its log, run as torchrun's warm
+    workers are (:func:`ddp_trainer.launch.warm.run_trainer`)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid:
         return pid
-    code = 1
     try:
         os.setsid()
         out = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -284,23 +287,10 @@ def _fork(command: dict[str, Any]) -> int:
         os.close(out)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        sys.stdout = os.fdopen(1, "w", buffering=1)
-        sys.stderr = os.fdopen(2, "w", buffering=1)
-        os.environ.clear()
-        os.environ.update(command["env"])
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        from ddp_trainer.__main__ import main
-
-        code = main(command["args"])
     except BaseException:
-        import traceback
-
         traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        os._exit(1)
+    run_trainer(command["args"], command["env"])
 
 
 if __name__ == "__main__":

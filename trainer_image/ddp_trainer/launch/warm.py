@@ -165,14 +165,25 @@ def _run_worker(
     stderr: IO[Any] | None,
     started: int,
 ) -> NoReturn:
-    code = 1
     try:
         os.setsid()
         os.close(started)
         for target, f in ((1, stdout), (2, stderr)):
             if f is not None:
                 os.dup2(f.fileno(), target)
-        # New stream objects on fds 1 and 2: the agent's may have been locked by one of its
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    run_trainer(argv, env)
+
+
+def run_trainer(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """In a forked child whose session and fds 0-2 are set up: ``ddp_trainer``'s ``main`` with
+    ``argv`` and ``env`` as a fresh ``python -m ddp_trainer`` would run, then exit with its code
+    (a SystemExit's, or 1 with the traceback)."""
+    code = 1
+    try:
+        # New stream objects on fds 1 and 2: the parent's may have been locked by one of its
         # threads at the fork (line-buffered: torchrun starts workers with -u).
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -183,7 +194,7 @@ def _run_worker(
         sys.argv = ["-m", *argv]
         import torch
 
-        # OpenMP read its thread count when torch was loaded, in the supervisor; a worker's
+        # OpenMP read its thread count when torch was loaded, in the parent; a worker's
         # OMP_NUM_THREADS (torchrun sets 1 with several workers per node) is applied here.
         with contextlib.suppress(ValueError):
             threads = int(env.get("OMP_NUM_THREADS", ""))
@@ -193,7 +204,9 @@ def _run_worker(
 
         code = main(list(argv))
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        from ddp_trainer.launch.supervisor import exit_code  # it imports this module
+
+        code = exit_code(exc)
     except BaseException:
         traceback.print_exc()
     finally:
