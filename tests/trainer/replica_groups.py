@@ -26,7 +26,7 @@ from typing import Any
 from trainer_harness import HERE, Launcher, Proc, subprocess_env, trainer_settings, wait_until
 
 from ddp_devcluster.procs import free_port
-from ddp_trainer.launch.warm import run_trainer
+from ddp_trainer.launch.warm import preload, run_trainer
 
 LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
 
@@ -235,17 +235,7 @@ def committed_step(folder: Path) -> int:
 
 
 def _serve() -> None:
-    import torch  # the imports every group needs, done once
-    import torchft
-    import torchft.checkpointing
-    import torchft.process_group  # noqa: F401
-
-    import ddp_trainer.data.workloads
-    import ddp_trainer.per_step.trainer  # noqa: F401
-
-    # The first optimizer imports torch._dynamo (seconds): once, here. No tensor math runs
-    # here, so no thread pool is forked.
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    preload(per_step=True)  # what every group imports, once, as a node pod's supervisor does
 
     sys.stdout.write("ready\n")
     sys.stdout.flush()
