@@ -325,8 +325,9 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
         # (c) a fourth group joins; then one group leaves on SIGTERM
         groups.release(3)
         wait_until(lambda: 3 in groups.live(), 120, "the fourth group's first step")
-        four = lambda: any(r.get("groups") == 4 for r in sample_lines(samples))  # noqa: E731
-        wait_until(four, 120, "4 groups")
+        wait_until(
+            lambda: any(r.get("groups") == 4 for r in sample_lines(samples)), 120, "4 groups"
+        )
         leaving = groups.current[1]
         groups.ended_by_us.add(id(leaving))
         if isinstance(leaving, Warm):
