@@ -31,11 +31,16 @@ from ddp_trainer.launch.warm import preload, run_trainer
 LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
 
 
-def lighthouse(launcher: Launcher, heartbeat_ms: int, join_ms: int) -> tuple[Proc, str]:
-    """A lighthouse on loopback that forms a quorum of any one group; returns it and its URL."""
-    port = free_port()
-    env = subprocess_env(RUST_LOG="info")
+def lighthouse(
+    launcher: Launcher, heartbeat_ms: int, join_ms: int, port: int | None = None
+) -> tuple[Proc, str]:
+    """A lighthouse on loopback that forms a quorum of any one group; returns it and its URL.
+    ``port``: the port of a lighthouse it replaces (its log is then lighthouse-<port>-<n>.log)."""
     log = launcher.workdir / "lighthouse.log"
+    if port is not None:
+        log = launcher.workdir / f"lighthouse-{port}-{len(launcher.procs)}.log"
+    port = port or free_port()
+    env = subprocess_env(RUST_LOG="info")
     with open(log, "wb") as out:
         popen = subprocess.Popen(
             [

@@ -413,3 +413,69 @@ def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
     stats = check_exactly_once(samples, total=NPROC_TOTAL, nproc=2)
     assert read_completion(ckpt) is not None
     print(f"2 groups x 2 processes: {stats}, {time.monotonic() - began:.1f}s")
+
+
+LIGHTHOUSE_ROUNDS = 3
+STALL_BOUND_S = 10.0  # the issue's bound for a lost machine; a new lighthouse's first step ~1 s
+
+
+@pytest.mark.timeout(300)
+def test_a_new_lighthouse_after_groups_came_and_went_stalls_no_group_for_long(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Rounds of: a group restarted (the lighthouse's quorum ids move on), then the lighthouse
+    SIGKILLed once every group waits on it, and a new one started on its port. The new one
+    numbers its quorums from 1 again. torchft's Manager builds each quorum's process group at
+    the store prefix of the quorum's id, which must be new each time: with the lighthouse's ids,
+    a new lighthouse's quorums could meet the gloo addresses that the old one's quorums of the
+    same ids left there (seen on loopback: all three groups stalled 25-32 s in gloo connect
+    timeouts, in one round of four, 2026-11-27). So: the quorums after a new lighthouse have ids
+    no quorum before it had (``ddp_trainer.per_step.replicas.QuorumIds``), and every group's
+    next step after the new lighthouse listens comes within the bound."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    light, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    port = int(url.rsplit(":", 1)[1])
+    zygote = Zygote.start(launcher)
+    groups = Groups(launcher, zygote, url, ckpt, samples)
+    stalls = []
+    try:
+        for group in range(3):
+            groups.start_warm(group)
+        wait_until(lambda: len(groups.live()) == 3, 180, "three groups training")
+        for round_ in range(LIGHTHOUSE_ROUNDS):
+            group = round_ % 3
+            groups.kill(group)
+            groups.start_warm(group)
+            wait_until(lambda g=group: g in groups.live(), 120, f"group {group} back")
+            waiting = {g: groups.current[g].output().count("no quorum") for g in range(3)}
+            killed = time.time()
+            light.kill_tree()
+            light.popen.wait()
+            wait_until(
+                lambda w=waiting: all(
+                    groups.current[g].output().count("no quorum") > w[g] for g in range(3)
+                ),
+                60,
+                "every group to miss the lighthouse",
+            )
+            light, _ = lighthouse(launcher, heartbeat_ms=1000, join_ms=300, port=port)
+            back = time.time()
+
+            def next_steps(since: float = back) -> dict[str, float] | None:
+                first: dict[str, float] = {}
+                for row in sample_lines(samples):
+                    if row["event"] == "committed" and row["time"] > since:
+                        first.setdefault(row["file"].rsplit("-", 1)[0], row["time"] - since)
+                return first if len(first) == 3 else None
+
+            after = wait_until(next_steps, 120, "every group's step after the new lighthouse")
+            stalls.append(round(max(after.values()), 2))
+            rows = sample_lines(samples)
+            old = {r["quorum"] for r in rows if "quorum" in r and r["time"] < killed}
+            new = {r["quorum"] for r in rows if "quorum" in r and r["time"] > back}
+            assert not old & new, f"round {round_}: quorum ids used again: {old & new}"
+        assert not groups.crashed(), "\n".join(groups.crashed())
+    finally:
+        zygote.close()
+    print(f"a step of every group after each new lighthouse, s: {stalls}")
+    assert max(stalls) < STALL_BOUND_S, stalls

@@ -1,6 +1,7 @@
 """PerStep mode's pure decisions: a pod's group from its environment, the split of a step's
 global batch over the participating groups and their local ranks, the weighting that makes any
-split's update the full batch's mean, and when a checkpoint is loaded instead of a peer's state."""
+split's update the full batch's mean, when a checkpoint is loaded instead of a peer's state, and
+the quorum ids torchft is given."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ddp_trainer.data.batching import Position, batch_share, position_after
 from ddp_trainer.data.sampler import global_order, step_indices
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
+    QuorumIds,
     loads_checkpoint,
     mean_divisor,
     micro_split,
@@ -146,6 +148,28 @@ def test_a_step_missing_a_share_or_holding_one_twice_is_not_whole() -> None:
     assert whole_batch(64.0, 64) and whole_batch(63.9999, 64)
     assert not whole_batch(43.0, 64) and not whole_batch(85.0, 64)
     assert mean_divisor(0) == 1.0  # padding only: zeros, not NaN
+
+
+def test_quorum_ids_are_new_for_new_members_or_a_new_lighthouse_and_grow_with_the_step() -> None:
+    a, b, c, c2 = "job-0:u1", "job-1:u2", "job-2:u3", "job-2:u4"  # c2: group 2 restarted
+    ids = QuorumIds()
+    first = ids.id_for(1, [a, b, c], max_step=0)
+    assert ids.id_for(1, [c, a, b], max_step=7) == first  # the same quorum, steps later
+    shrunk = ids.id_for(2, [a, b], max_step=9)
+    grown = ids.id_for(3, [a, b, c2], max_step=12)
+    assert len({first, shrunk, grown}) == 3 and first < shrunk < grown
+    # A new lighthouse numbers its quorums from 1 again: the same lighthouse ids, new job ids.
+    again = [ids.id_for(1, [a, b, c2], 30), ids.id_for(2, [a, b], 40)]
+    assert again[0] not in (first, grown) and again[1] != shrunk and again == sorted(again)
+    # a new quorum that kept this process's last lighthouse id but not its members
+    assert ids.id_for(2, [a, c2], 41) != again[1]
+    # every member of a quorum computes the same id, whatever it had before
+    assert QuorumIds().id_for(2, [c2, a], 41) == ids.id_for(2, [a, c2], 50)
+    # A member whose quorum failed takes the next as new, as its members who saw others do.
+    ids.forget()
+    assert ids.id_for(2, [a, c2], 60) == QuorumIds().id_for(2, [a, c2], 60) != again[1]
+    # one tried at the same step with a higher lighthouse id orders after it
+    assert QuorumIds().id_for(3, [a], 41) > QuorumIds().id_for(2, [a, c2], 41)
 
 
 def test_a_checkpoint_is_loaded_only_when_no_live_group_has_trained() -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -19,7 +20,13 @@ import torch.distributed as dist
 
 from ddp_trainer.distributed import DistEnv
 from ddp_trainer.parts import Parts
-from ddp_trainer.per_step.replicas import GroupSettings, mean_divisor, url_host, whole_batch
+from ddp_trainer.per_step.replicas import (
+    GroupSettings,
+    QuorumIds,
+    mean_divisor,
+    url_host,
+    whole_batch,
+)
 from ddp_trainer.state.train_state import scatter
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
@@ -74,6 +81,29 @@ def _cross_group_pg(device: torch.device, timeout: timedelta) -> Any:
     return ProcessGroupGloo(timeout=timeout)
 
 
+class JobQuorumIds:
+    """torchft's ``ManagerClient`` (a Manager's ``_client``) whose quorums carry ids unique for
+    the job's life (:class:`~ddp_trainer.per_step.replicas.QuorumIds`), not the lighthouse's;
+    all else passes through. torchft 0.2.0's Manager reads a quorum's fields by name only."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self._ids = client, QuorumIds()
+
+    def forget(self) -> None:
+        self._ids.forget()
+
+    def _quorum(self, **kwargs: Any) -> Any:
+        quorum = self._client._quorum(**kwargs)
+        fields = {name: getattr(quorum, name) for name in dir(quorum) if not name.startswith("_")}
+        fields["quorum_id"] = self._ids.id_for(
+            quorum.quorum_id, quorum.replica_ids, quorum.max_step
+        )
+        return SimpleNamespace(**fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 def quiet_torchft() -> None:
     """torchft logs several lines per step at INFO (its Rust side reads RUST_LOG when it is
     first imported): warnings only, unless RUST_LOG says otherwise. This module's own lines say
@@ -97,6 +127,7 @@ class ReplicaGroup:
         self.parts, self.device = parts, parts.device
         self.phase = phase  # the test hook at each phase (ddp_trainer.per_step.hooks.StopAt)
         self.manager: Any = None
+        self.quorum_ids: JobQuorumIds | None = None
         self.healed_from: str | None = None  # the last heal: "step N from <address>"
         self._state_dict: Callable[[], dict[str, Any]] = dict
 
@@ -129,6 +160,8 @@ class ReplicaGroup:
             init_sync=False,  # every group builds the same weights from the seed
             quorum_retries=QUORUM_RETRIES,
         )
+        self.quorum_ids = JobQuorumIds(self.manager._client)
+        self.manager._client = self.quorum_ids
         log.info(
             "replica group %s (local rank %d of %d, pid %d): lighthouse %s, at least %d groups, "
             "group timeout %gs",
@@ -167,6 +200,8 @@ class ReplicaGroup:
             # torchft 0.2.0 keeps the failed future and raises it again at the next
             # start_quorum: drop it, so the next try is a new quorum.
             self.manager._quorum_future = None
+            if self.quorum_ids is not None:
+                self.quorum_ids.forget()
             return False
         members = self.manager.num_participants()
         if self.manager.errored() is not None:

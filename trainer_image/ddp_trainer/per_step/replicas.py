@@ -1,11 +1,13 @@
 """The pure decisions of per-step fault tolerance (:mod:`ddp_trainer.per_step.trainer`): a pod's
 place as a replica group from its environment, each participant's share of a step's global batch,
-and when a group loads a checkpoint instead of healing from a live peer. No I/O, no torchft here."""
+when a group loads a checkpoint instead of healing from a live peer, and the quorum ids given to
+torchft. No I/O, no torchft here."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ddp_api.contract import (
@@ -146,3 +148,44 @@ def loads_checkpoint(first_quorum_max_step: int) -> bool:
     no group that has trained a step (max step 0: a new job, or every group was lost); any
     live group at a later step is healed from instead, so the volume is read only then."""
     return first_quorum_max_step == 0
+
+
+class QuorumIds:
+    """The quorum id this process gives torchft's Manager for each quorum: unique for the job's
+    life, where the lighthouse's own ids are unique only for the lighthouse's.
+
+    torchft's Manager rebuilds its cross-group process group when a quorum's id differs from
+    the last one, at the store prefix ``/torchft/<id>/``, and needs that prefix new each time. A
+    lighthouse that is replaced numbers its quorums from 1 again, so a group could meet a prefix
+    an earlier quorum wrote (the gloo addresses of processes long gone) and time out connecting
+    to them: seen on loopback, all three groups stalled 32 s after a new lighthouse's quorums
+    (``tests/trainer/test_trainer_per_step.py``, the lighthouse scene). Or a new quorum with
+    other members but the id this process last had would not rebuild the group at all.
+
+    Here a quorum is known by its lighthouse id and its members (torchft's replica ids, a uuid
+    per incarnation of a group). When that changes, the id becomes: the step the quorum formed
+    at (``max_step``), then the lighthouse's id (its low 8 bits), then 24 bits of a hash of the
+    members, so that a later quorum has a higher id (the sample log's order of tries) and no two
+    quorums of a job share one. The members of a new quorum receive it in the same answer of
+    the lighthouse, with the same ``max_step``, and compute the same id. One exception: a member
+    whose last quorum had the same lighthouse id and members (a new lighthouse's quorums reached
+    that id again while it did not ask) would keep its old id. A member whose quorum failed (it
+    asked while the lighthouse was away) forgets its last quorum (:meth:`forget`); one that never
+    noticed fails the step with the others, and the lighthouse gives the quorum after a failed
+    commit a new id (torchft's lighthouse does so on any member's commit failure)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, tuple[str, ...]] | None = None
+        self._id = -1
+
+    def id_for(self, quorum_id: int, replica_ids: Sequence[str], max_step: int) -> int:
+        key = (quorum_id, tuple(sorted(replica_ids)))
+        if key != self._key:
+            self._key = key
+            members = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:3], "big")
+            self._id = (max_step << 32) | ((quorum_id & 0xFF) << 24) | members
+        return self._id
+
+    def forget(self) -> None:
+        """After a failed quorum: the next quorum is a new one to this process."""
+        self._key = None
