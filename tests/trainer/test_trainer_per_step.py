@@ -378,8 +378,14 @@ def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
     zygote = Zygote.start(launcher)
     settings = {**SETTINGS, "maxSteps": NPROC_TOTAL, "checkpointEverySteps": 0}
 
+    # Paced (a step at most every STEP_S): unpaced, group a alone trained its last 30 steps in
+    # 0.6 s, before the restarted group b could join and heal.
+    pace = launcher.workdir / "pace"
+    pace.write_text(str(STEP_S))
+
     def start(group: int, name: str) -> list[Warm]:
         env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        env["DDPJOB_TEST_STEP_S"] = str(pace)
         port = free_port()
         return [
             zygote.fork(
@@ -406,7 +412,11 @@ def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
         assert "healed from a live peer" in again[0].output()  # rank 0 logs at INFO
         for worker in again:  # each rank's first step is the live peers' step: it healed
             rows = sample_lines(samples)
-            mine = [r["step"] for r in rows if r["file"].endswith(f"-{worker.pid}.jsonl")]
+            mine = [
+                r["step"]
+                for r in rows
+                if r["file"].endswith(f"-{worker.pid}.jsonl") and r["event"] != "paced"
+            ]
             assert min(mine) >= 10, (worker.name, mine[:3])
     finally:
         zygote.close()
