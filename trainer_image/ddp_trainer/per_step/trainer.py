@@ -39,6 +39,10 @@ it.
 process-group configure or heal (torchft reports them: no commit), a failed quorum (a lighthouse
 that restarts, too few groups: tried again), or a failed commit vote: each becomes "this step is
 not committed, redo it". Only local failures (a local rank gone, a model error) end the process.
+torchft rebuilds the cross-group process group when the quorum id changes, under a store prefix
+of that id; the ids it is given are the job's own
+(:class:`~ddp_trainer.per_step.replicas.QuorumIds`), since a replaced lighthouse numbers its
+quorums from 1 again.
 
 **Checkpoints** are written by the writer: participating rank 0 of the last quorum, local rank
 0, with torchft's own state (``torchft``). A group loads one only when its first quorum's max step
