@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from trainer_harness import Launcher, events, wait_until
 
-from ddp_trainer.reporting.stacks import BEFORE_DEADLINE, FLOOR_S, dump_after_s
+from ddp_trainer.reporting.stacks import BEFORE_DEADLINE, FLOOR_S, SPREAD_S, dump_after_s
 
 SETTINGS = {
     "workload": "padded_workload:hang_at_step",
@@ -27,6 +27,12 @@ def test_the_stacks_come_at_three_quarters_of_the_operators_deadline() -> None:
     assert dump_after_s("0", 5.0) is None  # the deadline is off
     assert dump_after_s("", 0.5) == BEFORE_DEADLINE * FLOOR_S  # the default: its floor ...
     assert dump_after_s(None, 120.0) == BEFORE_DEADLINE * 1200  # ... or ten steps' time
+
+
+def test_the_local_ranks_of_a_pod_dump_one_after_another_all_before_the_deadline() -> None:
+    assert dump_after_s("8", 0.1, local_rank=1, local_ranks=2) == 6.0 + SPREAD_S
+    last = dump_after_s("4", 0.1, local_rank=7, local_ranks=8)  # a short deadline: less apart
+    assert last is not None and 3.0 < last < 3.5
 
 
 @pytest.mark.timeout(120)

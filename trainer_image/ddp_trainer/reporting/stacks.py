@@ -11,6 +11,11 @@ while the step does not end. The operator restarts the job at the deadline, a qu
 later. The deadline follows the operator's rule
 (:func:`ddp_operator.planner.stall.progress_deadline_s`): the setting when given, else the larger
 of :data:`FLOOR_S` and :data:`STEP_TIMES` times the step time.
+
+The local ranks of a pod share its stderr, and faulthandler writes a stack in many small writes:
+two ranks dumping at once interleaved character by character ("Thread 0xThread 0x0000...", seen
+in a 2-rank test). So local rank r dumps r spreads later (:data:`SPREAD_S`, less for a short
+deadline: all of a pod's ranks within half of the deadline's last quarter).
 """
 
 from __future__ import annotations
@@ -23,18 +28,23 @@ from ddp_api.contract import ENV_PROGRESS_DEADLINE
 FLOOR_S = 600.0
 STEP_TIMES = 10
 BEFORE_DEADLINE = 0.75
+SPREAD_S = 0.2  # between two local ranks' dumps (a dump of a few threads takes milliseconds)
 
 
-def dump_after_s(setting: str | None, step_s: float) -> float | None:
-    """Seconds into a step after which the stacks are written; None: never (deadline 0).
-    ``setting`` is ``DDPJOB_PROGRESS_DEADLINE_S`` (unset or empty: the default rule)."""
+def dump_after_s(
+    setting: str | None, step_s: float, local_rank: int = 0, local_ranks: int = 1
+) -> float | None:
+    """Seconds into a step after which local rank ``local_rank`` of ``local_ranks`` writes the
+    stacks; None: never (deadline 0). ``setting`` is ``DDPJOB_PROGRESS_DEADLINE_S`` (unset or
+    empty: the default rule)."""
     if setting:
         deadline = float(setting)
         if deadline <= 0:
             return None
     else:
         deadline = max(FLOOR_S, STEP_TIMES * step_s)
-    return BEFORE_DEADLINE * deadline
+    spread = min(SPREAD_S, (1 - BEFORE_DEADLINE) * deadline / (2 * max(local_ranks, 1)))
+    return BEFORE_DEADLINE * deadline + local_rank * spread
 
 
 class StackWatch:
@@ -42,9 +52,11 @@ class StackWatch:
 
     def __init__(self, setting: str | None = None):
         self.setting = os.environ.get(ENV_PROGRESS_DEADLINE) if setting is None else setting
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # torchrun's
+        self.local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
     def arm(self, step_s: float = 0.0) -> None:
-        after = dump_after_s(self.setting, step_s)
+        after = dump_after_s(self.setting, step_s, self.local_rank, self.local_ranks)
         if after is not None:
             faulthandler.dump_traceback_later(after, repeat=True)
 
