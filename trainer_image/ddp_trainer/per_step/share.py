@@ -4,6 +4,8 @@ them, each micro-batch's mean loss weighted by its loss terms."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ddp_trainer.data.batching import Position, position_after
@@ -15,11 +17,21 @@ from ddp_trainer.per_step.replicas import micro_split
 from ddp_trainer.state.train_state import TrainState
 from ddp_trainer.step import autocast
 
+log = logging.getLogger("ddp_trainer.trainer")
+
 
 def position_of(step: int, state: TrainState) -> Position:
     """The data position of ``step``: a pure function of it (the global batch never changes in
     a run), the same on every group whatever it healed or loaded."""
     return position_after(Position(0, 0, 0), step, state.global_batch, state.num_samples)
+
+
+def aligned(position: Position, step: int, state: TrainState) -> Position:
+    """``step``'s data position (:func:`position_of`); a warning when ``position`` was not it."""
+    here = position_of(step, state)
+    if here != position:
+        log.warning("data position %s set to step %d's %s", position, step, here)
+    return here
 
 
 class Shares:

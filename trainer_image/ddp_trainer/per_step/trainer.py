@@ -94,7 +94,7 @@ from ddp_trainer.per_step.replicas import (
     participant_share,
     run_id,
 )
-from ddp_trainer.per_step.share import Shares, forward_backward, position_of
+from ddp_trainer.per_step.share import Shares, aligned, forward_backward
 from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
 from ddp_trainer.step import set_lr
 from ddp_trainer.trainer import Trainer
@@ -190,7 +190,7 @@ class PerStepTrainer(Trainer):
                     continue  # a checkpoint was loaded: quorum again at its step
             if redo and done():
                 return self._done_elsewhere()
-            self._align(step)
+            self.position = aligned(self.position, step, self.parts.state)
             if step >= total:
                 if done():
                     return self._done_elsewhere()
@@ -239,13 +239,6 @@ class PerStepTrainer(Trainer):
         self.tally.groups = self.replicas.manager.num_participants()
         self.tally.started(group=self.group.group, healedFrom=self.replicas.healed_from)
         return loaded is not None
-
-    def _align(self, step: int) -> None:
-        """Sets the data position of ``step`` (:func:`position_of`) if it is not that."""
-        here = position_of(step, self.parts.state)
-        if here != self.position:
-            log.warning("data position %s set to step %d's %s", self.position, step, here)
-            self.position = here
 
     def _try_step(self, step: int) -> tuple[bool, bool, float, float]:
         """One try at step ``step`` (0-based) with this quorum; returns (committed, stop, lr,
