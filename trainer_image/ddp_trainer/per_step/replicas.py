@@ -158,8 +158,8 @@ class QuorumIds:
     the last one, at the store prefix ``/torchft/<id>/``, and needs that prefix new each time. A
     lighthouse that is replaced numbers its quorums from 1 again, so a group could meet a prefix
     an earlier quorum wrote (the gloo addresses of processes long gone) and time out connecting
-    to them: seen on loopback, all three groups stalled 32 s after a new lighthouse's quorums
-    (``tests/trainer/test_trainer_per_step.py``, the lighthouse scene). Or a new quorum with
+    to them: seen on loopback, all three groups stalled 25-32 s after a new lighthouse's quorums
+    (``tests/trainer/test_trainer_per_step.py -k new_lighthouse``). Or a new quorum with
     other members but the id this process last had would not rebuild the group at all.
 
     Here a quorum is known by its lighthouse id and its members (torchft's replica ids, a uuid
