@@ -22,6 +22,7 @@ class DistEnv:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # this node's processes
     restart_count: int = 0
     launched: bool = False  # started by torchrun: join a process group even when alone
     run_id: str = ""  # torchrun's rendezvous id (the DDPJob's uid): names the completion record
@@ -35,6 +36,7 @@ class DistEnv:
             rank=int(environ["RANK"]),
             local_rank=int(environ.get("LOCAL_RANK", 0)),
             world_size=int(environ.get("WORLD_SIZE", 1)),
+            local_world_size=int(environ.get("LOCAL_WORLD_SIZE", 1)),
             restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
             launched=True,
             run_id=environ.get("TORCHELASTIC_RUN_ID", ""),

@@ -76,7 +76,8 @@ class Trainer:
         self.tally = Tally(config, e, self.parts, self.checkpoints, metrics, self.distributed)
         self.update = GradientUpdate(self.parts, config, self.tally)
         self.stop_requested = threading.Event()
-        self.stacks = StackWatch()  # every thread's stack in the log when a step hangs
+        # every thread's stack in the log when a step hangs
+        self.stacks = StackWatch(local_rank=e.local_rank, local_ranks=e.local_world_size)
         self.consistent = True  # model and optimizer hold the state of `position`
         agree = functools.partial(any_rank, device=self.parts.device, distributed=self.distributed)
         folder = self.checkpoints.store.directory

@@ -50,10 +50,9 @@ def dump_after_s(
 class StackWatch:
     """Arms (after each step) and disarms (for a hold, at the end) the stack dump."""
 
-    def __init__(self, setting: str | None = None):
+    def __init__(self, setting: str | None = None, local_rank: int = 0, local_ranks: int = 1):
         self.setting = os.environ.get(ENV_PROGRESS_DEADLINE) if setting is None else setting
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # torchrun's
-        self.local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.local_rank, self.local_ranks = local_rank, local_ranks
 
     def arm(self, step_s: float = 0.0) -> None:
         after = dump_after_s(self.setting, step_s, self.local_rank, self.local_ranks)
