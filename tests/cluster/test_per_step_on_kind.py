@@ -55,18 +55,15 @@ def replaced(cluster: Cluster, ns: str, pod: str, before: dict[str, str], job: s
     return cluster.worker_uids(job, ns=ns).get(pod) not in (None, before[pod])
 
 
-def joining(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool:
-    """Whether ``pod``'s replacement has started its replica group (it asks for a quorum next;
-    minGroups 2 keeps it from training alone)."""
-    if not replaced(cluster, ns, pod, before):
-        return False
+def started(cluster: Cluster, ns: str, pod: str) -> bool:
+    """Whether ``pod`` has started its replica group (it asks for quorums from now)."""
     return "replica group" in cluster.k("logs", pod, ns=ns, check=False)
 
 
-def all_started(cluster: Cluster, ns: str) -> bool:
-    """Whether every node pod has started its replica group (it asks for quorums from now)."""
-    logs = [cluster.k("logs", f"{JOB}-node-{i}", ns=ns, check=False) for i in range(3)]
-    return all("replica group" in log for log in logs)
+def joining(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool:
+    """Whether ``pod``'s replacement has started its replica group (it asks for a quorum next;
+    minGroups 2 keeps it from training alone)."""
+    return replaced(cluster, ns, pod, before) and started(cluster, ns, pod)
 
 
 def scene(
@@ -112,7 +109,10 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         # minGroups 2: two groups can reach UP before the third has started (seen: its pod
         # started 2 s after theirs, and they trained 10 steps in 2 s). Held groups ask for no
         # quorum, so it joins at their next one: UP is let go once every group has started.
-        cluster.until("every group started", lambda: all_started(cluster, ns), 300, ns=ns)
+        pods = [f"{JOB}-node-{i}" for i in range(3)]
+        cluster.until(
+            "every group started", lambda: all(started(cluster, ns, p) for p in pods), 300, ns=ns
+        )
         hold.release(kind.claim_folder(cluster, CLAIM, ns=ns), UP)
         cluster.until("3 groups", lambda: groups(cluster, ns) == 3 or None, 300, ns=ns)
         uids = cluster.worker_uids(JOB, ns=ns)
