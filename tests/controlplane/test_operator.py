@@ -405,7 +405,13 @@ def test_a_job_whose_step_stops_moving_is_restarted_as_stalled_then_counted(c: C
     report_step_5()
     done = c.until("Failed", lambda: (s := c.status("hung")).get("phase") == "Failed" and s)
     assert done["reason"] == "Stalled" and done["restarts"] == 2
-    stalls = [m for t, r, m in c.events("hung") if t == "Warning" and r == "Stalled"]
+
+    def stall_events() -> list[str]:
+        return [m for t, r, m in c.events("hung") if t == "Warning" and r == "Stalled"]
+
+    # The Event is posted after the status that says Failed: wait for it, not race it (a
+    # whole-suite run read 2 of the 3).
+    stalls = c.until("3 Stalled Events", lambda: (e := stall_events())[2:] and e)
     assert len(stalls) == 3 and all(
         "no training step for" in m and "at step 5" in m for m in stalls
     )
