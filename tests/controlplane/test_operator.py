@@ -149,6 +149,22 @@ class Cluster(KwokNamespace):
             ),
         )
 
+    def enforced(self, pod: str) -> None:
+        """Waits until the API server enforces the trainers' policy, which its admission plugin
+        learns from a watch of its own, maybe after the operator saw the binding come back (in
+        a whole-suite run, the test after one that deleted and applied it again had a PATCH the
+        policy refuses answered 200). The probe: a server-side dry run of a progress record into
+        ``pod`` by a token of the namespace's trainer account bound to no pod, which only the
+        policy refuses."""
+        unbound = self.account(render.PROGRESS_ACCOUNT)
+        path = f"/api/v1/namespaces/{self.ns}/pods/{pod}?dryRun=All"
+
+        def refused() -> bool | None:
+            code, message = unbound.answer("PATCH", path, annotated("{}"), merge=True)
+            return (code == 403 and f"ValidatingAdmissionPolicy '{POLICY}'" in message) or None
+
+        self.until("the API server to enforce the policy", refused)
+
     def progressed(self, job: str, step: int, what: str = "") -> bool:
         """Waits until the job's ``status.progress`` is at ``step``."""
         return self.until(
@@ -904,6 +920,7 @@ def test_a_pods_token_reports_only_into_its_own_pod_and_can_change_no_job(c: Clu
     its pod, as the kubelet mounts it, rank 0 may write its progress into its own pod's
     annotation; the admission policy refuses any other change, naming its rule."""
     c.running_pair(2)
+    c.enforced("a-node-0")  # a test before may have deleted the binding and applied it again
     pod_a = c.pod_account("a-node-0")
     jobs = c.jobs_path
     pods = f"/api/v1/namespaces/{c.ns}/pods"
