@@ -117,17 +117,24 @@ cluster-up: deps ## start the embedded control plane in the background; prints t
 cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
+# The node image's slowest part (the trainer's dependency layers unpacked by its containerd)
+# needs only the trainer image, containerd and kind: made beside the other Go builds.
+.PHONY: kind-preload kind-ready
+kind-preload: images
+	$(PY) -m ddp_devcluster kind-preload
+
+kind-ready: venv host-packages
+	$(MAKE) --no-print-directory -j2 kind-binaries kind-preload
+
 .PHONY: up down
-up: venv host-packages ## a 4-node kind cluster (podman), its registry, the images and the chart; prints the KUBECONFIG (docs/kind.md)
-	$(MAKE) --no-print-directory -j2 kind-binaries images
+up: kind-ready ## a 4-node kind cluster (podman), its registry, the images and the chart; prints the KUBECONFIG (docs/kind.md)
 	$(PY) -m ddp_devcluster kind-up
 
 down: ## delete the kind cluster of `make up`, its registry and kind's podman network
 	$(PY) -m ddp_devcluster kind-down
 
 .PHONY: demo
-demo: venv host-packages ## the chart's operator runs the digits example on a 4-machine kind cluster here (as root)
-	$(MAKE) --no-print-directory -j2 kind-binaries images
+demo: kind-ready ## the chart's operator runs the digits example on a 4-machine kind cluster here (as root)
 	$(PY) -m ddp_devcluster demo
 
 .PHONY: clean

@@ -6,6 +6,8 @@ images [operator|trainer] [--save-dir D]
 up [--nodes N]        start the plane in the background; prints the KUBECONFIG to export
 down                  stop the plane that `up` started, leaving no process behind
 serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
+kind-preload          the kind node image's first part: the trainer's dependency layers
+                      unpacked by its containerd (`make up` runs it beside the Go builds)
 kind-up               a kind cluster of 4 nodes (podman), the host registry it pulls from, both
                       images pushed there and the chart installed; prints the KUBECONFIG to
                       export (kind/cluster-4.yaml, docs/kind.md)
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "serve":
             p.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
     sub.add_parser("down")
+    sub.add_parser("kind-preload")
     sub.add_parser("kind-up")
     sub.add_parser("kind-down")
     sub.add_parser("demo", help="run a real training job on this machine", add_help=False)
@@ -175,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args.nodes)
     if args.cmd == "serve":
         return _serve(args.nodes, args.ready_file)
+    if args.cmd == "kind-preload":
+        return _kind_preload()
     if args.cmd in ("kind-up", "kind-down"):
         from .kind.lock import InUse
 
@@ -188,6 +193,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _log(m: str) -> None:
     print(f">> {m}", flush=True)
+
+
+def _kind_preload() -> int:
+    """containerd and kind (for kind's node files) built first, then the node image's base
+    and the preload: nothing else of the node image waits for it (nodeimage.ensure_preload)."""
+    from .build import ensure_all
+    from .kind.nodeimage import ensure_preload
+
+    ensure_all(only=("containerd", "kind"))
+    _, folder = ensure_preload(_log)
+    _log(f"the trainer's dependencies are unpacked in {folder}")
+    return 0
 
 
 def _kind_up() -> int:

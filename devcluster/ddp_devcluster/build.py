@@ -9,6 +9,8 @@ nothing but the Go toolchain and the module proxy is needed. A finished tool liv
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -17,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -414,10 +418,33 @@ def ensure_all(force: bool = False, only: tuple[str, ...] | None = None) -> dict
         )
     for t in wanted:
         if t in missing:
-            timings[t.name] = build(t)
-        else:
-            print(f">> {t.name} {t.version}: cached in {t.install_dir}", flush=True)
+            with _building(t):  # `make up` builds containerd and kind beside the others
+                if force or not t.installed():
+                    timings[t.name] = build(t)
+                    continue
+        print(f">> {t.name} {t.version}: cached in {t.install_dir}", flush=True)
     return timings
+
+
+@contextmanager
+def flocked(lock: Path, waiting: str) -> Iterator[None]:
+    """Holds the flock of file ``lock`` (let go if its holder is killed); prints ``waiting``
+    first when another process holds it."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f">> {waiting}", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _building(tool: GoTool) -> contextlib.AbstractContextManager[None]:
+    """``tool``'s build lock: a second process that wants the same tool waits for the first
+    and then finds it built."""
+    lock = cache_dir() / "bin" / f".{tool.name}-{tool.version}.lock"
+    return flocked(lock, f"{tool.name} {tool.version}: another process builds it; waiting")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from ..paths import cache_dir, state_dir
 from ..polling import until
 from . import registry
 from .lock import held
-from .nodeimage import PRELOAD_PATH, SHARED_PATH, ensure_node_image, preload_dir
+from .nodeimage import PRELOAD_PATH, SHARED_PATH, ensure_node_image
 
 if TYPE_CHECKING:
     from ..harness import Harness
@@ -174,13 +174,13 @@ def _up(log: Log, name: str, config: Path) -> Path:
     if retired.is_dir():
         shutil.rmtree(retired)
         log(f"removed {retired} (the retired real node's image store)")
-    image = ensure_node_image(log)
+    image, preload = ensure_node_image(log)
     registry.start()
     log(f"registry on {registry.HOST} (data in {registry.cache_dir() / 'registry'})")
     kubeconfig = kubeconfig_path(name)
     nodes = node_count(config.read_text())
     shared = shared_dir(name)
-    wanted = rendered_config(config.read_text(), shared, preload_dir(image))
+    wanted = rendered_config(config.read_text(), shared, preload)
     given = state_dir() / f"kind-{name}.yaml"  # the config the running cluster was made with
     if exists(name):
         # A cluster left by a run that was killed may have containers podman still calls

@@ -10,19 +10,20 @@ import shutil
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import versions
 from ..archive import docker_archive, tar_dir, tar_members
-from ..build import binary, tools
+from ..build import binary, flocked, tools
 from ..containers import podman, podman_checked, podman_env
 from ..paths import cache_dir
 from .pause import pause_binary
 
 FILES = Path(__file__).parent / "files"
 REPO = "localhost/ddp-kind-node"
+PRELOAD_LABEL = "dev.ddp.preload"  # a node image's label: the key of its preload
 BASE_REPO = "localhost/ddp-kind-base"
 PYTHON_BASE = "docker.io/library/python:3.11-slim-bookworm"
 # The sandbox image of kind's containerd config; kubeadm 1.36 lists the same (both are tags of
@@ -290,18 +291,37 @@ def trainer_dependencies(log: Log) -> tuple[str, list[str]]:
     return ref, list(info["RootFS"]["Layers"][: dependency_layers(info["History"])])
 
 
-def preload_dir(ref: str) -> Path:
-    """The host folder of node image ``ref``'s unpacked trainer dependencies, which every node
-    of a cluster on that image mounts read-only at PRELOAD_PATH."""
-    return cache_dir() / "kind" / "preload" / ref.rsplit(":", 1)[1]
-
-
-def node_ref(base: str, trainer_deps: list[str]) -> str:
-    """The node image's tag: the Kubernetes version and a hash of every input, the trainer's
-    dependency layers included (by their chain ID, not by the trainer's code)."""
-    kind = kind_module()
+def preload_key(base: str, trainer_deps: list[str], containerd_config_text: str) -> str:
+    """The preload's key: what its unpacked snapshots and containerd root depend on (the base
+    image the import runs in, containerd's build and config, the dependency layers' chain ID),
+    not the other binaries of the node image, so it can be made while those still build."""
     parts: dict[str, bytes] = {"base": base.encode()}
     parts["trainer-deps"] = chain_id(trainer_deps).encode()
+    parts["containerd"] = str(
+        next(t for t in tools() if t.name == "containerd").install_dir
+    ).encode()
+    parts["containerd-config.toml"] = containerd_config_text.encode()
+    parts["import-images.sh"] = (FILES / "import-images.sh").read_bytes()
+    return input_key(parts)
+
+
+def preload_dir(key: str) -> Path:
+    """The host folder of the trainer dependencies unpacked under ``key``, which every node of
+    a cluster on a node image made with them mounts read-only at PRELOAD_PATH; beside it
+    ``<key>.root``, the containerd root that knows them, which the node image starts from."""
+    return cache_dir() / "kind" / "preload" / key
+
+
+class NodeImage(NamedTuple):
+    ref: str
+    preload: Path  # its nodes mount it at PRELOAD_PATH
+
+
+def node_ref(base: str, preload: str) -> str:
+    """The node image's tag: the Kubernetes version and a hash of every input, the preload of
+    the trainer's dependency layers included (by its key, not by the trainer's code)."""
+    kind = kind_module()
+    parts: dict[str, bytes] = {"base": base.encode(), "preload": preload.encode()}
     parts.update({f"files/{k}": v for k, v in _files_of(FILES).items()})
     parts["nodeimage.py"] = Path(__file__).read_bytes()
     parts["const_storage.go"] = (kind / "pkg/build/nodeimage/const_storage.go").read_bytes()
@@ -360,14 +380,47 @@ def _write_images(dst: Path, rootfs: Path, storage_refs: dict[str, str]) -> None
         (dst / f"{name}.tar").write_bytes(docker_archive(tags, layer, entrypoint, compress=True))
 
 
-def ensure_node_image(log: Log = print) -> str:
-    """The node image's ref; builds the base and the node image only when their tags are
-    missing (about a minute; seconds when both exist)."""
+def _containerd_config_text() -> str:
+    return containerd_config(
+        (kind_module() / "images/base/files/etc/containerd/config.toml").read_text()
+    )
+
+
+def ensure_preload(log: Log = print) -> tuple[str, Path]:
+    """The trainer's dependency layers unpacked by the node image's containerd (the slowest
+    part of a node image, about two minutes cold): needs only the trainer image, the base
+    image and containerd, so `make up` makes it while the other binaries still build. Returns
+    the base image's ref and the preload's folder; builds what is missing."""
     base = ensure_base(log)
     trainer, deps = trainer_dependencies(log)
-    ref = node_ref(base, deps)
-    if _image_exists(ref) and preload_dir(ref).is_dir():
-        return ref
+    config = _containerd_config_text()
+    folder = preload_dir(preload_key(base, deps, config))
+    root = folder.with_name(folder.name + ".root")
+    with flocked(folder.parent.with_name(".preload.lock"), "another process makes the preload; waiting"):
+        if not (folder.is_dir() and root.is_dir()):
+            _make_preload(base, trainer, len(deps), config, folder, log)
+    return base, folder
+
+
+def _make_preload(base: str, trainer: str, count: int, config: str, folder: Path, log: Log) -> None:
+    root = folder.with_name(folder.name + ".root")
+    ctx = folder.with_name(folder.name + ".ctx")
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "images").mkdir(parents=True)
+    (ctx / "containerd-config.toml").write_text(config)
+    _containerd_root(ctx, base, trainer, count, folder, log)
+    shutil.rmtree(root, ignore_errors=True)
+    (ctx / "containerd").rename(root)
+    shutil.rmtree(ctx)
+
+
+def ensure_node_image(log: Log = print) -> NodeImage:
+    """The node image and its preload folder; builds the base, the preload and the node image
+    only when missing (about a minute for the node image; seconds when all exist)."""
+    base, preload = ensure_preload(log)
+    ref = node_ref(base, preload.name)
+    if _image_exists(ref):
+        return NodeImage(ref, preload)
     t0 = time.monotonic()
     log(f"building {ref}")
     kind = kind_module()
@@ -381,8 +434,7 @@ def ensure_node_image(log: Log = print) -> str:
     shutil.copy2(_kubectl(), ctx / "bin" / "kubectl")
     for name in next(t for t in tools() if t.name == "cni-plugins").binaries:
         shutil.copy2(binary("cni-plugins", name), ctx / "bin" / "cni")
-    kind_config = (kind / "images/base/files/etc/containerd/config.toml").read_text()
-    (ctx / "containerd-config.toml").write_text(containerd_config(kind_config))
+    (ctx / "containerd-config.toml").write_text(_containerd_config_text())
     storage, storage_refs = storage_manifest(
         (kind / "pkg/build/nodeimage/const_storage.go").read_text()
     )
@@ -397,7 +449,8 @@ def ensure_node_image(log: Log = print) -> str:
     shutil.copy2(FILES / "hosts.toml", ctx / "certs.d" / "localhost:5001")
     _write_images(ctx / "images", _rootfs(base), storage_refs)
     log(f"image archives written in {time.monotonic() - t0:.0f}s")
-    _containerd_root(ctx, base, trainer, len(deps), preload_dir(ref), log)
+    shutil.copytree(preload.with_name(preload.name + ".root"), ctx / "containerd", symlinks=True)
+    _import_images(ctx, base, preload)
     _buildah(
         ctx,
         FILES / "node.Containerfile",
@@ -405,11 +458,13 @@ def ensure_node_image(log: Log = print) -> str:
         cache_dir() / "kind" / "node-build.log",
         "--build-arg",
         f"BASE={base}",
+        "--label",
+        f"{PRELOAD_LABEL}={preload.name}",
     )
     shutil.rmtree(ctx, ignore_errors=True)
     log(f"{ref} built in {time.monotonic() - t0:.0f}s")
     _remove_older(REPO, keep=ref, log=log)
-    return ref
+    return NodeImage(ref, preload)
 
 
 def _dependency_layout(saved: Path, layout: Path, count: int) -> list[str]:
@@ -445,19 +500,15 @@ def _dependency_layout(saved: Path, layout: Path, count: int) -> list[str]:
     return [str(layer["digest"]) for layer in man["layers"]]
 
 
-def _containerd_root(
-    ctx: Path, base: str, trainer: str, count: int, preload: Path, log: Log
-) -> None:
-    """containerd's root for the node image, in ``ctx/containerd``: import-images.sh run in a
-    privileged container of the base image (overlayfs needs a real filesystem and mounts, which
-    a buildah RUN step has not), then the unpacked snapshots moved to ``preload`` and linked
-    from where they were to PRELOAD_PATH, where every node mounts ``preload``."""
-    t0 = time.monotonic()
-    saved, layout, root = ctx / "trainer", ctx / "layout", ctx / "containerd"
-    podman_checked("save", "--uncompressed", "--format", "oci-dir", "-o", str(saved), trainer)
-    layers = _dependency_layout(saved, layout, count)
-    log(f"{trainer}: its {count} dependency layers saved in {time.monotonic() - t0:.0f}s")
-    root.mkdir()
+def _import_images(ctx: Path, base: str, preload: Path | None, layers: Sequence[str] = ()) -> None:
+    """import-images.sh in a privileged container of the base image (overlayfs needs a real
+    filesystem and mounts, which a buildah RUN step has not), on the containerd root
+    ``ctx/containerd``: the archives of ``ctx/images`` imported, and the OCI layout
+    ``ctx/layout`` of ``layers`` unpacked when there is one; ``preload`` mounted where the
+    root's snapshots link to, when they do."""
+    mounts = ["-v", f"{preload}:{PRELOAD_PATH}:ro"] if preload else []
+    if (ctx / "layout").is_dir():
+        mounts += ["-v", f"{ctx / 'layout'}:/layout:ro,z"]
     proc = podman(
         "run", "--rm", "--privileged", "--network=none", "--pull=never",
         "-e", f"LAYERS={' '.join(layers)}",
@@ -465,12 +516,28 @@ def _containerd_root(
         "-v", f"{binary('containerd', 'ctr')}:/usr/local/bin/ctr:ro",
         "-v", f"{ctx / 'containerd-config.toml'}:/etc/containerd/config.toml:ro",
         "-v", f"{FILES / 'import-images.sh'}:/import-images.sh:ro,z",
-        "-v", f"{ctx / 'images'}:/images:ro,z", "-v", f"{layout}:/layout:ro,z",
-        "-v", f"{root}:/var/lib/containerd:z",
+        "-v", f"{ctx / 'images'}:/images:ro,z", *mounts,
+        "-v", f"{ctx / 'containerd'}:/var/lib/containerd:z",
         "--entrypoint", "/bin/bash", base, "/import-images.sh",
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"import-images.sh failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def _containerd_root(
+    ctx: Path, base: str, trainer: str, count: int, preload: Path, log: Log
+) -> None:
+    """containerd's root with the trainer's first ``count`` layers unpacked, in
+    ``ctx/containerd`` (:func:`_import_images`), then the unpacked snapshots moved to
+    ``preload`` and linked from where they were to PRELOAD_PATH, where every node mounts
+    ``preload``."""
+    t0 = time.monotonic()
+    saved, layout, root = ctx / "trainer", ctx / "layout", ctx / "containerd"
+    podman_checked("save", "--uncompressed", "--format", "oci-dir", "-o", str(saved), trainer)
+    layers = _dependency_layout(saved, layout, count)
+    log(f"{trainer}: its {count} dependency layers saved in {time.monotonic() - t0:.0f}s")
+    root.mkdir()
+    _import_images(ctx, base, None, layers)
     shutil.rmtree(saved)
     shutil.rmtree(layout)
     blobs = root / "io.containerd.content.v1.content" / "blobs" / "sha256"
@@ -489,14 +556,17 @@ def _containerd_root(
 
 
 def _remove_older(repo: str, keep: str, log: Log) -> None:
-    """Removes this repository's other node images (1 GB each) and the preload folders of
-    images that are gone (4 GB each); one a cluster runs on stays."""
+    """Removes this repository's other node images (1 GB each) and the preload folders no node
+    image names (4 GB each); an image a cluster runs on stays, and so does its preload."""
     tags = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split()
     for tag in tags:
         if tag != keep and tag.startswith(repo + ":") and podman("rmi", tag).returncode == 0:
             log(f"removed the older node image {tag}")
-    folders = preload_dir(keep).parent
+    label = '{{index .Labels "' + PRELOAD_LABEL + '"}} {{.Tag}}'
+    # by label; an image made before the label named its preload folder by its own tag
+    named = set(podman("images", "--format", label, repo).stdout.split())
+    folders = cache_dir() / "kind" / "preload"
     for folder in sorted(folders.iterdir()) if folders.is_dir() else []:
-        if folder != preload_dir(keep) and not _image_exists(f"{repo}:{folder.name}"):
+        if folder.name.split(".")[0] not in named:
             shutil.rmtree(folder)
             log(f"removed {folder}")
