@@ -7,7 +7,8 @@ up [--nodes N]        start the plane in the background; prints the KUBECONFIG t
 down                  stop the plane that `up` started, leaving no process behind
 serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
 kind-preload          the kind node image's first part: the trainer's dependency layers
-                      unpacked by its containerd (`make up` runs it beside the Go builds)
+                      unpacked by its containerd; then what is left of `build --for kind`
+                      (`make up` runs it beside that build, which it then helps)
 kind-up               a kind cluster of 4 nodes (podman), the host registry it pulls from, both
                       images pushed there and the chart installed; prints the KUBECONFIG to
                       export (kind/cluster-4.yaml, docs/kind.md)
@@ -197,13 +198,15 @@ def _log(m: str) -> None:
 
 def _kind_preload() -> int:
     """containerd and kind (for kind's node files) built first, then the node image's base
-    and the preload: nothing else of the node image waits for it (nodeimage.ensure_preload)."""
-    from .build import ensure_all
+    and the preload (nodeimage.ensure_preload), which nothing else of the node image waits
+    for; then the kind cluster's binaries that `make kind-binaries` beside it has not begun."""
+    from .build import KIND_TOOLS, ensure_all
     from .kind.nodeimage import ensure_preload
 
     ensure_all(only=("containerd", "kind"))
     _, folder = ensure_preload(_log)
     _log(f"the trainer's dependencies are unpacked in {folder}")
+    ensure_all(only=KIND_TOOLS)
     return 0
 
 

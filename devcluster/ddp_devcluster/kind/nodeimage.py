@@ -396,7 +396,8 @@ def ensure_preload(log: Log = print) -> tuple[str, Path]:
     config = _containerd_config_text()
     folder = preload_dir(preload_key(base, deps, config))
     root = folder.with_name(folder.name + ".root")
-    with flocked(folder.parent.with_name(".preload.lock"), "another process makes the preload; waiting"):
+    waiting = "another process makes the preload; waiting"
+    with flocked(folder.parent.with_name(".preload.lock"), waiting):
         if not (folder.is_dir() and root.is_dir()):
             _make_preload(base, trainer, len(deps), config, folder, log)
     return base, folder
