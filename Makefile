@@ -34,15 +34,16 @@ $(VENV)/.ok: | $(UV)
 	$(UV) pip sync -q --python $(PY) $(LOCK)
 	touch $@
 
-$(BIN_STAMP): | $(VENV)/.ok
-	$(PY) -m ddp_devcluster build
+$(BIN_STAMP):
+	$(PYTHON) -m ddp_devcluster build
 	touch $@
 
 # The kind cluster (`make up`, `make demo`) needs fewer of them (build.KIND_TOOLS): not kwok,
-# Kueue or Prometheus, which only the tests run. A new machine builds only those first.
+# Kueue or Prometheus, which only the tests run. A new machine builds only those first. The
+# builds need nothing but the standard library: they start before the Python environment.
 KIND_STAMP := $(subst .stamp-,.stamp-kind-,$(BIN_STAMP))
-$(KIND_STAMP): | $(VENV)/.ok
-	$(PY) -m ddp_devcluster build --for kind
+$(KIND_STAMP):
+	$(PYTHON) -m ddp_devcluster build --for kind
 	touch $@
 
 .PHONY: venv binaries kind-binaries deps
@@ -82,7 +83,7 @@ images: venv host-packages ## build both images with buildah from local stand-in
 # The Go builds use both cores, the image builds mostly the network and the disk: on a cold
 # machine they overlap; warm, both are no-ops within seconds.
 .PHONY: deps-and-images
-deps-and-images: venv host-packages
+deps-and-images:
 	$(MAKE) --no-print-directory -j2 binaries images
 
 .PHONY: lint
@@ -118,12 +119,13 @@ cluster-down: ## stop the embedded control plane started by cluster-up
 	$(PY) -m ddp_devcluster down
 
 # The node image's slowest part (the trainer's dependency layers unpacked by its containerd)
-# needs only the trainer image, containerd and kind: made beside the other Go builds.
+# needs only the trainer image, containerd and kind, and the images' push only the registry:
+# both are done beside the other Go builds, which that side then helps with.
 .PHONY: kind-preload kind-ready
 kind-preload: images
 	$(PY) -m ddp_devcluster kind-preload
 
-kind-ready: venv host-packages
+kind-ready:
 	$(MAKE) --no-print-directory -j2 kind-binaries kind-preload
 
 .PHONY: up down

@@ -6,9 +6,9 @@ images [operator|trainer] [--save-dir D]
 up [--nodes N]        start the plane in the background; prints the KUBECONFIG to export
 down                  stop the plane that `up` started, leaving no process behind
 serve [--nodes N]     run the plane in the foreground until SIGTERM or Ctrl-C
-kind-preload          the kind node image's first part: the trainer's dependency layers
-                      unpacked by its containerd; then what is left of `build --for kind`
-                      (`make up` runs it beside that build, which it then helps)
+kind-preload          the kind node image's first part (the trainer's dependency layers
+                      unpacked by its containerd) and both images in the registry; then
+                      what is left of `build --for kind` (`make up` runs it beside that)
 kind-up               a kind cluster of 4 nodes (podman), the host registry it pulls from, both
                       images pushed there and the chart installed; prints the KUBECONFIG to
                       export (kind/cluster-4.yaml, docs/kind.md)
@@ -197,15 +197,22 @@ def _log(m: str) -> None:
 
 
 def _kind_preload() -> int:
-    """containerd and kind (for kind's node files) built first, then the node image's base
-    and the preload (nodeimage.ensure_preload), which nothing else of the node image waits
-    for; then the kind cluster's binaries that `make kind-binaries` beside it has not begun."""
+    """What of `make up` needs only the images, containerd, kind and the registry, beside
+    `build --for kind` (make kind-ready): the node image's base and its preload of the
+    trainer's dependency layers (nodeimage.ensure_preload), and both images pushed to the
+    registry, which is left running for kind-up; then the kind cluster's binaries that the
+    other side has not begun (build.ensure_all shares them)."""
+    from . import images
     from .build import KIND_TOOLS, ensure_all
+    from .kind import registry
     from .kind.nodeimage import ensure_preload
 
-    ensure_all(only=("containerd", "kind"))
+    ensure_all(only=("containerd", "kind", "registry"))
     _, folder = ensure_preload(_log)
     _log(f"the trainer's dependencies are unpacked in {folder}")
+    registry.start()
+    for ref in images.ensure_images(log=_log).values():
+        registry.push(ref, _log)
     ensure_all(only=KIND_TOOLS)
     return 0
 
