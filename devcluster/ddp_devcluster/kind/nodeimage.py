@@ -3,6 +3,7 @@ built only when that tag is missing from podman storage."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -396,11 +397,16 @@ def ensure_preload(log: Log = print) -> tuple[str, Path]:
     config = _containerd_config_text()
     folder = preload_dir(preload_key(base, deps, config))
     root = folder.with_name(folder.name + ".root")
-    waiting = "another process makes the preload; waiting"
-    with flocked(folder.parent.with_name(".preload.lock"), waiting):
+    with _preloads_held():
         if not (folder.is_dir() and root.is_dir()):
             _make_preload(base, trainer, len(deps), config, folder, log)
     return base, folder
+
+
+def _preloads_held() -> contextlib.AbstractContextManager[bool]:
+    """The lock of the preload folders: one process makes a preload or removes old ones."""
+    lock = cache_dir() / "kind" / ".preload.lock"
+    return flocked(lock, "another process makes or removes a preload; waiting")
 
 
 def _make_preload(base: str, trainer: str, count: int, config: str, folder: Path, log: Log) -> None:
@@ -567,7 +573,8 @@ def _remove_older(repo: str, keep: str, log: Log) -> None:
     # by label; an image made before the label named its preload folder by its own tag
     named = set(podman("images", "--format", label, repo).stdout.split())
     folders = cache_dir() / "kind" / "preload"
-    for folder in sorted(folders.iterdir()) if folders.is_dir() else []:
-        if folder.name.split(".")[0] not in named:
-            shutil.rmtree(folder)
-            log(f"removed {folder}")
+    with _preloads_held():  # not one that another process is making
+        for folder in sorted(folders.iterdir()) if folders.is_dir() else []:
+            if folder.name.removesuffix(".root").removesuffix(".ctx") not in named:
+                shutil.rmtree(folder)
+                log(f"removed {folder}")
