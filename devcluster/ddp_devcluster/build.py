@@ -435,6 +435,8 @@ def ensure_all(force: bool = False, only: tuple[str, ...] | None = None) -> dict
             if held:
                 if force or not t.installed():
                     timings[t.name] = build(t)
+                else:
+                    print(f">> {t.name} {t.version}: built by another process", flush=True)
                 continue
         # `make up` and `make demo` build on two sides (kind-binaries, kind-preload)
         print(f">> {t.name} {t.version}: another process builds it; on to the next", flush=True)
@@ -443,6 +445,8 @@ def ensure_all(force: bool = False, only: tuple[str, ...] | None = None) -> dict
         with _building(t, wait=True):
             if not t.installed():  # the other process failed
                 timings[t.name] = build(t)
+            else:
+                print(f">> {t.name} {t.version}: built by another process", flush=True)
     return timings
 
 
