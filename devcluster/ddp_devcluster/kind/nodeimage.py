@@ -313,6 +313,11 @@ def preload_dir(key: str) -> Path:
     return cache_dir() / "kind" / "preload" / key
 
 
+def preload_root(folder: Path) -> Path:
+    """The containerd root beside preload ``folder`` (:func:`preload_dir`)."""
+    return folder.with_name(folder.name + ".root")
+
+
 class NodeImage(NamedTuple):
     ref: str
     preload: Path  # its nodes mount it at PRELOAD_PATH
@@ -396,9 +401,8 @@ def ensure_preload(log: Log = print) -> tuple[str, Path]:
     trainer, deps = trainer_dependencies(log)
     config = _containerd_config_text()
     folder = preload_dir(preload_key(base, deps, config))
-    root = folder.with_name(folder.name + ".root")
     with _preloads_held():
-        if not (folder.is_dir() and root.is_dir()):
+        if not (folder.is_dir() and preload_root(folder).is_dir()):
             _make_preload(base, trainer, len(deps), config, folder, log)
     return base, folder
 
@@ -410,8 +414,7 @@ def _preloads_held() -> contextlib.AbstractContextManager[bool]:
 
 
 def _make_preload(base: str, trainer: str, count: int, config: str, folder: Path, log: Log) -> None:
-    root = folder.with_name(folder.name + ".root")
-    ctx = folder.with_name(folder.name + ".ctx")
+    root, ctx = preload_root(folder), folder.with_name(folder.name + ".ctx")
     shutil.rmtree(ctx, ignore_errors=True)
     (ctx / "images").mkdir(parents=True)
     (ctx / "containerd-config.toml").write_text(config)
@@ -456,7 +459,7 @@ def ensure_node_image(log: Log = print) -> NodeImage:
     shutil.copy2(FILES / "hosts.toml", ctx / "certs.d" / "localhost:5001")
     _write_images(ctx / "images", _rootfs(base), storage_refs)
     log(f"image archives written in {time.monotonic() - t0:.0f}s")
-    shutil.copytree(preload.with_name(preload.name + ".root"), ctx / "containerd", symlinks=True)
+    shutil.copytree(preload_root(preload), ctx / "containerd", symlinks=True)
     _import_images(ctx, base, preload)
     _buildah(
         ctx,
