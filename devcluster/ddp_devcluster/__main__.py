@@ -211,8 +211,8 @@ def _kind_preload() -> int:
     _, folder = ensure_preload(_log)
     _log(f"the trainer's dependencies are unpacked in {folder}")
     registry.start()
-    for ref in images.ensure_images(log=_log).values():
-        registry.push(ref, _log)
+    for ref in images.default_refs().values():  # built by `make images` just before
+        registry.push(ref, _log)  # (kind-up builds and pushes again what changed since)
     ensure_all(only=KIND_TOOLS)
     return 0
 
