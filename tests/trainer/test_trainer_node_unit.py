@@ -16,9 +16,10 @@ from torch.distributed import TCPStore
 
 from ddp_devcluster.procs import free_port
 from ddp_trainer.launch import store_probe, supervisor
+from ddp_trainer.launch.exits import exit_code
 from ddp_trainer.launch.settings import restarts_allowed, torchrun_setting
 from ddp_trainer.launch.store_probe import STORE_ID_KEY, read_store_id, split_endpoint
-from ddp_trainer.launch.supervisor import Outcome, after_exit, exit_code
+from ddp_trainer.launch.supervisor import Outcome, after_exit
 
 
 def test_node_restarts_torchrun_only_when_its_store_was_lost() -> None:
@@ -64,6 +65,33 @@ def test_torchruns_exit_is_passed_on_as_python_would_exit() -> None:
     assert exit_code(SystemExit()) == 0 and exit_code(SystemExit(None)) == 0
     assert exit_code(SystemExit(3)) == 3
     assert exit_code(SystemExit("usage: torchrun ...")) == 1  # a message: Python exits 1
+
+
+LINGERING = """
+import sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from ddp_trainer.launch.exits import leave
+
+stuck = threading.Event()
+pool = ThreadPoolExecutor(max_workers=1)  # as torchft's Manager keeps one
+pool.submit(stuck.wait)
+pool.shutdown(wait=False)
+print("trained", end="")  # unflushed: leave() flushes it
+if sys.argv[1] == "leave":
+    leave(lambda: 3)
+sys.exit(3)
+"""
+
+
+def test_a_worker_exits_with_its_code_though_a_library_thread_never_ends() -> None:
+    """What a worker leaves behind (an executor's thread that never ends) holds a plain exit at
+    ``concurrent.futures``' exit-time join; :func:`leave` exits with the code at once."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = [sys.executable, "-c", LINGERING]
+    done = subprocess.run([*run, "leave"], env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (3, "trained"), done.stderr
+    with pytest.raises(subprocess.TimeoutExpired):  # the plain exit waits on the thread
+        subprocess.run([*run, "plain"], env=env, capture_output=True, timeout=3)
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:

@@ -40,4 +40,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ddp_trainer.launch.exits import leave
+
+    leave(main)

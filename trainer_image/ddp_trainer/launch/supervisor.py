@@ -48,13 +48,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ddp_api.contract import ENV_POD_NAME
 from ddp_trainer.launch import warm
+from ddp_trainer.launch.exits import leave
 from ddp_trainer.launch.keptlog import KeptLog, Relay, keep
 from ddp_trainer.launch.settings import (
     DEFAULT_EXIT_BARRIER_S,
@@ -129,13 +129,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def exit_code(exc: SystemExit) -> int:
-    """The status a Python process exits with for ``exc``."""
-    if exc.code is None:
-        return 0
-    return exc.code if isinstance(exc.code, int) else 1
-
-
 def bound_agent_waits(barrier_s: float, stop_s: float = WORKER_STOP_S) -> None:
     """Bounds two waits of torchrun's agent (in the forked child only), for which torchrun has
     no flag: the exit barrier (``exit_barrier_timeout``, which
@@ -198,8 +191,8 @@ def run_torchrun(
     forks the bundled trainer's workers (:mod:`ddp_trainer.launch.warm`)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)  # torchrun installs its own while it runs
-    code = 1
-    try:
+
+    def run() -> int:
         bound_agent_waits(barrier_s)
         keep_rendezvous_open()
         if warm_workers:
@@ -207,15 +200,9 @@ def run_torchrun(
         from torch.distributed.run import main as torchrun
 
         torchrun(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exit_code(exc)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return 0
+
+    leave(run)
 
 
 class Torchrun:

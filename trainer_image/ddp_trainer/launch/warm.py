@@ -34,6 +34,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, NoReturn
 
+from ddp_trainer.launch.exits import leave
+
 log = logging.getLogger("ddp_trainer.node")
 
 ENV_WARM = "DDPJOB_WARM_WORKERS"
@@ -180,9 +182,9 @@ def _run_worker(
 def run_trainer(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
     """In a forked child whose session and fds 0-2 are set up: ``ddp_trainer``'s ``main`` with
     ``argv`` and ``env`` as a fresh ``python -m ddp_trainer`` would run, then exit with its code
-    (a SystemExit's, or 1 with the traceback)."""
-    code = 1
-    try:
+    as that would (:func:`ddp_trainer.launch.exits.leave`)."""
+
+    def run() -> int:
         # New stream objects on fds 1 and 2: the parent's may have been locked by one of its
         # threads at the fork (line-buffered: torchrun starts workers with -u).
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -202,18 +204,9 @@ def run_trainer(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
                 torch.set_num_threads(threads)
         from ddp_trainer.__main__ import main
 
-        code = main(list(argv))
-    except SystemExit as exc:
-        from ddp_trainer.launch.supervisor import exit_code  # it imports this module
+        return main(list(argv))
 
-        code = exit_code(exc)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    leave(run)
 
 
 def install() -> None:
