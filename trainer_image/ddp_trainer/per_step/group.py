@@ -174,6 +174,20 @@ class ReplicaGroup:
             g.timeout_s,
         )
 
+    def close(self) -> None:
+        """Stops the Manager (its quorum thread, checkpoint server and manager server) and
+        aborts the cross-group process group. torchft's ``Manager.shutdown`` leaves that group
+        to the garbage collector, and an NCCL communicator's orderly teardown may wait on peers
+        that are gone; an abort waits on none. Called once training has ended here, so no
+        collective of this process is left to finish."""
+        if self.manager is None:
+            return
+        self.manager.shutdown(wait=False)
+        try:
+            self.manager._pg.abort(errored=False)
+        except Exception as error:  # the process exits next either way
+            log.warning("aborting the cross-group process group failed: %s", error)
+
     def _state_for_peer(self) -> dict[str, Any]:
         """What a healing peer loads (torchft calls it when a peer heals from this group)."""
         self.phase("serve")

@@ -52,6 +52,10 @@ else it heals from a live peer. Progress reports and the run log come from the w
 and marks the run complete; the others wait for that record (if the writer dies first, they
 quorum again and one of them is the writer).
 
+**The end.** The Manager is shut down and the cross-group process group aborted
+(:meth:`~ddp_trainer.per_step.group.ReplicaGroup.close`), and the worker exits without waiting on
+library threads (:mod:`ddp_trainer.launch.exits`).
+
 This module is the loop (:class:`PerStepTrainer`); it calls this process's side of torchft
 (:mod:`~ddp_trainer.per_step.group`: the Manager, heals, the all-reduce, the commit vote), its
 share of each step (:mod:`~ddp_trainer.per_step.share`), the completion record
@@ -156,7 +160,7 @@ class PerStepTrainer(Trainer):
         try:
             return self._run_to_end(self._run)
         finally:
-            self.replicas.manager.shutdown(wait=False)
+            self.replicas.close()
 
     def _run(self) -> int:
         """Quorum, train the quorum's step, again, to the end; returns 0 (the caller closes)."""
