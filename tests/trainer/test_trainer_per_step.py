@@ -304,6 +304,7 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
         wait_until(lambda: 2 in groups.live(), 120, "the late group's first step")
         late_log = late.output()
         assert "healed from a live peer" in late_log and "resumed from checkpoint" not in late_log
+        assert "INFO torchft_commits" not in late_log  # torchft's empty line for every commit
         late_steps = [
             r["step"]
             for r in sample_lines(samples)

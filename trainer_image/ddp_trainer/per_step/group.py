@@ -104,12 +104,18 @@ class JobQuorumIds:
         return getattr(self._client, name)
 
 
+# torchft's loggers: its modules' ("torchft.*"), and three whose INFO records carry their fields
+# in ``extra`` for its OpenTelemetry export and print as empty lines (a commit's, every step).
+TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors")
+
+
 def quiet_torchft() -> None:
     """torchft logs several lines per step at INFO (its Rust side reads RUST_LOG when it is
     first imported): warnings only, unless RUST_LOG says otherwise. This module's own lines say
     what matters (quorums that fail, heals, steps redone)."""
     os.environ.setdefault("RUST_LOG", "warn")
-    logging.getLogger("torchft").setLevel(logging.WARNING)
+    for name in TORCHFT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class ReplicaGroup:
