@@ -1,10 +1,12 @@
 """A hung step writes every thread's stack of every worker to the log before the operator's
 progress deadline (``DDPJOB_PROGRESS_DEADLINE_S``): one rank deadlocks in its loss, the other
-waits for it in the step's gradient all-reduce, and both say where."""
+waits for it in the step's gradient all-reduce, and both say where; a PerStep replica group
+that hangs says where too."""
 
 from __future__ import annotations
 
 import pytest
+from replica_groups import committed_step, group_env, lighthouse, pod
 from trainer_harness import Launcher, events, wait_until
 
 from ddp_trainer.reporting.stacks import BEFORE_DEADLINE, FLOOR_S, SPREAD_S, dump_after_s
@@ -52,4 +54,23 @@ def test_a_hung_step_writes_every_ranks_stack_to_the_log(launcher: Launcher) -> 
     assert max(s["step"] for s in events(ckpt, "step")) == 3
     out = run.output()
     assert "most recent call first" in out and "in loss_fn" in out and "in _train_step" in out
+    run.kill_tree()
+
+
+@pytest.mark.timeout(120)
+def test_a_per_step_group_whose_step_hangs_writes_its_stack_to_the_log(
+    launcher: Launcher,
+) -> None:
+    """PerStep mode arms the same dump after each committed step: a group hung in its loss says
+    where (the operator's stall message says the workers wrote their stacks)."""
+    ckpt, samples = launcher.workdir / "ckpt", launcher.workdir / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    env = group_env(0, url, groups=1, timeout_s=5.0, samples=samples)
+    env.update(HANG_STEP="4", DDPJOB_PROGRESS_DEADLINE_S="4")
+    run = pod(launcher, "group-0", env=env, settings=SETTINGS, checkpoint_dir=ckpt)
+    wait_until(lambda: committed_step(samples) >= 3, 90, "the first steps")
+    wait_until(lambda: "in loss_fn" in run.output(), 30, "the hung group's stack")
+    assert run.popen.poll() is None  # still hung: the dump ends nothing
+    assert committed_step(samples) == 3
+    assert "most recent call first" in run.output()
     run.kill_tree()

@@ -52,7 +52,11 @@ else it heals from a live peer. Progress reports and the run log come from the w
 and marks the run complete; the others wait for that record (if the writer dies first, they
 quorum again and one of them is the writer).
 
-**The end.** The Manager is shut down and the cross-group process group aborted
+**Hangs and the end.** After each committed step a worker arms the stack dump
+(:mod:`ddp_trainer.reporting.stacks`), as in Restart mode: no committed step for three quarters of
+the operator's progress deadline writes every thread's stack to the log, a wait for a quorum
+included (where it waits is then in the log); not at a hold, nor after the last step. At the end
+the Manager is shut down and the cross-group process group aborted
 (:meth:`~ddp_trainer.per_step.group.ReplicaGroup.close`), and the worker exits without waiting on
 library threads (:mod:`ddp_trainer.launch.exits`).
 
@@ -160,6 +164,7 @@ class PerStepTrainer(Trainer):
         try:
             return self._run_to_end(self._run)
         finally:
+            self.stacks.disarm()
             self.replicas.close()
 
     def _run(self) -> int:
@@ -196,6 +201,7 @@ class PerStepTrainer(Trainer):
                 return self._done_elsewhere()
             self.position = aligned(self.position, step, self.parts.state)
             if step >= total:
+                self.stacks.disarm()  # waiting for the writer's last checkpoint is no hang
                 if done():
                     return self._done_elsewhere()
                 if self.tally.speaks:  # the writer group
@@ -286,6 +292,7 @@ class PerStepTrainer(Trainer):
         self.position = position_after(self.position, 1, p.global_batch, p.num_samples)
         step = self.position.step
         self.timeout.set(c.steady_timeout_s)  # every local rank is past its start
+        self.stacks.arm(step_s)  # no committed step for most of the deadline writes the stacks
         self.tally.step_done(step_s, lr, grad_norm)
         if step % c.log_every_steps == 0 or step == total or step == 1:
             self.tally.progress()
