@@ -145,10 +145,11 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
             by_file.setdefault(r["file"], []).append(r["step"] + 1)
     assert set().union(*by_file.values()) == set(range(1, total + 1))
     # one sample log per process, named job-<group>-<local rank>-<pid>: group 0 never restarted
-    # and committed every step from its first on; group 1's first process trained with it
-    # before the kill; the new group 1 healed past the kill
+    # and committed every step from its first on (step UP + 1 at the latest: group 1 may reach
+    # the first hold before group 0's first quorum, which then heals); group 1's first process
+    # trained with it before the kill; the new group 1 healed past the kill
     (mine,) = [sorted(v) for f, v in by_file.items() if f.startswith("job-0-")]
-    assert mine == list(range(mine[0], total + 1)) and mine[0] <= up, mine[:3]
+    assert mine == list(range(mine[0], total + 1)) and mine[0] <= up + 1, mine[:3]
     first, new = sorted((v for f, v in by_file.items() if f.startswith("job-1-")), key=min)
     assert max(first) > up, max(first)
     assert min(new) > killed_at, (killed_at, min(new))
