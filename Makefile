@@ -111,6 +111,10 @@ test: deps-and-images lint ## everything CI runs: lint, type check, the images, 
 e2e-kind: deps-and-images ## only the cluster suite and the end-to-end scenarios, on the 4-node kind cluster (podman; reuses `make up`'s)
 	$(PY) -m pytest tests/cluster tests/e2e -v -rs $(PYTEST_ARGS)
 
+.PHONY: gpu-check
+gpu-check: venv ## on a machine with an NVIDIA GPU: the trainer's CUDA paths, which CI's CPU cannot take (NCCL, fp16 + GradScaler, PerStep over NCCL)
+	$(PY) -m pytest -p no:cacheprovider --confcutdir=tests/trainer tests/trainer/cuda_paths.py -v -s $(PYTEST_ARGS)
+
 .PHONY: cluster-up cluster-down
 cluster-up: deps ## start the embedded control plane in the background; prints the KUBECONFIG to export
 	$(PY) -m ddp_devcluster up --nodes $(or $(NODES),2)
