@@ -7,9 +7,10 @@ Manager keeps one), and each process group's communicator is torn down. On a GPU
 communicator's teardown can wait on peers: a PerStep survivor on an H100 trained its last
 step and did not exit (docs/benchmarks.md, "CUDA paths on a GPU"). By then the trainer has
 closed what it owns (the final checkpoint written, the process groups destroyed or aborted),
-so nothing is left that those waits would save. Every worker of the bundled trainer ends here:
-the ones torchrun forks warm (:mod:`ddp_trainer.launch.warm`, the CPU pods and the tests) and
-a fresh ``python -m ddp_trainer`` (a GPU's pods), so both end the same way."""
+so nothing is left that those waits would save. Every worker of the bundled trainer ends here,
+so all end the same way: the ones torchrun forks warm (:mod:`ddp_trainer.launch.warm`: the CPU
+pods and the tests) and a fresh ``python -m ddp_trainer`` (where a GPU is visible, or warm
+workers are off); so does the torchrun agent the node supervisor forks."""
 
 from __future__ import annotations
 
