@@ -304,6 +304,7 @@ class PerStepTrainer(Trainer):
 
     def _done_elsewhere(self) -> int:
         """Training is complete and another group wrote the final checkpoint: exit 0."""
+        self.stacks.disarm()  # a hold at the end is no hang
         log.info(
             "training complete at step %d (the final checkpoint is another group's)",
             self.parts.total_steps,
