@@ -221,9 +221,9 @@ class TrainerConfig(_Settings):
     pg_timeout_s: int = Field(
         1800,
         ge=1,
-        description="Timeout of collectives in seconds while a run starts and ends (model "
-        "broadcast, first step after a resume, the barrier after rank 0's evaluation): how long "
-        "a process waits there for a dead peer before failing (and being restarted by torchrun).",
+        description="Timeout of collectives in seconds while a run starts (model broadcast, "
+        "first step after a resume): how long a process waits there for a dead peer before "
+        "failing (and being restarted by torchrun).",
     )
     step_timeout_s: int = Field(
         60,
@@ -232,7 +232,9 @@ class TrainerConfig(_Settings):
         "step: how long survivors wait for a silent peer (a lost machine sends nothing) before "
         "their workers fail and torchrun re-rendezvouses without it. Longer than the longest "
         "stall of one rank between two steps (rank 0 waits for the previous checkpoint write "
-        "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout.",
+        "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout. At the end, "
+        "how long the other ranks wait for a rank 0 that gives no sign of life while it writes "
+        "the final checkpoint and evaluates.",
     )
 
     @model_validator(mode="after")

@@ -2,12 +2,16 @@
 in varying amounts (token-weighted loss); `padded_workload:nan_at_steps`, the spirals plugin
 whose loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS``;
 `padded_workload:hang_at_step`, the spirals plugin whose loss never returns at step ``HANG_STEP``
-on the ranks in ``HANG_RANKS`` (the others wait for them in the step's collectives)."""
+on the ranks in ``HANG_RANKS`` (the others wait for them in the step's collectives);
+`padded_workload:wait_in_evaluation`, the spirals plugin whose evaluation writes its pid to
+``EVAL_MARKER`` and waits until the file ``EVAL_RELEASE`` exists."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +71,22 @@ def hang_at_step(config) -> Workload:
         calls[0] += 1
         if hangs and calls[0] == step:
             threading.Event().wait()  # a deadlock of the user's code: nothing ends it
+        return F.cross_entropy(outputs, targets)
+
+    return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)
+
+
+def wait_in_evaluation(config) -> Workload:
+    """The evaluation's first loss (no gradients: only evaluation computes one so) announces
+    this process and waits for the test's release."""
+    workload = spirals(config)
+    marker, released = Path(os.environ["EVAL_MARKER"]), Path(os.environ["EVAL_RELEASE"])
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() and not released.exists():
+            marker.write_text(str(os.getpid()))
+            while not released.exists():
+                time.sleep(0.05)
         return F.cross_entropy(outputs, targets)
 
     return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)

@@ -1,6 +1,6 @@
-"""How a run ends: complete (the final checkpoint, the completion record, rank 0's evaluation, a
-hold at the last step), interrupted by SIGTERM (rank 0 checkpoints the step, exit 143), or failed
-(rank 0 keeps a consistent step it holds before the error goes on)."""
+"""How a run ends: complete (the final checkpoint, the completion record, rank 0's evaluation, the
+ranks ending together, a hold at the last step), interrupted by SIGTERM (rank 0 checkpoints the
+step, exit 143), or failed (rank 0 keeps a consistent step it holds before the error goes on)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from threading import Event
 
-import torch.distributed as dist
-
 from ddp_api.trainer_config import TrainerConfig
 from ddp_trainer import hold
 from ddp_trainer.data.workloads import evaluate
-from ddp_trainer.distributed import CollectiveTimeout, DistEnv, Interrupted
+from ddp_trainer.distributed import DistEnv, Interrupted
+from ddp_trainer.end_together import Beats, end_store, end_together
 from ddp_trainer.parts import Parts
 from ddp_trainer.reporting.tally import Tally
 from ddp_trainer.state.checkpoints import Checkpoints
@@ -79,31 +78,32 @@ def finish(
     parts: Parts,
     checkpoints: Checkpoints,
     tally: Tally,
-    timeout: CollectiveTimeout,
     evaluates: bool,
     distributed: bool,
     save: Callable[[], None],
+    stop_requested: Event,
 ) -> None:
     """Training is complete: the final checkpoint (``save``, waiting), then the completion
-    record, the evaluation (``evaluates``: rank 0), the ``end`` line and the last barrier."""
+    record, the evaluation (``evaluates``: rank 0, which writes both), the ``end`` line, and the
+    ranks end together (:mod:`ddp_trainer.end_together`)."""
     p, pos = parts, parts.state.position
-    if pos.step > checkpoints.saved_step:
-        save()
-    checkpoints.mark_complete(pos.step)  # once the final checkpoint is on disk
-    # Rank 0 evaluates alone while the others wait at the barrier below.
-    timeout.set(config.pg_timeout_s)
+    store = end_store(env.run_id) if distributed else None
     results: dict[str, float] = {}
-    if evaluates and config.evaluate and p.test_set is not None:
-        batch, batches = config.global_batch_size, config.eval_max_batches
-        results = evaluate(
-            p.model, p.test_set, p.loss_fn, batch, batches, p.device, p.count_targets
-        )
-        log.info("evaluation: %s", results)
+    with Beats(store if evaluates else None):
+        if pos.step > checkpoints.saved_step:
+            save()
+        checkpoints.mark_complete(pos.step)  # once the final checkpoint is on disk
+        if evaluates and config.evaluate and p.test_set is not None:
+            batch, batches = config.global_batch_size, config.eval_max_batches
+            results = evaluate(
+                p.model, p.test_set, p.loss_fn, batch, batches, p.device, p.count_targets
+            )
+            log.info("evaluation: %s", results)
     tally.line(
         "end", step=pos.step, epoch=pos.epoch, worldSize=env.world_size, rank=env.rank, **results
     )
-    if distributed:
-        dist.barrier()
+    if store is not None:
+        end_together(store, evaluates, config.steady_timeout_s, stop_requested)
 
 
 def hold_at_end(

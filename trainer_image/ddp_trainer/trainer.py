@@ -232,8 +232,8 @@ class Trainer:
         step; returns 0 (the caller closes)."""
         c, p, e, tally = self.config, self.parts, self.env, self.tally
         ending.finish(
-            c, e, p, self.checkpoints, tally, self.timeout, self.is_main, self.distributed,
-            save=lambda: self.save_checkpoint(wait=True),
+            c, e, p, self.checkpoints, tally, self.is_main, self.distributed,
+            save=lambda: self.save_checkpoint(wait=True), stop_requested=self.stop_requested,
         )  # fmt: skip
         folder = self.checkpoints.store.directory
         ending.hold_at_end(c, p, folder, tally, self.stop_requested)

@@ -1,0 +1,182 @@
+"""How the ranks of a completed run end together without a collective, which a peer lost at
+the end would hold for pgTimeoutS (30 minutes; the barrier after rank 0's evaluation did).
+
+Rank 0 counts a key up in torchrun's store while it finishes (its final checkpoint, its
+evaluation: :class:`Beats`), then sets the end key and waits for no one: a peer lost while it
+evaluated holds nobody. Every other rank waits for the end key (:func:`end_together`), but not
+past a failed store call (the agents host the store on rank 0's node: a reset connection is that
+node's end), a rank 0 that gave no sign of life for stepTimeoutS, or SIGTERM: training is
+complete and checkpointed by then, so only rank 0's evaluation results would be missing.
+
+Every call on the store runs in a daemon thread that is waited for a bounded time: the agents
+host the store on rank 0's node, and a call to a store whose machine went silent never returns
+(c10d's client bounds only its waits for keys). ``tests/trainer/test_trainer_end.py``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from threading import Event
+from typing import TypeVar
+
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
+
+END_KEY = "ddp_trainer/end"
+BEATS_KEY = "ddp_trainer/end-beats"
+BEAT_S = 1.0
+POLL_S = 0.2
+STORE_TIMEOUT_S = 5.0
+
+
+def bounded(call: Callable[[], T], timeout_s: float = STORE_TIMEOUT_S) -> T:
+    """``call()`` in a daemon thread: its result, its error, or TimeoutError after
+    ``timeout_s`` (the thread is left behind; the process exits soon)."""
+    box: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as error:
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="store-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if failed:
+        raise failed[0]
+    if not box:
+        raise TimeoutError(f"no answer in {timeout_s:g}s")
+    return box[0]
+
+
+class EndStore:
+    """This run's two keys in torchrun's store (``MASTER_ADDR:MASTER_PORT``, the store of the
+    process group), through a client of its own."""
+
+    def __init__(self, store: dist.Store, run_id: str):
+        self.store, self.end, self.beats = store, f"{END_KEY}/{run_id}", f"{BEATS_KEY}/{run_id}"
+
+    def beat(self) -> None:
+        self.store.add(self.beats, 1)
+
+    def set_end(self) -> None:
+        self.store.set(self.end, "1")
+
+    def ended(self) -> bool:
+        return bool(self.store.check([self.end]))
+
+    def beats_seen(self) -> int:
+        return int(self.store.add(self.beats, 0))
+
+
+def end_store(run_id: str) -> EndStore | None:
+    """A client of torchrun's store for :func:`end_together`; None (with a warning) when there
+    is none to reach."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return None
+    timeout = timedelta(seconds=STORE_TIMEOUT_S)
+    try:
+        store = bounded(
+            lambda: dist.TCPStore(
+                host, int(port), is_master=False, timeout=timeout, wait_for_workers=False
+            )
+        )
+    except Exception as error:
+        log.warning("torchrun's store is unreachable at the end (%s): ending alone", error)
+        return None
+    return EndStore(store, run_id)
+
+
+class Beats:
+    """Rank 0's sign of life while it finishes: a daemon thread counts the beats up every
+    :data:`BEAT_S` (nothing when ``store`` is None). A failed call ends the beats: the others
+    then stop waiting after their silence bound, as for a lost rank 0."""
+
+    def __init__(self, store: EndStore | None):
+        self.store, self.stopped = store, Event()
+        self.thread = threading.Thread(target=self._beat, name="end-beats", daemon=True)
+
+    def _beat(self) -> None:
+        assert self.store is not None
+        try:
+            while True:
+                self.store.beat()
+                if self.stopped.wait(BEAT_S):
+                    return
+        except Exception as error:
+            log.warning("could not signal the other ranks while finishing: %s", error)
+
+    def __enter__(self) -> Beats:
+        if self.store is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()  # a beat blocked on a silent store is left behind
+
+
+class RankZeroWatch:
+    """What a rank that waits for rank 0 has seen: whether it ended, whether the store failed
+    (``lost``: it is gone, a refused or reset connection), and when rank 0's beats last moved
+    (a daemon thread polls the store every :data:`POLL_S`; a call that never returns, as to a
+    machine gone silent, stops the news, which is what silence is)."""
+
+    def __init__(self, store: EndStore):
+        self.store, self.ended, self.lost = store, False, ""
+        self.beats, self.moved = -1, time.monotonic()
+        threading.Thread(target=self._poll, name="rank0-watch", daemon=True).start()
+
+    def _poll(self) -> None:
+        try:
+            while not self.store.ended():
+                beats = self.store.beats_seen()
+                if beats != self.beats:
+                    self.beats, self.moved = beats, time.monotonic()
+                time.sleep(POLL_S)
+            self.ended = True
+        except Exception as error:
+            self.lost = str(error) or type(error).__name__
+
+
+def end_together(store: EndStore, evaluates: bool, silent_s: float, stop: Event) -> str:
+    """Rank 0 (``evaluates``) sets the end key; every other rank waits for it, at most until
+    the store fails, rank 0 gave no sign of life (a store that does not answer is none either)
+    for ``silent_s``, or SIGTERM came. Returns what ended the wait."""
+    if evaluates:
+        try:
+            bounded(store.set_end)
+        except Exception as error:  # the others stop waiting after silent_s
+            log.warning("could not tell the other ranks that this one ended: %s", error)
+        return "ended"
+    watch = RankZeroWatch(store)
+    while not watch.ended:
+        if watch.lost:  # rank 0's node hosts the store: its end or its loss
+            log.warning(
+                "training is complete and checkpointed; torchrun's store is gone (%s): ending"
+                " without waiting for rank 0",
+                watch.lost,
+            )
+            return "store lost"
+        quiet_s = time.monotonic() - watch.moved
+        if quiet_s > silent_s:
+            log.warning(
+                "training is complete and checkpointed; rank 0 gave no sign of life for %.0fs"
+                " while finishing (its machine lost?): ending without its evaluation",
+                quiet_s,
+            )
+            return "silent"
+        if stop.is_set():
+            log.info("SIGTERM while rank 0 finishes: training is complete, ending")
+            return "SIGTERM"
+        time.sleep(POLL_S)
+    return "ended"
