@@ -1,4 +1,4 @@
-"""The ranks of a completed run end together without a collective (``ending.end_together``): a
+"""The ranks of a completed run end together without a collective (``ddp_trainer.end_together``): a
 peer lost while rank 0 evaluates holds nobody, and a rank 0 lost then holds the others for
 ``stepTimeoutS``; with the barrier that did this before, either loss held the survivors for
 ``pgTimeoutS`` (1800 s).
