@@ -8,9 +8,9 @@ past a failed store call (the agents host the store on rank 0's node: a reset co
 node's end), a rank 0 that gave no sign of life for stepTimeoutS, or SIGTERM: training is
 complete and checkpointed by then, so only rank 0's evaluation results would be missing.
 
-Every call on the store runs in a daemon thread that is waited for a bounded time: the agents
-host the store on rank 0's node, and a call to a store whose machine went silent never returns
-(c10d's client bounds only its waits for keys). ``tests/trainer/test_trainer_end.py``."""
+Every call on the store is bounded (:func:`ddp_trainer.launch.store_probe.bounded`) or runs in a
+daemon thread of its own: the agents host the store on rank 0's node, and a call to a store
+whose machine went silent never returns. ``tests/trainer/test_trainer_end.py``."""
 
 from __future__ import annotations
 
@@ -18,14 +18,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from datetime import timedelta
 from threading import Event
-from typing import TypeVar
 
 import torch.distributed as dist
 
-T = TypeVar("T")
+from ddp_trainer.launch.store_probe import bounded, open_store
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -34,28 +31,6 @@ BEATS_KEY = "ddp_trainer/end-beats"
 BEAT_S = 1.0
 POLL_S = 0.2
 STORE_TIMEOUT_S = 5.0
-
-
-def bounded(call: Callable[[], T], timeout_s: float = STORE_TIMEOUT_S) -> T:
-    """``call()`` in a daemon thread: its result, its error, or TimeoutError after
-    ``timeout_s`` (the thread is left behind; the process exits soon)."""
-    box: list[T] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as error:
-            failed.append(error)
-
-    thread = threading.Thread(target=run, name="store-call", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if failed:
-        raise failed[0]
-    if not box:
-        raise TimeoutError(f"no answer in {timeout_s:g}s")
-    return box[0]
 
 
 class EndStore:
@@ -84,12 +59,9 @@ def end_store(run_id: str) -> EndStore | None:
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
     if not host or not port.isdigit():
         return None
-    timeout = timedelta(seconds=STORE_TIMEOUT_S)
     try:
         store = bounded(
-            lambda: dist.TCPStore(
-                host, int(port), is_master=False, timeout=timeout, wait_for_workers=False
-            )
+            lambda: open_store(host, int(port), STORE_TIMEOUT_S, serve=False), STORE_TIMEOUT_S
         )
     except Exception as error:
         log.warning("torchrun's store is unreachable at the end (%s): ending alone", error)
@@ -154,7 +126,7 @@ def end_together(store: EndStore, evaluates: bool, silent_s: float, stop: Event)
     for ``silent_s``, or SIGTERM came. Returns what ended the wait."""
     if evaluates:
         try:
-            bounded(store.set_end)
+            bounded(store.set_end, STORE_TIMEOUT_S)
         except Exception as error:  # the others stop waiting after silent_s
             log.warning("could not tell the other ranks that this one ended: %s", error)
         return "ended"

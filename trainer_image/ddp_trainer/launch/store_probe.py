@@ -9,13 +9,16 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ddp_api.contract import LABEL_PREFIX, RDZV_PORT
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
+
+T = TypeVar("T")
 
 log = logging.getLogger("ddp_trainer.node")
 
@@ -70,19 +73,37 @@ def read_store_id(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | No
         return None
 
 
+def bounded(call: Callable[[], T], wait_s: float) -> T:
+    """``call()`` in a daemon thread: its result, its error, or TimeoutError after ``wait_s``.
+    A store whose machine froze still accepts connections (its kernel answers) while its
+    process never replies, and TCPStore's client can then block past its timeout (it bounds
+    only its waits for keys): the thread is left behind, blocked on that dead connection."""
+    box: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as error:
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="store-call", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    if failed:
+        raise failed[0]
+    if not box:
+        raise TimeoutError(f"no answer in {wait_s:g}s")
+    return box[0]
+
+
 def probe_store_id(endpoint: str, wait_s: float = 2 * PROBE_TIMEOUT_S) -> str | None:
-    """:func:`read_store_id` that returns within ``wait_s`` whatever happens. A store whose
-    machine froze still accepts connections (its kernel answers) while its process never
-    replies, and TCPStore's client can then block past its timeout: the probe runs in a
-    thread of its own, which is left behind (blocked on that dead connection) when it takes
-    too long, and the answer is None: no store answers."""
-    found: list[str | None] = []
-    probe = threading.Thread(
-        target=lambda: found.append(read_store_id(endpoint)), name="store-probe", daemon=True
-    )
-    probe.start()
-    probe.join(wait_s)
-    return found[0] if found else None
+    """:func:`read_store_id` that returns within ``wait_s`` whatever happens (:func:`bounded`);
+    None when it takes too long: no store answers."""
+    try:
+        return bounded(lambda: read_store_id(endpoint), wait_s)
+    except TimeoutError:
+        return None
 
 
 def wait_for_store(endpoint: str, deadline_s: float, stopping: Any) -> str | None:
