@@ -433,21 +433,24 @@ def ensure_all(force: bool = False, only: tuple[str, ...] | None = None) -> dict
             continue
         with _building(t, wait=False) as held:
             if held:
-                if force or not t.installed():
-                    timings[t.name] = build(t)
-                else:
-                    print(f">> {t.name} {t.version}: built by another process", flush=True)
+                _build_unless_built(t, force, timings)
                 continue
         # `make up` and `make demo` build on two sides (kind-binaries, kind-preload)
         print(f">> {t.name} {t.version}: another process builds it; on to the next", flush=True)
         later.append(t)
     for t in later:
         with _building(t, wait=True):
-            if not t.installed():  # the other process failed
-                timings[t.name] = build(t)
-            else:
-                print(f">> {t.name} {t.version}: built by another process", flush=True)
+            _build_unless_built(t, False, timings)  # built unless the other process failed
     return timings
+
+
+def _build_unless_built(t: GoTool, force: bool, timings: dict[str, float]) -> None:
+    """With ``t``'s lock held: build it (``force``, or not installed), timed in ``timings``, or
+    say that another process built it meanwhile."""
+    if force or not t.installed():
+        timings[t.name] = build(t)
+    else:
+        print(f">> {t.name} {t.version}: built by another process", flush=True)
 
 
 @contextmanager
