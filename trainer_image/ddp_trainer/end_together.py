@@ -22,7 +22,7 @@ from threading import Event
 
 import torch.distributed as dist
 
-from ddp_trainer.launch.store_probe import bounded, open_store
+from ddp_trainer.launch.store_probe import bounded, open_store, worker_store_endpoint
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -56,12 +56,13 @@ class EndStore:
 def end_store(run_id: str) -> EndStore | None:
     """A client of torchrun's store for :func:`end_together`; None (with a warning) when there
     is none to reach."""
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not host or not port.isdigit():
+    endpoint = worker_store_endpoint(os.environ)
+    if endpoint is None:
         return None
+    host, port = endpoint
     try:
         store = bounded(
-            lambda: open_store(host, int(port), STORE_TIMEOUT_S, serve=False), STORE_TIMEOUT_S
+            lambda: open_store(host, port, STORE_TIMEOUT_S, serve=False), STORE_TIMEOUT_S
         )
     except Exception as error:
         log.warning("torchrun's store is unreachable at the end (%s): ending alone", error)

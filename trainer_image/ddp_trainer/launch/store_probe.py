@@ -9,7 +9,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,6 +39,15 @@ def split_endpoint(endpoint: str, default_port: int = RDZV_PORT) -> tuple[str, i
     if not host:
         return endpoint, default_port
     return host.strip("[]"), int(port)
+
+
+def worker_store_endpoint(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """Where a torchrun worker's store is (``MASTER_ADDR:MASTER_PORT``, the store of its
+    process group, which the agents host on rank 0's node); None outside torchrun."""
+    host, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return None
+    return host, int(port)
 
 
 def open_store(host: str, port: int, timeout_s: float, *, serve: bool) -> TCPStore:
