@@ -221,9 +221,11 @@ class TrainerConfig(_Settings):
     pg_timeout_s: int = Field(
         1800,
         ge=1,
-        description="Timeout of collectives in seconds while a run starts (model broadcast, "
-        "first step after a resume): how long a process waits there for a dead peer before "
-        "failing (and being restarted by torchrun).",
+        description="Timeout of collectives in seconds while a run starts (joining the process "
+        "group, model broadcast, first step after a resume): how long a process waits there "
+        "for a slow peer (loading data, reading a checkpoint, compiling) before failing (and "
+        "being restarted by torchrun). A peer whose machine is lost is noticed sooner: see "
+        "stepTimeoutS.",
     )
     step_timeout_s: int = Field(
         60,
@@ -232,7 +234,9 @@ class TrainerConfig(_Settings):
         "step: how long survivors wait for a silent peer (a lost machine sends nothing) before "
         "their workers fail and torchrun re-rendezvouses without it. Longer than the longest "
         "stall of one rank between two steps (rank 0 waits for the previous checkpoint write "
-        "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout. At the end, "
+        "before copying the next). At most pgTimeoutS; 0: pgTimeoutS throughout. While a run "
+        "starts, how long a rank may give no sign of life (each beats in torchrun's store: a "
+        "lost machine stops) before the others fail and re-rendezvous without it; at the end, "
         "how long the other ranks wait for a rank 0 that gives no sign of life while it writes "
         "the final checkpoint and evaluates.",
     )

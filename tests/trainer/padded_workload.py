@@ -4,7 +4,10 @@ whose loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS`
 `padded_workload:hang_at_step`, the spirals plugin whose loss never returns at step ``HANG_STEP``
 on the ranks in ``HANG_RANKS`` (the others wait for them in the step's collectives);
 `padded_workload:wait_in_evaluation`, the spirals plugin whose evaluation writes its pid to
-``EVAL_MARKER`` and waits until the file ``EVAL_RELEASE`` exists."""
+``EVAL_MARKER`` and waits until the file ``EVAL_RELEASE`` exists;
+`padded_workload:wait_in_build`, the spirals plugin that, on the first process of rank
+``BUILD_RANK`` to build it, writes that process's pid to ``BUILD_MARKER`` and waits forever (the
+test freezes or kills it there: its peers wait for it at the run's start)."""
 
 from __future__ import annotations
 
@@ -90,3 +93,16 @@ def wait_in_evaluation(config) -> Workload:
         return F.cross_entropy(outputs, targets)
 
     return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)
+
+
+def wait_in_build(config) -> Workload:
+    """The first process of rank ``BUILD_RANK`` to build the workload claims ``BUILD_MARKER``
+    (its pid) and never returns: every other process builds it as the spirals plugin does."""
+    if os.environ.get("RANK") == os.environ["BUILD_RANK"]:
+        try:
+            with open(os.environ["BUILD_MARKER"], "x") as marker:
+                marker.write(str(os.getpid()))
+        except FileExistsError:
+            return spirals(config)  # a later process of that rank: the run goes on
+        threading.Event().wait()
+    return spirals(config)

@@ -40,6 +40,7 @@ from ddp_trainer.parts import Parts, build_parts, fit_to_run
 from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
 from ddp_trainer.reporting.stacks import StackWatch
 from ddp_trainer.reporting.tally import Tally
+from ddp_trainer.start_watch import StartWatch, watch_start
 from ddp_trainer.state import store as ckpt
 from ddp_trainer.state.checkpoints import Checkpoints, about_run
 from ddp_trainer.state.compat import check_resume
@@ -61,6 +62,7 @@ class Trainer:
         env: DistEnv | None = None,
         parts: Parts | None = None,
         metrics: TrainerMetrics | None = None,
+        start_watch: StartWatch | None = None,
     ):
         self.config = config
         self.env = e = env or DistEnv.from_env()
@@ -70,6 +72,7 @@ class Trainer:
             config, e.rank, e.local_rank, e.world_size, self.distributed
         )
         self.timeout = CollectiveTimeout(config.pg_timeout_s, self.distributed)
+        self.start_watch = start_watch  # a lost machine while the run starts: stepTimeoutS
         metrics = metrics or process_metrics(e)
         keep = config.checkpoint_keep
         self.checkpoints = Checkpoints(checkpoint_dir, keep, e, metrics, self.distributed)
@@ -129,6 +132,12 @@ class Trainer:
             self._steps()
         finally:
             self.stacks.disarm()
+            self._started()
+
+    def _started(self) -> None:
+        """Every rank is past its start (or this one ended): the start's watch ends."""
+        if self.start_watch is not None:
+            self.start_watch.close()
 
     def _steps(self) -> None:
         """Steps to the end; after each: its line, SIGTERM (on any rank: every rank stops after
@@ -150,6 +159,8 @@ class Trainer:
             self.tally.step_done(step_s, lr, grad_norm)
             if first or step % c.log_every_steps == 0 or step == total:
                 self.tally.progress()  # a collective: the loss of every rank
+            if first:  # after that collective, every rank has finished its first step
+                self._started()
                 first = False
             if agreement.stop():  # the same answer on every rank
                 here = self.stop_requested.is_set()
@@ -256,8 +267,9 @@ def run(config: TrainerConfig, checkpoint_dir: Path) -> int:
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
+    watch = watch_start(env, config)  # from before the process group: joining it is a start
     init_distributed(env, config)
-    trainer = Trainer(config, checkpoint_dir, env, metrics=metrics)
+    trainer = Trainer(config, checkpoint_dir, env, metrics=metrics, start_watch=watch)
     code = trainer.train()
     if code == 0 and dist.is_initialized():
         dist.destroy_process_group()

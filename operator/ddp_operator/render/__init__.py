@@ -48,9 +48,10 @@ OMP_NUM_THREADS                 the container's CPUs (limit, else request) per w
 
 A lost machine sends nothing (no FIN, no RST), and torchrun's agent re-rendezvouses only when a
 worker fails or a new node waits: a peer's keep-alive going stale changes nothing for a round in
-progress. Survivors notice a silent peer when their next collective times out: the bundled
-trainer's ``stepTimeoutS`` (60 s) once every rank has taken its first step, ``pgTimeoutS``
-(1800 s) before that and around the end; then their workers fail, torchrun starts them again
+progress. Survivors of the bundled trainer notice a silent peer within its ``stepTimeoutS``
+(60 s): once every rank has taken its first step, their next collective times out; before that,
+the peer's beats in torchrun's store stop (``ddp_trainer.start_watch``); the end needs no
+collective (``ddp_trainer.end_together``). Their workers then fail, torchrun starts them again
 (one of ``workerRestarts``), and the rendezvous completes without the lost node after the last
 call (elastic), or when its replacement pod joins. ``docs/benchmarks.md``: "A silent peer".
 
