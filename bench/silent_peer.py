@@ -1,7 +1,8 @@
-"""How long the survivor of an elastic job waits when its peer goes silent mid-training.
+"""How long the survivor of an elastic job waits when its peer goes silent mid-training, or
+while the run starts (``--at start``).
 
     python bench/silent_peer.py [--rdzv-conf CONF] [--pg-timeout-s S] [--step-timeout-s S]
-        [--nnodes 1:2] [--replace-after-s S] [--label NAME]
+        [--nnodes 1:2] [--replace-after-s S] [--at step|start [--lost-rank R]] [--label NAME]
 
 A machine that vanishes (power off, partition) sends nothing: no FIN, no RST; its processes
 just stop answering. Here: two torchrun nodes (``--nnodes=1:2``, one worker each, ``digits``)
@@ -9,7 +10,10 @@ against a dedicated rendezvous store on loopback, held after step 30 (``holdAtSt
 one node, agent and worker, is frozen with SIGSTOP and the hold released. The frozen node is
 SIGKILLed only once the survivor trains again (or the bench gives up). ``--nnodes 2:2``: a job
 that is not elastic, whose survivor can only go on with the operator's replacement pod, a third
-node started ``--replace-after-s`` after the SIGSTOP. Prints one JSON object:
+node started ``--replace-after-s`` after the SIGSTOP. ``--at start``: no hold; the first process
+of rank ``--lost-rank`` (1) waits while it builds its workload (``padded_workload:wait_in_build``,
+the spirals plugin, 6 steps), its peer waits for it in the model's broadcast, and its node is
+frozen there. Prints one JSON object:
 
 - ``survivor_worker_exit_s``: SIGSTOP until the survivor's worker process ended (its blocked
   collective timed out, or its agent stopped it);
@@ -47,6 +51,19 @@ from ddp_trainer.hold import release  # noqa: E402
 HOLD = 30
 
 
+# the start: the first process of BUILD_RANK waits in its workload's build, its peer for it
+AT_START = {
+    "workload": "padded_workload:wait_in_build",
+    "epochs": 1,
+    "maxSteps": 6,
+    "globalBatchSize": 50,
+    "amp": "off",
+    "checkpointEverySteps": 0,
+    "logEverySteps": 1,
+    "device": "cpu",
+}
+
+
 def measure(
     rdzv_conf: str,
     pg_timeout_s: int | None,
@@ -55,8 +72,15 @@ def measure(
     nnodes: str = "1:2",
     replace_after_s: float | None = None,
     workdir: Path | None = None,
+    lost_rank: int | None = None,
 ) -> dict[str, Any]:
-    settings = digits(epochs=3, checkpointEverySteps=25, logEverySteps=5, holdAtSteps=[HOLD])
+    """``lost_rank`` None: the silent peer mid-training; else that rank's node, at the start."""
+    at_start = lost_rank is not None
+    settings = (
+        dict(AT_START)
+        if at_start
+        else digits(epochs=3, checkpointEverySteps=25, logEverySteps=5, holdAtSteps=[HOLD])
+    )
     if pg_timeout_s is not None:
         settings["pgTimeoutS"] = pg_timeout_s
     if step_timeout_s is not None:
@@ -64,8 +88,9 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="silent-peer-") as tmp:
         launcher = Launcher(workdir or Path(tmp))
         try:
-            ckpt = launcher.workdir / "ckpt"
+            ckpt, marker = launcher.workdir / "ckpt", launcher.workdir / "building"
             _, endpoint = launcher.store()
+            building = {"BUILD_RANK": str(lost_rank), "BUILD_MARKER": str(marker)}
             node = partial(
                 launcher.node,
                 endpoint=endpoint,
@@ -75,13 +100,20 @@ def measure(
                 checkpoint_dir=ckpt,
                 is_host=False,
                 rdzv_conf=rdzv_conf,
+                extra_env=building if at_start else None,
             )
             silent, survivor = node("silent"), node("survivor")
-            wait_until(lambda: events(ckpt, "hold"), 300, f"the hold after step {HOLD}")
+            if at_start:
+                wait_until(lambda: marker.exists() and marker.read_text(), 300, "the build")
+                if int(marker.read_text()) not in descendants(silent.popen.pid):
+                    silent, survivor = survivor, silent
+            else:
+                wait_until(lambda: events(ckpt, "hold"), 300, f"the hold after step {HOLD}")
             workers = set(descendants(survivor.popen.pid))
             stopped = time.time()
             silent.freeze_tree()
-            release(ckpt, HOLD)
+            if not at_start:
+                release(ckpt, HOLD)
             worker_exit: float | None = None
             replaced: float | None = None
             deadline = time.monotonic() + give_up_s
@@ -131,6 +163,8 @@ def main() -> None:
         help="start a third node (the operator's replacement pod) this long after the SIGSTOP",
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep the logs there")
+    parser.add_argument("--at", choices=("step", "start"), default="step")
+    parser.add_argument("--lost-rank", type=int, default=1, help="--at start: whose node")
     args = parser.parse_args()
     defaults = TrainerConfig.model_validate({})
     result = {
@@ -141,6 +175,8 @@ def main() -> None:
             defaults.step_timeout_s if args.step_timeout_s is None else args.step_timeout_s
         ),
         "nnodes": args.nnodes,
+        "at": args.at,
+        "lost_rank": args.lost_rank if args.at == "start" else None,
         **measure(
             args.rdzv_conf,
             args.pg_timeout_s,
@@ -149,6 +185,7 @@ def main() -> None:
             args.nnodes,
             args.replace_after_s,
             args.workdir,
+            args.lost_rank if args.at == "start" else None,
         ),
     }
     print(json.dumps(result))
