@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCES = ("api", "client", "operator", "trainer_image", "devcluster", "tests/trainer")
 sys.path[:0] = [str(REPO / p) for p in SOURCES]
 
+from padded_workload import six_steps  # noqa: E402
 from trainer_harness import Launcher, events, wait_until  # noqa: E402
 
 from ddp_api.trainer_config import TrainerConfig  # noqa: E402
@@ -49,19 +50,6 @@ from ddp_operator.render import RDZV_CONF  # noqa: E402
 from ddp_trainer.hold import release  # noqa: E402
 
 HOLD = 30
-
-
-# the start: the first process of BUILD_RANK waits in its workload's build, its peer for it
-AT_START = {
-    "workload": "padded_workload:wait_in_build",
-    "epochs": 1,
-    "maxSteps": 6,
-    "globalBatchSize": 50,
-    "amp": "off",
-    "checkpointEverySteps": 0,
-    "logEverySteps": 1,
-    "device": "cpu",
-}
 
 
 def measure(
@@ -77,7 +65,7 @@ def measure(
     """``lost_rank`` None: the silent peer mid-training; else that rank's node, at the start."""
     at_start = lost_rank is not None
     settings = (
-        dict(AT_START)
+        six_steps("padded_workload:wait_in_build")  # BUILD_RANK's first process waits there
         if at_start
         else digits(epochs=3, checkpointEverySteps=25, logEverySteps=5, holdAtSteps=[HOLD])
     )

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,22 @@ from torch.utils.data import TensorDataset
 from ddp_trainer.data.workloads import IGNORE_INDEX, Workload, count_not_ignored
 
 VOCAB, LENGTH = 32, 16
+
+
+def six_steps(workload: str, **settings: Any) -> dict[str, Any]:
+    """Trainer settings for six steps of ``workload`` (a plugin of this folder) on the CPU, each
+    step logged, no checkpoint before the final one; ``settings`` add to them."""
+    return {
+        "workload": workload,
+        "epochs": 1,
+        "maxSteps": 6,
+        "globalBatchSize": 50,
+        "amp": "off",
+        "checkpointEverySteps": 0,
+        "logEverySteps": 1,
+        "device": "cpu",
+        **settings,
+    }
 
 
 def build(config) -> Workload:

@@ -13,23 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+from padded_workload import six_steps
 from trainer_harness import Launcher, Proc, events, wait_until
 
 from ddp_trainer.launch.supervisor import descendants
 
 STEP_TIMEOUT_S = 10
-SETTINGS = {
-    "workload": "padded_workload:wait_in_evaluation",
-    "epochs": 1,
-    "maxSteps": 6,
-    "globalBatchSize": 50,
-    "amp": "off",
-    "checkpointEverySteps": 0,
-    "logEverySteps": 1,
-    "evaluate": True,
-    "device": "cpu",
-    "stepTimeoutS": STEP_TIMEOUT_S,
-}
+SETTINGS = six_steps(
+    "padded_workload:wait_in_evaluation", evaluate=True, stepTimeoutS=STEP_TIMEOUT_S
+)
 
 
 def _two_nodes_at_rank_0s_evaluation(launcher: Launcher) -> tuple[Path, Path, Proc, Proc]:

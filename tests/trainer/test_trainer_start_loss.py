@@ -14,22 +14,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from padded_workload import six_steps
 from trainer_harness import Launcher, events, wait_until
 
 from ddp_trainer.launch.supervisor import descendants
 
 STEP_TIMEOUT_S = 10
-SETTINGS = {
-    "workload": "padded_workload:wait_in_build",
-    "epochs": 1,
-    "maxSteps": 6,
-    "globalBatchSize": 50,
-    "amp": "off",
-    "checkpointEverySteps": 0,
-    "logEverySteps": 1,
-    "device": "cpu",
-    "stepTimeoutS": STEP_TIMEOUT_S,
-}  # pgTimeoutS: the default (1800 s), what the start no longer waits for
+# pgTimeoutS: the default (1800 s), what the start no longer waits for
+SETTINGS = six_steps("padded_workload:wait_in_build", stepTimeoutS=STEP_TIMEOUT_S)
 
 
 @pytest.mark.timeout(300)
