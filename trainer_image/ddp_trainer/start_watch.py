@@ -20,7 +20,9 @@ key last moved: a blocked call is silence. A process whose main thread hangs kee
 this watch is about machines, not progress (``stepTimeoutS`` and the operator's stall
 detection see to that once the run steps). Keys count up, never reset, so what an earlier
 round left in the store only shifts where they start: each counts from what the watch first
-read. ``tests/trainer/test_trainer_start_loss.py``; ``start_watch_unit`` tests the decisions."""
+read. ``tests/trainer/test_trainer_start_loss.py`` (two torchrun nodes, one frozen while the run
+starts) and ``tests/trainer/test_trainer_start_watch_unit.py`` (the decisions; the threads on a
+real TCPStore)."""
 
 from __future__ import annotations
 
