@@ -15,14 +15,14 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / d) for d in ("api", "client", "operator", "trainer_image", "devcluster")]
+import repo_paths
+
+repo_paths.add()
 
 
 def measure(settings: dict[str, Any], directory: Path, warmup: int) -> dict[str, float]:

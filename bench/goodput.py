@@ -34,9 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("api", "client", "operator", "trainer_image", "devcluster", "tests/cluster", "bench")
-sys.path[:0] = [str(REPO / p) for p in SOURCES]
+import repo_paths
+from repo_paths import REPO
+
+repo_paths.add("tests/cluster")
 
 from cluster_env import Cluster  # noqa: E402
 from test_cluster import machines  # noqa: E402

@@ -36,9 +36,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCES = [REPO / d for d in ("api", "client", "operator", "trainer_image", "devcluster")]
-sys.path[:0] = [str(p) for p in SOURCES]
+import repo_paths
+
+repo_paths.add()
 
 WIDTH = 2048
 MB = 1 << 20
@@ -137,8 +137,7 @@ def child(mode: str, directory: Path, layers: int) -> dict[str, Any]:
 
 
 def measure(mode: str, directory: Path, layers: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in SOURCES)}
-    env["OMP_NUM_THREADS"] = "1"
+    env = {**os.environ, "PYTHONPATH": repo_paths.pythonpath(), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
             sys.executable,

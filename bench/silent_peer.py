@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("api", "client", "operator", "trainer_image", "devcluster", "tests/trainer")
-sys.path[:0] = [str(REPO / p) for p in SOURCES]
+import repo_paths
+
+repo_paths.add("tests/trainer")
 
 from padded_workload import six_steps  # noqa: E402
 from trainer_harness import Launcher, events, wait_until  # noqa: E402

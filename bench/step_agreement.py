@@ -21,22 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("api", "client", "operator", "trainer_image", "devcluster")
-
-
-def env_for(root: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "DDP_TRAINER_"))}
-    env["PYTHONPATH"] = os.pathsep.join(str(root / d) for d in SOURCE_DIRS)
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra)
-    return env
+from repo_paths import PACKAGES, REPO, child_env
 
 
 def torchrun(root: Path, args: list[str], **extra: str) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node=2", "--monitor-interval=0.5", *args]
-    subprocess.run(command, env=env_for(root, **extra), check=True, capture_output=True)
+    subprocess.run(command, env=child_env(root, **extra), check=True, capture_output=True)
 
 
 def step_ms(root: Path, steps: int, workdir: Path) -> float:
@@ -99,7 +90,7 @@ def main() -> None:
         work, base = Path(scratch), Path(scratch) / "base"
         base.mkdir()
         archive = subprocess.run(
-            ["git", "archive", args.base, *SOURCE_DIRS], cwd=REPO, capture_output=True, check=True
+            ["git", "archive", args.base, *PACKAGES], cwd=REPO, capture_output=True, check=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         result: dict[str, list[float]] = {"base": [], "this": []}

@@ -30,21 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import repo_paths
 from ddp_devcluster.procs import free_port, kill_tree
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCES = [REPO / d for d in ("api", "client", "operator", "trainer_image", "devcluster")]
-sys.path[:0] = [str(p) for p in SOURCES]
+repo_paths.add()
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "DDP_TRAINER_"))}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in SOURCES)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    env.update(extra)
-    return env
+    return repo_paths.child_env(
+        PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **extra
+    )
 
 
 # throughput (runs inside torchrun) ------------------------------------------------------

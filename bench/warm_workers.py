@@ -19,10 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["api", "client", "operator", "trainer_image", "devcluster"]
+from repo_paths import pythonpath
+
 LAUNCHERS = {"warm": "ddp_trainer.launch.warm", "fresh": "torch.distributed.run"}
 
 
@@ -41,7 +40,7 @@ def run_once(mode: str, nproc: int, steps: int) -> dict[str, float]:
     }
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(str(REPO / s) for s in SOURCES),
+        "PYTHONPATH": pythonpath(),
         "DDP_TRAINER_CONFIG": json.dumps(settings),
         "OMP_NUM_THREADS": "1",
     }
