@@ -137,7 +137,7 @@ def child(mode: str, directory: Path, layers: int) -> dict[str, Any]:
 
 
 def measure(mode: str, directory: Path, layers: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": repo_paths.pythonpath(), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": repo_paths.source_path(), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
             sys.executable,

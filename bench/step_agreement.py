@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repo_paths import PACKAGES, REPO, child_env
+from repo_paths import REPO, SOURCE_DIRS, child_env
 
 
 def torchrun(root: Path, args: list[str], **extra: str) -> None:
@@ -90,7 +90,7 @@ def main() -> None:
         work, base = Path(scratch), Path(scratch) / "base"
         base.mkdir()
         archive = subprocess.run(
-            ["git", "archive", args.base, *PACKAGES], cwd=REPO, capture_output=True, check=True
+            ["git", "archive", args.base, *SOURCE_DIRS], cwd=REPO, capture_output=True, check=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         result: dict[str, list[float]] = {"base": [], "this": []}

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from repo_paths import pythonpath
+from repo_paths import source_path
 
 LAUNCHERS = {"warm": "ddp_trainer.launch.warm", "fresh": "torch.distributed.run"}
 
@@ -40,7 +40,7 @@ def run_once(mode: str, nproc: int, steps: int) -> dict[str, float]:
     }
     env = {
         **os.environ,
-        "PYTHONPATH": pythonpath(),
+        "PYTHONPATH": source_path(),
         "DDP_TRAINER_CONFIG": json.dumps(settings),
         "OMP_NUM_THREADS": "1",
     }

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("api", "client", "operator", "trainer_image", "devcluster")
 
 
-def source_path() -> str:
-    """``SOURCE_DIRS`` of this checkout as a PYTHONPATH value."""
-    return os.pathsep.join(str(REPO / d) for d in SOURCE_DIRS)
+def source_path(root: Path = REPO) -> str:
+    """``SOURCE_DIRS`` of this checkout (or of ``root``, another revision's files) as a
+    PYTHONPATH value."""
+    return os.pathsep.join(str(root / d) for d in SOURCE_DIRS)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddp_devcluster import build
-from ddp_devcluster.paths import REPO, SOURCE_DIRS
+from ddp_devcluster.paths import source_path
 
 # Holds tool a's lock as a build of it would; once told (the file "go", made when b is built
 # there), writes a's binary ("finish") or dies without it ("die"); untold for 10 s, exits 2.
@@ -53,7 +53,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def other_builder(cache: Path, how: str) -> subprocess.Popen[str]:
     env = {**os.environ, "DDP_CACHE": str(cache),
-           "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in SOURCE_DIRS)}  # fmt: skip
+           "PYTHONPATH": source_path()}  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", OTHER, str(cache), how], env=env,
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
