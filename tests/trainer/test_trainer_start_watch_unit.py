@@ -4,12 +4,16 @@ torchrun nodes and a machine frozen while the run starts, is ``test_trainer_star
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 
 import pytest
 from torch.distributed import TCPStore
-from trainer_harness import wait_until
+from trainer_harness import subprocess_env, wait_until
 
 from ddp_api.trainer_config import TrainerConfig
 from ddp_devcluster.procs import free_port
@@ -134,6 +138,38 @@ def test_a_rank_whose_store_is_gone_fails_at_once() -> None:
     assert exits.left.wait(10), "rank 1 did not notice its store was gone"
     assert watch.store_error
     watch.close()
+
+
+SERVE = """
+import sys, threading
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False)
+print("serving", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_frozen_store_is_silence_to_the_watch() -> None:
+    """Rank 0's node frozen (SIGSTOP of the process serving the store): the store answers
+    nothing, the poller's call never returns, and the judge fails the worker within the bound
+    all the same (it never waits on the poller, whichever call blocks)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE, str(port)], stdout=subprocess.PIPE, env=subprocess_env()
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == b"serving"
+        ((watch, exits),) = _watches(port, 2, 2.0)[1:]  # rank 1, watching rank 0
+        watch.start()
+        wait_until(lambda: watch.silence.seen, 10, "rank 1's first read")
+        os.kill(server.pid, signal.SIGSTOP)
+        assert exits.left.wait(15), "rank 1 did not notice its store was frozen"
+        assert exits.codes == [EXIT_PEER_LOST] and not watch.store_error  # silence, no error
+        watch.close()
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_no_watch_where_nothing_is_shorter_than_pg_timeout(monkeypatch) -> None:

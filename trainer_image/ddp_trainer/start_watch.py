@@ -158,10 +158,11 @@ class StartWatch:
             self.store = store = open_store(host, port, self.bound_s, serve=False)
             while not self.stopped.is_set():
                 store.add(self.beats_key(self.rank), 1)
+                counts = {rank: int(store.add(self.beats_key(rank), 0)) for rank in self._watched()}
                 now = time.monotonic()
-                with self.lock:
-                    for rank in self._watched():
-                        self.silence.observe(rank, int(store.add(self.beats_key(rank), 0)), now)
+                with self.lock:  # never held across a store call: that one may never return
+                    for rank, count in counts.items():
+                        self.silence.observe(rank, count, now)
                 if self.rank != 0:
                     failed = int(store.add(self.failed_key, 0))
                     if self.failed_at is None:
