@@ -26,10 +26,8 @@ real TCPStore)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from ddp_api.trainer_config import TrainerConfig
 from ddp_trainer.distributed import DistEnv
+from ddp_trainer.launch.exits import exit_now
 from ddp_trainer.launch.store_probe import bounded, open_store, worker_store_endpoint
 
 if TYPE_CHECKING:
@@ -121,7 +120,7 @@ class StartWatch:
         env: DistEnv,
         endpoint: tuple[str, int],
         bound_s: float,
-        leave: Callable[[int], None] = os._exit,
+        leave: Callable[[int], None] = exit_now,
     ):
         self.rank, self.world_size, self.endpoint = env.rank, env.world_size, endpoint
         self.bound_s, self.leave = bound_s, leave
@@ -197,9 +196,6 @@ class StartWatch:
             " re-rendezvouses without it, instead of waiting pgTimeoutS in a collective",
             verdict.reason,
         )
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
         self.leave(EXIT_PEER_LOST)
 
 

@@ -40,7 +40,13 @@ def leave(run: Callable[[], int]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
     finally:
+        exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exits with ``code`` as soon as standard output and error are flushed, from any thread
+    (a watch's thread that fails its worker, :mod:`ddp_trainer.start_watch`)."""
+    for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+            stream.flush()
+    os._exit(code)
