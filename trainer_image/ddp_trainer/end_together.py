@@ -23,6 +23,7 @@ from threading import Event
 import torch.distributed as dist
 
 from ddp_trainer.launch.store_probe import bounded, open_store, worker_store_endpoint
+from ddp_trainer.start_watch import Silence
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
 
@@ -106,15 +107,13 @@ class RankZeroWatch:
 
     def __init__(self, store: EndStore):
         self.store, self.ended, self.lost = store, False, ""
-        self.beats, self.moved = -1, time.monotonic()
+        self.silence = Silence(time.monotonic())  # of rank 0's beats
         threading.Thread(target=self._poll, name="rank0-watch", daemon=True).start()
 
     def _poll(self) -> None:
         try:
             while not self.store.ended():
-                beats = self.store.beats_seen()
-                if beats != self.beats:
-                    self.beats, self.moved = beats, time.monotonic()
+                self.silence.observe(0, self.store.beats_seen(), time.monotonic())
                 time.sleep(POLL_S)
             self.ended = True
         except Exception as error:
@@ -140,7 +139,7 @@ def end_together(store: EndStore, evaluates: bool, silent_s: float, stop: Event)
                 watch.lost,
             )
             return "store lost"
-        quiet_s = time.monotonic() - watch.moved
+        quiet_s = watch.silence.quiet_s(0, time.monotonic())
         if quiet_s > silent_s:
             log.warning(
                 "training is complete and checkpointed; rank 0 gave no sign of life for %.0fs"

@@ -53,7 +53,8 @@ EXIT_PEER_LOST = 1  # a worker failure, as the collective's timeout would have m
 
 @dataclass
 class Silence:
-    """When each watched rank's key last moved (pure: the caller says what it read, and when)."""
+    """When each watched rank's key last moved (pure: the caller says what it read, and when);
+    also what the ranks waiting at the end know of rank 0 (:mod:`ddp_trainer.end_together`)."""
 
     started: float
     seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank: (count, moved at)
