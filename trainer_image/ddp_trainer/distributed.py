@@ -64,7 +64,7 @@ def set_collective_timeout(timeout: timedelta) -> None:
 class CollectiveTimeout:
     """The timeout of this process's next collectives (``pgTimeoutS`` while a run starts,
     ``stepTimeoutS`` once every rank took its first step; the end needs no collective,
-    :func:`ddp_trainer.ending.end_together`): how long it waits in one for a peer that went
+    :mod:`ddp_trainer.end_together`): how long it waits in one for a peer that went
     silent."""
 
     def __init__(self, seconds: int, distributed: bool):
