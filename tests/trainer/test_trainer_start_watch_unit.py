@@ -4,20 +4,16 @@ torchrun nodes and a machine frozen while the run starts, is ``test_trainer_star
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
-from datetime import timedelta
 
 import pytest
 from torch.distributed import TCPStore
-from trainer_harness import subprocess_env, wait_until
+from trainer_harness import Launcher, wait_until
 
 from ddp_api.trainer_config import TrainerConfig
 from ddp_devcluster.procs import free_port
 from ddp_trainer.distributed import DistEnv
+from ddp_trainer.launch.store_probe import open_store, split_endpoint
 from ddp_trainer.start_watch import EXIT_PEER_LOST, Silence, StartWatch, judge, watch_start
 
 BOUND_S = 10.0
@@ -88,10 +84,7 @@ def _watches(port: int, world_size: int, bound_s: float) -> list[tuple[StartWatc
 def _serve() -> tuple[int, TCPStore]:
     """A store served by this process, as torchrun's agent serves its workers'."""
     port = free_port()
-    store = TCPStore(
-        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
-    )
-    return port, store
+    return port, open_store("127.0.0.1", port, 5.0, serve=True)
 
 
 @pytest.mark.timeout(60)
@@ -140,36 +133,19 @@ def test_a_rank_whose_store_is_gone_fails_at_once() -> None:
     watch.close()
 
 
-SERVE = """
-import sys, threading
-from torch.distributed import TCPStore
-store = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False)
-print("serving", flush=True)
-threading.Event().wait()
-"""
-
-
 @pytest.mark.timeout(60)
-def test_a_frozen_store_is_silence_to_the_watch() -> None:
+def test_a_frozen_store_is_silence_to_the_watch(launcher: Launcher) -> None:
     """Rank 0's node frozen (SIGSTOP of the process serving the store): the store answers
     nothing, the poller's call never returns, and the judge fails the worker within the bound
     all the same (it never waits on the poller, whichever call blocks)."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVE, str(port)], stdout=subprocess.PIPE, env=subprocess_env()
-    )
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == b"serving"
-        ((watch, exits),) = _watches(port, 2, 2.0)[1:]  # rank 1, watching rank 0
-        watch.start()
-        wait_until(lambda: watch.silence.seen, 10, "rank 1's first read")
-        os.kill(server.pid, signal.SIGSTOP)
-        assert exits.left.wait(15), "rank 1 did not notice its store was frozen"
-        assert exits.codes == [EXIT_PEER_LOST] and not watch.store_error  # silence, no error
-        watch.close()
-    finally:
-        server.kill()
-        server.wait()
+    server, endpoint = launcher.store()  # the test's own store process (the launcher ends it)
+    ((watch, exits),) = _watches(split_endpoint(endpoint)[1], 2, 2.0)[1:]  # rank 1, of rank 0
+    watch.start()
+    wait_until(lambda: watch.silence.seen, 10, "rank 1's first read")
+    server.freeze_tree()
+    assert exits.left.wait(15), "rank 1 did not notice its store was frozen"
+    assert exits.codes == [EXIT_PEER_LOST] and not watch.store_error  # silence, no error
+    watch.close()
 
 
 def test_no_watch_where_nothing_is_shorter_than_pg_timeout(monkeypatch) -> None:
