@@ -40,7 +40,7 @@ import repo_paths
 repo_paths.add("tests/trainer")
 
 from padded_workload import six_steps  # noqa: E402
-from trainer_harness import Launcher, events, wait_until  # noqa: E402
+from trainer_harness import Launcher, events, node_of, wait_until  # noqa: E402
 
 from ddp_api.trainer_config import TrainerConfig  # noqa: E402
 from ddp_devcluster.procs import descendants  # noqa: E402
@@ -91,8 +91,7 @@ def measure(
             )
             silent, survivor = node("silent"), node("survivor")
             if at_start:
-                wait_until(lambda: marker.exists() and marker.read_text(), 300, "the build")
-                if int(marker.read_text()) not in descendants(silent.popen.pid):
+                if node_of(marker, [silent, survivor], 300, "the build") is survivor:
                     silent, survivor = survivor, silent
             else:
                 wait_until(lambda: events(ckpt, "hold"), 300, f"the hold after step {HOLD}")

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 from padded_workload import six_steps
-from trainer_harness import Launcher, Proc, events, wait_until
-
-from ddp_trainer.launch.supervisor import descendants
+from trainer_harness import Launcher, Proc, events, node_of
 
 STEP_TIMEOUT_S = 10
 SETTINGS = six_steps(
@@ -38,9 +36,7 @@ def _two_nodes_at_rank_0s_evaluation(launcher: Launcher) -> tuple[Path, Path, Pr
         )  # fmt: skip
 
     nodes = [node("node-0"), node("node-1")]
-    wait_until(lambda: marker.exists() and marker.read_text(), 240, "rank 0's evaluation")
-    pid = int(marker.read_text())
-    (rank0,) = [n for n in nodes if pid in descendants(n.popen.pid)]
+    rank0 = node_of(marker, nodes, 240, "rank 0's evaluation")
     (other,) = [n for n in nodes if n is not rank0]
     return ckpt, release, rank0, other
 

@@ -15,9 +15,7 @@ import time
 
 import pytest
 from padded_workload import six_steps
-from trainer_harness import Launcher, events, wait_until
-
-from ddp_trainer.launch.supervisor import descendants
+from trainer_harness import Launcher, events, node_of, wait_until
 
 STEP_TIMEOUT_S = 10
 # pgTimeoutS: the default (1800 s), what the start no longer waits for
@@ -34,9 +32,7 @@ def test_a_machine_lost_while_the_run_starts_holds_the_others_for_the_step_timeo
     _, ckpt, nodes = launcher.elastic_pair(
         ("node-0", "node-1"), SETTINGS, supervised=True, extra_env=env
     )
-    wait_until(lambda: marker.exists() and marker.read_text(), 240, f"rank {lost_rank}'s build")
-    pid = int(marker.read_text())
-    (lost,) = [n for n in nodes if pid in descendants(n.popen.pid)]
+    lost = node_of(marker, nodes, 240, f"rank {lost_rank}'s build")
     (survivor,) = [n for n in nodes if n is not lost]
     lost.freeze_tree()
     frozen = time.monotonic()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddp_devcluster.paths import source_path
-from ddp_devcluster.procs import free_port, freeze_tree, kill_tree
+from ddp_devcluster.procs import descendants, free_port, freeze_tree, kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -255,6 +255,15 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, every: flo
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def node_of(marker: Path, nodes: Sequence[Proc], timeout: float, what: str) -> Proc:
+    """The one of ``nodes`` whose process tree holds the process that wrote its pid to
+    ``marker`` (a test plugin's, where it waits), once it has (``what``, within ``timeout``)."""
+    wait_until(lambda: marker.exists() and marker.read_text(), timeout, what)
+    pid = int(marker.read_text())
+    (node,) = [n for n in nodes if pid in descendants(n.popen.pid)]
+    return node
 
 
 def metrics(directory: Path) -> list[dict[str, Any]]:
