@@ -6,8 +6,9 @@ the peer trains on.
 
 Not a ``test_`` module, so ``make test`` (pytest over tests/trainer) does not collect it: it
 runs only where it is named, on a machine with a GPU, and each test fails (never skips) where
-CUDA is missing: ``make gpu-check``, or ``python -m pytest tests/trainer/cuda_paths.py -v -s``
-with torch, torchft and pydantic installed (docs/benchmarks.md says where it last ran). One
+CUDA is missing: ``make gpu-check``, or on a GPU machine without internet ``make gpu-wheels``
+where PyPI is reached and ``tests/trainer/cuda_offline.sh`` there (docs/benchmarks.md says
+where it last ran). One
 GPU serves every process: two replica groups on it get distinct ``NCCL_HOSTID`` values, so NCCL
 treats them as two hosts (it refuses two ranks of one communicator on one device of one host)
 and connects them over sockets, as across machines."""
