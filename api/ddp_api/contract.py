@@ -141,6 +141,28 @@ def parse_kept_log_name(name: str) -> tuple[str, int] | None:
     return found.group("pod"), int(found.group("part") or 0)
 
 
+# Why a worker failed, in its own words: Kubernetes' termination message (the file at the
+# container's terminationMessagePath, which the kubelet copies into the container's terminated
+# state when it ends). The bundled trainer writes one line, ``<Kind>: <what and the fix>``
+# (``ddp_trainer.launch.exits``); so may a script of the user's. The operator adds it to the
+# failure it reports (a pod's Event, the Failed condition), and fails the job at once when the
+# kind is one that no retry can change (:data:`REFUSALS`).
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+ENV_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"  # another file (outside a pod: tests, local runs)
+TERMINATION_MAX_CHARS = 1024  # the kubelet keeps 4096 bytes of a container's message
+INCOMPATIBLE_RESUME = "IncompatibleResume"  # the checkpoint folder holds another run's state
+REFUSALS = frozenset({INCOMPATIBLE_RESUME})
+
+
+def termination_kind(message: str) -> tuple[str, str]:
+    """(kind, the rest) of a termination message ``<Kind>: <text>``; ("", message) when its
+    first word is no exception-like name."""
+    head, sep, rest = message.partition(": ")
+    if sep and head.isidentifier() and head[:1].isupper():
+        return head, rest.strip()
+    return "", message.strip()
+
+
 # Status timestamps: RFC 3339 in UTC, whole seconds, as Kubernetes writes them.
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 

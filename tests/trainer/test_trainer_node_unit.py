@@ -10,13 +10,20 @@ import sys
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from torch.distributed import TCPStore
 
 from ddp_devcluster.procs import free_port
 from ddp_trainer.launch import store_probe, supervisor
-from ddp_trainer.launch.exits import exit_code
+from ddp_trainer.launch.exits import (
+    clear_why,
+    exit_code,
+    say_why,
+    termination_log,
+    termination_text,
+)
 from ddp_trainer.launch.settings import restarts_allowed, torchrun_setting
 from ddp_trainer.launch.store_probe import STORE_ID_KEY, read_store_id, split_endpoint
 from ddp_trainer.launch.supervisor import Outcome, after_exit
@@ -92,6 +99,27 @@ def test_a_worker_exits_with_its_code_though_a_library_thread_never_ends() -> No
     assert (done.returncode, done.stdout) == (3, "trained"), done.stderr
     with pytest.raises(subprocess.TimeoutExpired):  # the plain exit waits on the thread
         subprocess.run([*run, "plain"], env=env, capture_output=True, timeout=3)
+
+
+def test_a_failed_worker_says_why_once_per_start_in_the_termination_message(tmp_path) -> None:
+    """The first failure of a start is kept (later ones in the pod are mostly its
+    consequences); the supervisor clears it before the next start. Outside a pod, where the
+    kubelet mounted no /dev/termination-log and no file is named, nothing is written."""
+    why = tmp_path / "termination-log"
+    env = {"DDPJOB_TERMINATION_LOG": str(why)}
+    assert termination_log(env) == why
+    assert termination_log({}) is None or Path("/dev/termination-log").is_file()
+    cause = termination_text(ValueError("the corpus\n  has no text"))
+    assert cause == "ValueError: the corpus has no text"
+    say_why(cause, env)
+    say_why(termination_text(RuntimeError("Connection reset by peer")), env)
+    assert why.read_text() == cause
+    clear_why(env)
+    say_why(termination_text(KeyboardInterrupt()), env)
+    assert why.read_text() == "KeyboardInterrupt"
+    long = termination_text(OSError("x" * 5000))
+    assert len(long) == 1024 and long.endswith("...")
+    say_why("never raises", {"DDPJOB_TERMINATION_LOG": str(tmp_path / "no" / "such" / "dir")})
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:

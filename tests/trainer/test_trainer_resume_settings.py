@@ -61,10 +61,21 @@ def test_a_resume_keeps_the_runs_meaning_and_each_ranks_own_generators(
     before = checkpoint_files(ckpt)
 
     changed = {**BASE, "seed": 4, "maxSteps": 6}
-    refused = launcher.standalone("seed", nproc=2, settings=changed, checkpoint_dir=ckpt)
+    why = launcher.workdir / "termination-log"  # the pod's /dev/termination-log
+    refused = launcher.standalone(
+        "seed",
+        nproc=2,
+        settings=changed,
+        checkpoint_dir=ckpt,
+        extra_env={"DDPJOB_TERMINATION_LOG": str(why)},
+    )
     assert refused.wait(300) != 0
     assert "seed: the checkpoint's 3, now 4" in refused.output(), refused.tail()
     assert "new checkpoint folder" in refused.output()
+    # What the operator reads to fail the job at once, saying why (ddp_api.contract).
+    said = why.read_text()
+    assert said.startswith("IncompatibleResume: cannot resume: the settings differ from the")
+    assert "(seed: the checkpoint's 3, now 4)" in said and "\n" not in said
     assert checkpoint_files(ckpt) == before  # nothing written, nothing deleted
 
     longer = launcher.standalone(

@@ -200,3 +200,12 @@ def test_a_ddpjob_is_read_only_at_the_contracts_api_version_and_kind() -> None:
     for key, other in (("apiVersion", "ddp.dev/v1"), ("kind", "PyTorchJob")):
         with pytest.raises(ValidationError):
             DDPJob.model_validate({**body, key: other})
+
+
+def test_a_termination_message_is_read_as_kind_and_words() -> None:
+    termination_kind = contract.termination_kind
+    text = "IncompatibleResume: cannot resume: the settings differ"
+    assert termination_kind(text) == ("IncompatibleResume", "cannot resume: the settings differ")
+    assert termination_kind("ValueError: x") == ("ValueError", "x")
+    for plain in ("killed: out of memory", "no kind here", "", "Two Words: x"):
+        assert termination_kind(plain) == ("", plain.strip())

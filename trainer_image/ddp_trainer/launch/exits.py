@@ -10,7 +10,15 @@ closed what it owns (the final checkpoint written, the process groups destroyed 
 so nothing is left that those waits would save. Every worker of the bundled trainer ends here,
 so all end the same way: the ones torchrun forks warm (:mod:`ddp_trainer.launch.warm`: the CPU
 pods and the tests) and a fresh ``python -m ddp_trainer`` (where a GPU is visible, or warm
-workers are off); so does the torchrun agent the node supervisor forks."""
+workers are off); so does the torchrun agent the node supervisor forks.
+
+A worker that fails on an exception says why in its pod's termination message
+(:data:`ddp_api.contract.TERMINATION_LOG`): ``<Kind>: <message>``, which the kubelet copies into
+the pod's status and the operator into the job's (an ``IncompatibleResume`` fails the job at
+once). The first failure of a torchrun start is kept: the failures it causes in the pod's other
+workers (a peer's collective that breaks) would only hide it. The node supervisor clears the
+message before each torchrun start (:func:`clear_why`), so an earlier start's is never read as
+a later one's."""
 
 from __future__ import annotations
 
@@ -18,8 +26,11 @@ import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import NoReturn
+
+from ddp_api.contract import ENV_TERMINATION_LOG, TERMINATION_LOG, TERMINATION_MAX_CHARS
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -37,8 +48,9 @@ def leave(run: Callable[[], int]) -> NoReturn:
         code = run()
     except SystemExit as exc:
         code = exit_code(exc)
-    except BaseException:
+    except BaseException as exc:
         traceback.print_exc()
+        say_why(termination_text(exc))
     finally:
         exit_now(code)
 
@@ -50,3 +62,43 @@ def exit_now(code: int) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def termination_text(exc: BaseException) -> str:
+    """The line a failed worker leaves as its termination message: ``<Kind>: <message>``, its
+    whitespace folded, at most TERMINATION_MAX_CHARS long."""
+    words = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {words}" if words else type(exc).__name__
+    if len(text) <= TERMINATION_MAX_CHARS:
+        return text
+    return text[: TERMINATION_MAX_CHARS - 3] + "..."
+
+
+def termination_log(env: Mapping[str, str]) -> Path | None:
+    """Where this pod's termination message goes: ``DDPJOB_TERMINATION_LOG``, else the file the
+    kubelet mounted at Kubernetes' default path; None outside a pod (nothing is created in
+    /dev)."""
+    if env.get(ENV_TERMINATION_LOG):
+        return Path(env[ENV_TERMINATION_LOG])
+    path = Path(TERMINATION_LOG)
+    return path if path.is_file() else None
+
+
+def say_why(text: str, env: Mapping[str, str] = os.environ) -> None:
+    """Writes ``text`` as the termination message, unless one was written since the last
+    :func:`clear_why`: the first failure is the cause, and later ones in the same pod are most
+    often what it caused. Never raises: a worker that fails goes on to exit with its code."""
+    path = termination_log(env)
+    if path is None:
+        return
+    with contextlib.suppress(OSError), path.open("a", encoding="utf-8") as out:
+        if out.tell() == 0:
+            out.write(text)
+
+
+def clear_why(env: Mapping[str, str] = os.environ) -> None:
+    """Empties the termination message (before a torchrun start)."""
+    path = termination_log(env)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.write_text("", encoding="utf-8")

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ddp_api.contract import ENV_POD_NAME
 from ddp_trainer.launch import warm
-from ddp_trainer.launch.exits import leave
+from ddp_trainer.launch.exits import clear_why, leave, say_why
 from ddp_trainer.launch.keptlog import KeptLog, Relay, keep
 from ddp_trainer.launch.settings import (
     DEFAULT_EXIT_BARRIER_S,
@@ -339,7 +339,13 @@ def supervise(args: list[str], kept: KeptLog | None) -> int:
             return 128 + signal.SIGTERM
         if endpoint and joined is None:
             log.error("no rendezvous store answered at %s in %.0fs", endpoint, STORE_WAIT_S)
+            clear_why()  # the cause now, not an earlier start's
+            say_why(
+                f"RendezvousStoreUnreachable: no rendezvous store answered at {endpoint} in"
+                f" {STORE_WAIT_S:.0f}s"
+            )
             return 1
+        clear_why()  # what an earlier start's workers said is not this start's
         child = Torchrun(args, barrier_s, kept, warm_workers)
         if stopping:  # a signal between the fork and the line above found no child to pass on to
             child.send_signal(signal.SIGTERM)
