@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
+from . import contract
 from .contract import API_VERSION, FAULT_TOLERANCE_PER_STEP, FAULT_TOLERANCE_RESTART, KIND
 from .trainer_config import BUILTIN_WORKLOADS, PLUGIN_PATTERN, TrainerConfig
 
@@ -291,6 +292,7 @@ class ProblemReason(StrEnum):
     COMMAND_NOT_FOUND = "CommandNotFound"
     OOM_KILLED = "OOMKilled"
     UNSCHEDULABLE = "Unschedulable"
+    INCOMPATIBLE_RESUME = contract.INCOMPATIBLE_RESUME  # the trainer's refusal to resume
 
 
 class IncidentKind(StrEnum):

@@ -11,6 +11,8 @@ that names the pods, what is wrong (image, claim, command, capacity, memory) and
 | PodScheduled False, any other message (cpu, memory, taint, selector, unbound claim) | Unschedulable | waits (an autoscaler may add a machine) |
 | terminated OOMKilled | OOMKilled | a pod failure: spends backoffLimit |
 | terminated Error, exit 137, a memory limit | (PodFailed) | a pod failure; :func:`killed_hint` names the limit |
+| terminated, termination message ``IncompatibleResume: ...`` (the trainer's) | IncompatibleResume | fails at once |
+| terminated, exit 1-127, any other termination message | (PodFailed) | a pod failure; :func:`said` quotes it |
 """  # noqa: E501
 
 from __future__ import annotations
@@ -71,6 +73,28 @@ def memory_limit(spec: DDPJobSpec) -> str:
     return str(limits["memory"]) if "memory" in limits else "unset"
 
 
+SAID_MAX_CHARS = 512  # of a termination message quoted in an Event or a condition
+
+
+def said(pod: PodView) -> str:
+    """``: <why>`` from a failed worker's termination message, for the failure's report; "" when
+    it has none, or ended by a signal (128+: the message would be an earlier failure's)."""
+    code = pod.exit_code
+    if not pod.said.strip() or code is None or not 1 <= code <= 127:
+        return ""
+    words = " ".join(pod.said.split())
+    if len(words) > SAID_MAX_CHARS:
+        words = words[: SAID_MAX_CHARS - 3] + "..."
+    return f": {words}"
+
+
+def checkpoint_volume(spec: DDPJobSpec) -> str:
+    """The checkpoint volume as a user named it: its claim, else the field."""
+    volume = spec.checkpoint.volume if spec.checkpoint else {}
+    claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+    return f"claim {claim}" if claim else "spec.checkpoint.volume"
+
+
 def killed_hint(pod: PodView, spec: DDPJobSpec) -> str:
     """What a node pod's exit code 137 (SIGKILL) may mean when its runtime did not say
     OOMKilled: containerd can publish a container's exit before the kernel's OOM event
@@ -111,6 +135,8 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
         return Finding(ProblemReason.CONTAINER_CONFIG_ERROR, p.reason, Effect.DEADLINE, p.message)
     if p.reason == OOM:
         return Finding(ProblemReason.OOM_KILLED, memory_limit(spec), Effect.COUNTED, p.message)
+    if p.reason == ProblemReason.INCOMPATIBLE_RESUME:
+        return Finding(p.reason, checkpoint_volume(spec), Effect.FAILS, p.message)
     if p.reason in START_REASONS:
         return Finding(p.reason, p.reason, Effect.COUNTED, p.message)
     if not p.scheduler:
@@ -148,6 +174,12 @@ def message(f: Finding, pods: Iterable[PodView]) -> str:
         )
     if f.reason == ProblemReason.COMMAND_NOT_FOUND:
         return f"{who} cannot run {f.culprit}: {why}; fix spec.command, or use an image that has it"
+    if f.reason == ProblemReason.INCOMPATIBLE_RESUME:
+        why = why.removeprefix("cannot resume: ")
+        return (
+            f"{who} cannot resume from the checkpoint on {f.culprit}: {why} (a DDPJob's"
+            " checkpoint folder is its spec.checkpoint.volume: give it a claim of its own)"
+        )
     if f.reason == ProblemReason.OOM_KILLED:
         return f"OOMKilled: raise spec.resources.limits.memory (now {f.culprit})"
     if f.reason == ProblemReason.UNSCHEDULABLE:

@@ -42,6 +42,7 @@ for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
 
 
 LAST = 20
+SHARED = "charlm-checkpoints"  # a claim of checkpoint-pvc-shared.yaml no other job here uses
 
 
 def test_a_node_lost_at_the_last_step_ends_the_job_succeeded_within_a_minute(sc: Scenario) -> None:
@@ -112,7 +113,9 @@ def test_an_operator_killed_mid_run_restarts_without_duplicates(sc: Scenario) ->
 
 def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -> None:
     """Five broken jobs at once, each a digits job with one thing wrong: they are said apart,
-    each by the reason the kubelet, the runtime or the scheduler gave for its own pods."""
+    each by the reason the kubelet, the runtime or the scheduler gave for its own pods. A
+    sixth is given the claim of a job that trained before it with another seed: the trainer
+    refuses that checkpoint, and the job fails at once with the trainer's words."""
     image = "127.0.0.1:1/ddp-operator/no-such-image:9.9"  # a registry that refuses at once
     small = {"requests": {"cpu": "100m", "memory": "64Mi"}}
     broken: dict[str, dict[str, Any]] = {
@@ -134,6 +137,12 @@ def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -
         jobs.append(job)
     sc.apply_example(CLAIMS)
     sc.k("apply", "-f", "-", input=yaml.safe_dump_all(jobs))
+    earlier = copy.deepcopy(examples[0])  # trains 3 steps into a claim of its own
+    earlier["metadata"]["name"] = "earlier"
+    earlier["spec"].update(nodes=1, resources=small)
+    earlier["spec"]["trainer"].update(maxSteps=3, evaluate=False)
+    earlier["spec"]["checkpoint"]["volume"]["persistentVolumeClaim"]["claimName"] = SHARED
+    sc.k("apply", "-f", "-", input=yaml.safe_dump(earlier))
 
     def failed(job: str) -> dict[str, Any] | None:
         """The Failed condition, once the job failed (status.reason is its reason)."""
@@ -158,6 +167,12 @@ def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -
     assert "no machine can take toobig-node-0 yet" in message
     print(sc.k("get", "ddpj"), flush=True)  # what a user sees meanwhile
     sc.k("delete", "ddpjob", "toobig", "--wait=false")  # it would wait for ever (by design)
+
+    sc.phase("earlier", "Succeeded", 180)
+    reuse = copy.deepcopy(earlier)  # the same claim, another seed: another run's checkpoint
+    reuse["metadata"]["name"] = "reuse"
+    reuse["spec"]["trainer"]["seed"] = 7
+    sc.k("apply", "-f", "-", input=yaml.safe_dump(reuse))
 
     nocmd = sc.until("nocmd Failed", lambda: failed("nocmd"), timeout_s=60)
     assert nocmd["reason"] == "CommandNotFound"
@@ -190,7 +205,21 @@ def test_jobs_that_cannot_run_say_why_and_what_cannot_heal_fails(sc: Scenario) -
     assert (
         "noclaim-node-0 cannot be scheduled: persistentvolumeclaim 'nope'" in (noclaim["message"])
     )
+    refused = sc.until("reuse Failed", lambda: failed("reuse"), timeout_s=120)
+    assert refused["reason"] == "IncompatibleResume"
+    assert refused["message"].startswith(
+        f"reuse-node-0 cannot resume from the checkpoint on claim {SHARED}: the settings differ"
+        " from the checkpoint's in seed"
+    ), refused["message"]
+    assert "(seed: the checkpoint's 0, now 7)" in refused["message"]
+    assert sc.status("reuse")["restarts"] == 0  # refused at once, not retried
     print(sc.k("get", "ddpj"), flush=True)
     events = sc.k("get", "events", "--field-selector", "involvedObject.kind=DDPJob")
-    for reason in ("Unschedulable", "CommandNotFound", "ImagePullFailed", "ClaimNotFound"):
+    for reason in (
+        "Unschedulable",
+        "CommandNotFound",
+        "ImagePullFailed",
+        "ClaimNotFound",
+        "IncompatibleResume",
+    ):
         assert reason in events

@@ -32,6 +32,14 @@ NOT_ON_PATH = 'exec: "trainx": executable file not found in $PATH'
 NO_MOUNT = "error mounting /ckpt: permission denied"
 NO_MATCH = "1 node(s) didn't match Pod's node affinity/selector"
 UNBOUND = "pod has unbound immediate PersistentVolumeClaims"
+# What the bundled trainer writes as its termination message when the checkpoint folder holds
+# another run's state (ddp_trainer.state.compat, through ddp_trainer.launch.exits).
+REFUSED = (
+    "IncompatibleResume: cannot resume: the settings differ from the checkpoint's in epochs,"
+    " which would change the run's meaning (epochs: the checkpoint's 1, now 20). Set epochs back"
+    " to the checkpoint's value, or use a new checkpoint folder to start a new run."
+)
+CLAIMED = {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}}
 
 
 def job(**spec: Any) -> DDPJob:
@@ -155,6 +163,16 @@ CASES = {
     "runtime could not mount": (
         (0, "Failed", ended("StartError", 128, NO_MOUNT), None, {}),
         ("StartError", "could not start (exit code 128): StartError: error mounting", "counted"),
+    ),
+    "the trainer refuses another run's checkpoint": (
+        (1, "Failed", ended("Error", 1, REFUSED), None, CLAIMED),
+        (
+            "IncompatibleResume",
+            "j-node-1 cannot resume from the checkpoint on claim ckpt: the settings differ from"
+            " the checkpoint's in epochs, which would change the run's meaning (epochs: the"
+            " checkpoint's 1, now 20).",
+            "fails",
+        ),
     ),
     "no machine has the cpu": (
         (0, "Pending", None, ("Unschedulable", "0/3 nodes are available: 3 Insufficient cpu."), {}),
@@ -308,3 +326,23 @@ def test_a_pod_is_called_unschedulable_only_after_a_moment() -> None:
     later = NOW + dt.timedelta(seconds=8)
     p = plan(job(nodes=1), p.status, [store, moment], later, RULES)
     assert said(p)[1] == "Unschedulable" and [r for _, r, _ in p.events] == ["Unschedulable"]
+
+
+def test_a_failed_workers_own_words_are_quoted_with_its_failure() -> None:
+    """A worker's termination message (why it failed, in the trainer's or the script's words)
+    is quoted in the failure's Event and condition, one line, bounded; not for an end by a
+    signal (128+), where the file may hold an earlier failure's words."""
+    words = "ValueError: the corpus\n  has no text"
+    p = observe(body(0, YOUNG, "Failed", ended("Error", 1, words)), {}, YOUNG)
+    expected = "j-node-0 failed with exit code 1: ValueError: the corpus has no text"
+    assert said(p) == ("Restarting", "PodFailed", f"{expected}; restart 1 of backoffLimit 3")
+    assert [r for _, r, m in p.events if m.startswith(f"{expected}; recreating")] == ["PodFailed"]
+    p = observe(body(0, YOUNG, "Failed", ended("Error", 2, "x" * 5000)), {"backoffLimit": 0}, YOUNG)
+    quoted = said(p)[2].removeprefix("j-node-0 failed with exit code 2: ")
+    assert quoted.startswith("x" * 100) and quoted.index("...;") == 509  # 512 with the dots
+    for code in (137, 143):
+        p = observe(body(0, YOUNG, "Failed", ended("Error", code, words)), {}, YOUNG)
+        assert said(p)[2] == "restart 1 of backoffLimit 3"
+        assert [m for _, _, m in p.events if "ValueError" in m] == []
+    # A refusal's kind is read only from a failed container's message.
+    assert views.view(body(0, YOUNG, "Succeeded", ended("Completed", 0, REFUSED))).problem is None

@@ -94,7 +94,8 @@ def _what(
     if found is not None and x.problem is not None:
         return f"could not start{code}: {x.problem.reason}: {x.problem.message}"
     if x.exit_code is not None:
-        return f"failed with exit code {x.exit_code}{diagnosis.killed_hint(x, spec)}"
+        hint = diagnosis.killed_hint(x, spec) or diagnosis.said(x)
+        return f"failed with exit code {x.exit_code}{hint}"
     return f"failed ({x.reason or 'no exit code'})"
 
 
@@ -142,6 +143,8 @@ def failures(st: Draft) -> Decision:
         what = _what(x, failed, s, found)
         if found is not None and found.outcome == diagnosis.Effect.COUNTED:
             cause = (found.reason, f"{x.name} {what}")
+        elif failed and diagnosis.said(x):  # the worker said why: the condition says it too
+            cause = (Reason.POD_FAILED, f"{x.name} {what}")
         # PerStep: a pod deleted while it runs took nothing down with it, whoever deleted it.
         if worker and (x.disrupted or (s.per_step and not failed)):
             delete += [x] if failed else []

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_api.contract import REFUSALS, termination_kind
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus
 from ddp_api.pods import PodPhase
 
@@ -59,6 +60,10 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
         if reason in START_REASONS or reason == OOM or term.get("exitCode") in COMMAND_EXIT_CODES:
             message = term.get("message") or f"exit code {term.get('exitCode')}"
             return PodProblem(reason or "Error", message, image)
+        # The trainer's refusal to run, in its termination message (ddp_api.contract).
+        kind, words = termination_kind(term.get("message") or "")
+        if kind in REFUSALS and term.get("exitCode"):
+            return PodProblem(kind, words, image)
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == ConditionStatus.FALSE:
             reason = c.get("reason") or UNSCHEDULABLE
@@ -85,6 +90,7 @@ class PodView:
     disrupted: str = ""  # the DisruptionTarget condition's reason, when it is True
     machine: str = ""  # spec.nodeName: the Kubernetes Node it runs on
     problem: PodProblem | None = None  # what its status says stops it
+    said: str = ""  # the worker container's termination message: why it failed, in its words
     progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
 
     @property
@@ -96,12 +102,13 @@ def view(pod: Mapping[str, Any]) -> PodView:
     """Reads a pod body from the API into a :class:`PodView`."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     labels = meta.get("labels") or {}
-    exit_code, reason, finished = None, "", ""
+    exit_code, reason, finished, said = None, "", "", ""
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and cs.get("name") in CONTAINERS:
             exit_code, reason = term.get("exitCode"), term.get("reason", "")
             finished = term.get("finishedAt") or ""
+            said = term.get("message") or "" if cs.get("name") == render.CONTAINER else ""
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conds.get("Ready") or {}).get("status") == ConditionStatus.TRUE
     target = conds.get(DISRUPTION_TARGET) or {}
@@ -127,6 +134,7 @@ def view(pod: Mapping[str, Any]) -> PodView:
         disrupted=disrupted,
         machine=(pod.get("spec") or {}).get("nodeName") or "",
         problem=problem(pod),
+        said=said,
         progress=reports.record_of_pod(pod),
     )
 
