@@ -59,6 +59,11 @@ class Tally:
         self.last_loss = float("nan")
         self.last_rate = 0.0
         self.held_at: int | None = None
+        # Whether this start has anything to tell: a step trained, or a report offered (a
+        # hold). A start that trained none (it resumed at the last step, after another group
+        # or start finished) sends no final report: its loss, rate and world would replace
+        # those of the run that trained.
+        self.told = False
 
     def line(self, event: str, **fields: Any) -> None:
         """One line of ``metrics.jsonl`` (rank 0; nothing elsewhere)."""
@@ -102,6 +107,7 @@ class Tally:
     def step_done(self, seconds: float, lr: float, grad_norm: float) -> None:
         p = self.parts.state.position
         self.lr, self.grad_norm = lr, grad_norm
+        self.told = True
         self.metrics.step_done(
             seconds=seconds, step=p.step, epoch=p.epoch, lr=lr, grad_norm=grad_norm
         )
@@ -178,6 +184,7 @@ class Tally:
             held_at_step=self.held_at,
             groups=self.groups,
         )
+        self.told = True
         self.reporter.offer(record, final=final, urgent=urgent)
 
     def checkpoint(self, step: int, blocked_s: float, synchronous: bool) -> None:
@@ -213,9 +220,10 @@ class Tally:
             self.restart_clock()
 
     def close(self) -> None:
-        """The final report, then no more lines."""
+        """The final report (where this start has told anything), then no more lines."""
         if self.reporter is not None:
-            self.report(final=True)
+            if self.told:
+                self.report(final=True)
             self.reporter.close()
         if self.run_log is not None:
             self.run_log.close()
