@@ -57,15 +57,23 @@ def duration(seconds: int) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def incident_line(incident: Mapping[str, Any]) -> str:
-    """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)``"""
+def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
+    """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)``;
+    in PerStep mode (``per_step``), where the other replica groups trained on through it (no
+    step redone), ``incident Disruption at step 180: the other groups trained on (step 400
+    reported after 6s, 0 steps redone)``: its seconds are no stop of training then."""
     at = incident.get("atStep")
     where = f" at step {at}" if at is not None else ""
     seconds = incident.get("seconds")
     after = f" after {float(seconds):.0f}s" if seconds is not None else ""
-    cost = f"step {incident.get('resumedStep', '?')}"
-    if incident.get("stepsRedone") is not None:
-        cost += f", {incident['stepsRedone']} steps redone"
+    redone = incident.get("stepsRedone")
+    step = f"step {incident.get('resumedStep', '?')}"
+    cost = step if redone is None else f"{step}, {redone} steps redone"
+    if per_step and redone == 0:
+        return (
+            f"incident {incident.get('kind')}{where}: the other groups trained on ({step}"
+            f" reported{after}, 0 steps redone)"
+        )
     return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
 
 
@@ -117,7 +125,8 @@ class LiveView:
             if "resumedAt" in incident and key not in self.incidents:
                 self.incidents.add(key)
                 self._end_line()
-                self.write(f"{self.indent}{incident_line(incident)}\n")
+                per_step = (status.get("progress") or {}).get("groups") is not None
+                self.write(f"{self.indent}{incident_line(incident, per_step)}\n")
         progress = status.get("progress") or {}
         line = progress_line(progress) if progress else None
         if line and line != self.shown:  # a new report that shows nothing new is no new line

@@ -200,3 +200,15 @@ def test_the_live_view_says_each_incident_once_when_it_closes() -> None:
     assert said == [
         "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)"
     ]
+    # PerStep mode (its progress counts groups): the others trained on, nothing stopped.
+    view = LiveView(out.append)
+    group = {"kind": "Disruption", "detectedAt": "2026-11-28T01:25:53Z", "atStep": 180}
+    group |= {"resumedAt": "2026-11-28T01:25:59Z", "seconds": 6, "resumedStep": 400}
+    group |= {"stepsRedone": 0}
+    view({"phase": "Running", "progress": {"groups": 2}, "incidents": [group]})
+    view({"phase": "Running", "progress": {"groups": 1}, "incidents": [group, {**closed}]})
+    assert [line.strip() for line in out if "incident" in line][1:] == [
+        "incident Disruption at step 180: the other groups trained on (step 400 reported after"
+        " 6s, 0 steps redone)",
+        "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)",
+    ]
