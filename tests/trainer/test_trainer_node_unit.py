@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from torch.distributed import TCPStore
+from trainer_harness import Launcher, subprocess_env
 
 from ddp_devcluster.procs import free_port
 from ddp_trainer.launch import store_probe, supervisor
@@ -24,6 +25,7 @@ from ddp_trainer.launch.exits import (
     termination_log,
     termination_text,
 )
+from ddp_trainer.launch.last_words import LastWords
 from ddp_trainer.launch.settings import restarts_allowed, torchrun_setting
 from ddp_trainer.launch.store_probe import STORE_ID_KEY, read_store_id, split_endpoint
 from ddp_trainer.launch.supervisor import Outcome, after_exit
@@ -120,6 +122,57 @@ def test_a_failed_worker_says_why_once_per_start_in_the_termination_message(tmp_
     long = termination_text(OSError("x" * 5000))
     assert len(long) == 1024 and long.endswith("...")
     say_why("never raises", {"DDPJOB_TERMINATION_LOG": str(tmp_path / "no" / "such" / "dir")})
+
+
+TRACEBACKS = """\
+[rank1]: Traceback (most recent call last):
+[rank0]: Traceback (most recent call last):
+[rank1]:   File "/scripts/train.py", line 9, in <module>
+[rank0]:   File "/scripts/train.py", line 7, in <module>
+[rank0]:     load(corpus)
+[rank0]:     ^^^^^^^^^^^^
+[rank1]:     dist.all_reduce(t)
+[rank0]: ValueError: the corpus
+[rank0]: has no text
+[rank1]: torch.distributed.DistBackendError: Connection reset by peer
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+"""
+
+
+def test_a_scripts_first_exception_is_read_from_its_output_and_torchruns_summary_is_not() -> None:
+    words = LastWords()
+    for line in TRACEBACKS.encode().splitlines():
+        words.feed(line)
+    assert words.said == "ValueError: the corpus"
+    summary = LastWords()
+    for line in TRACEBACKS.encode().splitlines()[10:]:
+        summary.feed(line)
+    assert summary.said == ""  # torchrun's ChildFailedError is no worker's cause
+    module = LastWords()
+    for line in (b"Traceback (most recent call last):", b'  File "x"', b"a.b.KeyError: 'lr'"):
+        module.feed(line)
+    assert module.said == "KeyError: 'lr'"
+
+
+def test_a_supervised_scripts_failure_leaves_its_exception_as_the_termination_message(
+    launcher: Launcher,
+) -> None:
+    """A user's script under ``ddp_trainer.node`` (as the operator's pods run it) writes no
+    termination message; the wrapper leaves its first worker's exception there."""
+    why = launcher.workdir / "termination-log"
+    args = ["-m", "ddp_trainer.node", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+    args += ["--monitor-interval=0.5", "-m", "raising_script"]
+    ckpt = launcher.workdir / "ckpt"
+    env = subprocess_env(
+        DDPJOB_TERMINATION_LOG=str(why), DDPJOB_CHECKPOINT_DIR=str(ckpt), POD_NAME="j-node-0"
+    )
+    node = launcher.start("script", args, env)
+    assert node.wait(120) == 1, node.tail()
+    assert why.read_text() == "ValueError: the corpus at /data/corpus.txt has no text"
+    assert (ckpt / "logs" / "j-node-0.log").is_file()  # (the relay that read it kept the log)
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:

@@ -23,7 +23,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -216,10 +216,12 @@ class KeptLog:
 
 class Relay:
     """Copies what a child writes to a pipe to this process's ``out`` descriptor as it comes,
-    and each line of it to a :class:`KeptLog`."""
+    and each line of it to a :class:`KeptLog` (and to ``heard``)."""
 
-    def __init__(self, fd: int, out: int, kept: KeptLog) -> None:
-        self.fd, self.out, self.kept = fd, out, kept
+    def __init__(
+        self, fd: int, out: int, kept: KeptLog, heard: Callable[[bytes], None] | None = None
+    ) -> None:
+        self.fd, self.out, self.kept, self.heard = fd, out, kept, heard
         self._thread = threading.Thread(target=self._run, name=f"relay-{out}", daemon=True)
         self._thread.start()
 
@@ -240,6 +242,8 @@ class Relay:
                 lines, pending = split_lines(pending, chunk)
                 for line in lines:
                     self.kept.put(line)
+                    if self.heard is not None:
+                        self.heard(line)
         except OSError:
             pass
         finally:

@@ -48,6 +48,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -56,6 +57,7 @@ from ddp_api.contract import ENV_POD_NAME
 from ddp_trainer.launch import warm
 from ddp_trainer.launch.exits import clear_why, leave, say_why
 from ddp_trainer.launch.keptlog import KeptLog, Relay, keep
+from ddp_trainer.launch.last_words import LastWords
 from ddp_trainer.launch.settings import (
     DEFAULT_EXIT_BARRIER_S,
     checkpoint_folder,
@@ -197,9 +199,14 @@ def run_torchrun(
         keep_rendezvous_open()
         if warm_workers:
             warm.install()
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import main as torchrun
 
-        torchrun(list(args))
+        try:
+            torchrun(list(args))
+        except ChildFailedError:  # a worker failed: its words are its own, not this summary
+            traceback.print_exc()
+            return 1
         return 0
 
     leave(run)
@@ -207,7 +214,8 @@ def run_torchrun(
 
 class Torchrun:
     """torchrun in a forked child of this (torch-importing) process. With a kept log, the
-    child's stdout and stderr are pipes that this process relays to its own and keeps."""
+    child's stdout and stderr are pipes that this process relays to its own and keeps, and
+    :attr:`last_words` reads its stderr for the first worker's exception."""
 
     def __init__(
         self,
@@ -229,10 +237,12 @@ class Torchrun:
         self.pid = pid
         self.code: int | None = None
         self.relays: list[Relay] = []
+        self.last_words = LastWords()
         for target, (read, write) in zip((1, 2), pipes, strict=False):
             os.close(write)
             assert kept is not None
-            self.relays.append(Relay(read, target, kept))
+            heard = self.last_words.feed if target == 2 else None
+            self.relays.append(Relay(read, target, kept, heard))
 
     def wait(self) -> int:
         while self.code is None:
@@ -361,6 +371,8 @@ def supervise(args: list[str], kept: KeptLog | None) -> int:
         if not outcome.restart:
             if code != 0:
                 log.info("exiting with torchrun's code %d: %s", code, outcome.reason)
+            if outcome.code != 0 and not stopping and child.last_words.said:
+                say_why(child.last_words.said)  # a worker's own message, written first, stays
             return outcome.code
         left -= 1
         log.warning(
