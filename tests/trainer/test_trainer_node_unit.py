@@ -142,6 +142,28 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 """
 
 
+RAISES = """
+import sys
+from ddp_trainer.launch.exits import leave
+class SignalException(Exception):  # torch's name for what SIGTERM raises in torchrun's agent
+    pass
+def run():
+    raise (SignalException if sys.argv[1] == "signal" else ValueError)("Process 12 got signal: 15")
+leave(run)
+"""
+
+
+def test_a_worker_that_raises_says_why_on_exit_and_one_told_to_stop_does_not(tmp_path) -> None:
+    for kind, said in (("value", "ValueError: Process 12 got signal: 15"), ("signal", None)):
+        why = tmp_path / f"termination-log-{kind}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        env["DDPJOB_TERMINATION_LOG"] = str(why)
+        run = [sys.executable, "-c", RAISES, kind]
+        done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "Traceback" in done.stderr
+        assert (why.read_text() if why.exists() else None) == said
+
+
 def test_a_scripts_first_exception_is_read_from_its_output_and_torchruns_summary_is_not() -> None:
     words = LastWords()
     for line in TRACEBACKS.encode().splitlines():

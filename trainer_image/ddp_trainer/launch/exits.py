@@ -32,6 +32,10 @@ from typing import NoReturn
 
 from ddp_api.contract import ENV_TERMINATION_LOG, TERMINATION_LOG, TERMINATION_MAX_CHARS
 
+# What a signal raises (torchrun's agent: torch's SignalException on SIGTERM): the pod was told
+# to stop, which is no failure of its own to tell.
+SIGNALLED = frozenset({"SignalException", "KeyboardInterrupt"})
+
 
 def exit_code(exc: SystemExit) -> int:
     """The status a Python process exits with for ``exc``."""
@@ -50,7 +54,8 @@ def leave(run: Callable[[], int]) -> NoReturn:
         code = exit_code(exc)
     except BaseException as exc:
         traceback.print_exc()
-        say_why(termination_text(exc))
+        if type(exc).__name__ not in SIGNALLED:
+            say_why(termination_text(exc))
     finally:
         exit_now(code)
 
