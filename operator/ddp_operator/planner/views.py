@@ -108,7 +108,8 @@ def view(pod: Mapping[str, Any]) -> PodView:
         if term and cs.get("name") in CONTAINERS:
             exit_code, reason = term.get("exitCode"), term.get("reason", "")
             finished = term.get("finishedAt") or ""
-            said = term.get("message") or "" if cs.get("name") == render.CONTAINER else ""
+            if cs.get("name") == render.CONTAINER:
+                said = term.get("message") or ""
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conds.get("Ready") or {}).get("status") == ConditionStatus.TRUE
     target = conds.get(DISRUPTION_TARGET) or {}
