@@ -117,21 +117,17 @@ gpu-check: venv ## on a machine with an NVIDIA GPU: the trainer's CUDA paths, wh
 
 # A GPU machine without internet has torch but not the rest: `make gpu-wheels` here, then carry
 # out/wheels there and run tests/trainer/cuda_offline.sh (docs/benchmarks.md, "CUDA paths on a GPU").
-# Left out: torch and the CUDA stack it was built with (the machine's own), and torch's own
-# dependencies; numpy and scikit-learn (only its bundled digits data is read) come for a machine
-# that lacks them, in their own list.
+# Left out: torch, the CUDA stack it was built with and torch's own dependencies (the machine's).
 GPU_PYTHON_VERSION ?= 3.12
 TORCH_SIDE := torch|triton|nvidia-[a-z0-9-]+|cuda-[a-z-]+|sympy|mpmath|networkx|setuptools|scipy
-IF_MISSING := numpy|scikit-learn
 .PHONY: gpu-wheels
 gpu-wheels: | $(UV) ## the trainer's dependencies but torch's own, and pytest, as wheels in out/wheels for a GPU machine without internet (GPU_PYTHON_VERSION=3.12)
 	@mkdir -p out/wheels
-	{ grep -E '^[a-z0-9._-]+==' requirements/trainer.lock | grep -v -E '^($(TORCH_SIDE)|$(IF_MISSING))==' | sed 's/ .*//'; \
+	{ grep -E '^[a-z0-9._-]+==' requirements/trainer.lock | grep -v -E '^($(TORCH_SIDE))==' | sed 's/ .*//'; \
 	  grep -E '^(pytest|pytest-timeout|pluggy|iniconfig|packaging|pygments)==' requirements/dev.lock; } | sort -u > out/wheels/requirements.txt
-	grep -E '^($(IF_MISSING))==' requirements/trainer.lock | sed 's/ .*//' > out/wheels/if-missing.txt
 	$(CACHE)/uv-$(UV_VERSION)/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	  -d out/wheels -r out/wheels/requirements.txt -r out/wheels/if-missing.txt
+	  -d out/wheels -r out/wheels/requirements.txt
 	@echo "out/wheels: $$(ls out/wheels/*.whl | wc -l) wheels, $$(du -sh out/wheels | cut -f1); on the GPU machine: bash tests/trainer/cuda_offline.sh"
 
 .PHONY: cluster-up cluster-down
