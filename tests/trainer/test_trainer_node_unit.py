@@ -124,24 +124,6 @@ def test_a_failed_worker_says_why_once_per_start_in_the_termination_message(tmp_
     say_why("never raises", {"DDPJOB_TERMINATION_LOG": str(tmp_path / "no" / "such" / "dir")})
 
 
-TRACEBACKS = """\
-[rank1]: Traceback (most recent call last):
-[rank0]: Traceback (most recent call last):
-[rank1]:   File "/scripts/train.py", line 9, in <module>
-[rank0]:   File "/scripts/train.py", line 7, in <module>
-[rank0]:     load(corpus)
-[rank0]:     ^^^^^^^^^^^^
-[rank1]:     dist.all_reduce(t)
-[rank0]: ValueError: the corpus
-[rank0]: has no text
-[rank1]: torch.distributed.DistBackendError: Connection reset by peer
-Traceback (most recent call last):
-  File "/opt/venv/bin/torchrun", line 8, in <module>
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-"""
-
-
 RAISES = """
 import sys
 from ddp_trainer.launch.exits import leave
@@ -164,6 +146,24 @@ def test_a_worker_that_raises_says_why_on_exit_and_one_told_to_stop_does_not(tmp
         assert (why.read_text() if why.exists() else None) == said
 
 
+TRACEBACKS = """\
+[rank1]: Traceback (most recent call last):
+[rank0]: Traceback (most recent call last):
+[rank1]:   File "/scripts/train.py", line 9, in <module>
+[rank0]:   File "/scripts/train.py", line 7, in <module>
+[rank0]:     load(corpus)
+[rank0]:     ^^^^^^^^^^^^
+[rank1]:     dist.all_reduce(t)
+[rank0]: ValueError: the corpus
+[rank0]: has no text
+[rank1]: torch.distributed.DistBackendError: Connection reset by peer
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+"""
+
+
 def test_a_scripts_first_exception_is_read_from_its_output_and_torchruns_summary_is_not() -> None:
     words = LastWords()
     for line in TRACEBACKS.encode().splitlines():
@@ -182,7 +182,8 @@ def test_a_scripts_first_exception_is_read_from_its_output_and_torchruns_summary
 def test_a_supervised_scripts_failure_leaves_its_exception_as_the_termination_message(
     launcher: Launcher,
 ) -> None:
-    """A user's script under ``ddp_trainer.node`` (as the operator's pods run it) writes no
+    """A user's script under ``ddp_trainer.node`` (as the bundled trainer's pods run
+    torchrun, and a user's ``command: [python, -m, ddp_trainer.node]`` may) writes no
     termination message; the wrapper leaves its first worker's exception there."""
     why = launcher.workdir / "termination-log"
     args = ["-m", "ddp_trainer.node", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
