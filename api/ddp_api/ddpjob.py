@@ -276,6 +276,7 @@ class Reason(StrEnum):
     # Events only: what a reconcile does or could not do.
     SCALING_DOWN = "ScalingDown"
     CREATING_PODS = "CreatingPods"
+    CHECKPOINT_CLAIM_SHARED = "CheckpointClaimShared"  # another live job checkpoints there too
     CREATE_FAILED = "CreateFailed"
     PROGRESS_REJECTED = "ProgressRejected"  # a progress report refused
     TRAINER_POLICY_MISSING = "TrainerPolicyMissing"  # the admission policy is not in force

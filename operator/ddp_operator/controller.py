@@ -123,6 +123,7 @@ class Controller:
             self.settings, self.expected, self.pods, self.services, self.progress, self.actions,
             self.trainer, self.workloads, self.machines, self.startup, self.spawn,
             lambda key, after_s: self.queue.later(key, after_s),
+            lambda: [job for key in list(self.jobs) for job in self.jobs.get(key, [])],
         )  # fmt: skip
         self.queue = WorkQueue(
             self.reconciler.reconcile,

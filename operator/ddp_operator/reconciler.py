@@ -11,17 +11,17 @@ import dataclasses
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from ddp_api import contract
-from ddp_api.ddpjob import DDPJob, Reason
+from ddp_api.ddpjob import DDPJob, DDPJobPhase, Reason
 from ddp_api.status import StatusFields
 
-from . import bookkeeping, informer, queueing, render
+from . import bookkeeping, claims, informer, queueing, render
 from .actions import Actions
 from .kueue_workloads import KueueWorkloads
 from .machines import Machines
@@ -51,6 +51,7 @@ class Reconciler:
     startup: StartupTimes
     spawn: Callable[[Coroutine[Any, Any, None]], None]
     later: Callable[[Key, float | None], None]  # the work queue's: reconcile again after
+    jobs: Callable[[], Iterable[Mapping[str, Any]]] = tuple  # every job's index snapshot
 
     async def reconcile(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
@@ -149,7 +150,19 @@ class Reconciler:
         news = self.trainer.news(job, in_pod)
         if news:
             p.warn(Reason.TRAINER_POLICY_MISSING, news)
+        if _first_start(status, p):  # another live job on its checkpoint claim
+            claim = claims.claim_of(job.spec.model_dump(by_alias=True, exclude_none=True))
+            others = claims.sharing(key[0], key[1], claim, self.jobs())
+            if claim and others:
+                p.warn(Reason.CHECKPOINT_CLAIM_SHARED, claims.shared_message(claim, others))
         return p, workload
+
+
+def _first_start(status: StatusFields, p: Plan) -> bool:
+    """The plan creates a job's first node pods: before any restart, while it was new, Pending
+    or Queued."""
+    first = status.get("phase") in (None, "", DDPJobPhase.PENDING, DDPJobPhase.QUEUED)
+    return first and not status.get("restarts") and any(_is_worker(o) for o in p.create)
 
 
 def _is_worker(obj: dict[str, Any]) -> bool:

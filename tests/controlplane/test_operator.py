@@ -599,6 +599,29 @@ def test_spread_required_gives_each_node_pod_a_machine_of_its_own(c: Cluster) ->
             c.cp.kubectl("delete", "node", machine, "--wait=false")
 
 
+def test_a_job_started_on_a_claim_another_live_job_checkpoints_to_is_warned(c: Cluster) -> None:
+    """Both would write and prune one checkpoint folder: said once, naming the other job."""
+
+    def on(claim: str) -> dict[str, Any]:
+        return {"volume": {"persistentVolumeClaim": {"claimName": claim}}}
+
+    def creating(job: str) -> bool | None:
+        return any(r == "CreatingPods" for _, r, _ in c.events(job)) or None
+
+    c.submit("first", {"nodes": 1, "checkpoint": on("shared")})
+    c.until("first's pods created", lambda: creating("first"))
+    c.submit("second", {"nodes": 1, "checkpoint": on("shared")})
+    c.submit("apart", {"nodes": 1, "checkpoint": on("its-own")})
+    c.until("second's and apart's pods created", lambda: creating("second") and creating("apart"))
+    shared = [m for t, r, m in c.events("second") if r == "CheckpointClaimShared"]
+    assert [t for t, r, _ in c.events("second") if r == "CheckpointClaimShared"] == ["Warning"]
+    assert shared[0].startswith(
+        "spec.checkpoint.volume is claim shared, which ddpjob/first also checkpoints to"
+    )
+    for job in ("first", "apart"):
+        assert all(r != "CheckpointClaimShared" for _, r, _ in c.events(job))
+
+
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:
     c.submit("budget", {"nodes": 2, "backoffLimit": 1})
     c.running("budget", 2)
