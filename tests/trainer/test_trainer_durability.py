@@ -134,17 +134,23 @@ def test_after_a_failed_background_write_the_next_checkpoint_is_synchronous(
     assert all(on_disk for name, on_disk in reports.named if name), reports.named
 
 
-def test_a_start_that_trains_no_step_reports_nothing(tmp_path: Path) -> None:
-    """A start that resumes at the last step (a replica group or a pod that came up as the run
-    finished) trains nothing: a final report from it, with no loss, no rate and its world
-    alone, would replace the last report of the run that trained (seen on kind: a PerStep
-    job's replacement group left the Succeeded job's status with no loss and 1 group)."""
+def test_a_start_that_trains_no_step_reports_only_where_it_is_the_runs_one_report(
+    tmp_path: Path,
+) -> None:
+    """A start that resumes at the last step trains nothing. Where it is the job's one report
+    (a new job given a finished run's claim) it reports the position; where another group of
+    the same run completed it (PerStep's ``_done_elsewhere`` sets ``untold_final`` False) it
+    reports nothing: a final report with no loss, no rate and its world alone would replace
+    the last one of the groups that trained (seen on kind: a replacement group left the
+    Succeeded job's status with no loss and 1 group)."""
     run = trainer(tmp_path, maxSteps=4)
     run.tally.reporter = trained = Reports(tmp_path)  # type: ignore[assignment]
     assert run.train() == 0
     assert trained.named and trained.named[-1][0] == checkpoint_name(4)
-    late = trainer(tmp_path, maxSteps=4)
-    late.tally.reporter = reports = Reports(tmp_path)  # type: ignore[assignment]
-    assert late.train() == 0
-    assert late.checkpoints.resumed_from == checkpoint_name(4)
-    assert reports.named == []
+    for untold_final, expected in ((True, [(checkpoint_name(4), True)]), (False, [])):
+        late = trainer(tmp_path, maxSteps=4)
+        late.tally.reporter = reports = Reports(tmp_path)  # type: ignore[assignment]
+        late.tally.untold_final = untold_final
+        assert late.train() == 0
+        assert late.checkpoints.resumed_from == checkpoint_name(4)
+        assert reports.named == expected

@@ -303,8 +303,10 @@ class PerStepTrainer(Trainer):
             super().save_checkpoint(wait, every_rank)
 
     def _done_elsewhere(self) -> int:
-        """Training is complete and another group wrote the final checkpoint: exit 0."""
+        """Training is complete and another group wrote the final checkpoint: exit 0 (with no
+        final report where this group trained nothing: the writer's last one stands)."""
         self.stacks.disarm()  # a hold at the end is no hang
+        self.tally.untold_final = False
         log.info(
             "training complete at step %d (the final checkpoint is another group's)",
             self.parts.total_steps,

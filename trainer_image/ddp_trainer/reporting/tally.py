@@ -59,11 +59,13 @@ class Tally:
         self.last_loss = float("nan")
         self.last_rate = 0.0
         self.held_at: int | None = None
-        # Whether this start has anything to tell: a step trained, or a report offered (a
-        # hold). A start that trained none (it resumed at the last step, after another group
-        # or start finished) sends no final report: its loss, rate and world would replace
-        # those of the run that trained.
+        # Whether this start has told anything (a step trained, or a report offered), and
+        # whether its final report waits on that: in PerStep mode a group that came up as another
+        # group of the run completed it trains nothing, and its report (no loss, no rate, its
+        # world alone) would replace the last one of the groups that trained. A start that
+        # resumes a finished run's last checkpoint reports its position as before.
         self.told = False
+        self.untold_final = True
 
     def line(self, event: str, **fields: Any) -> None:
         """One line of ``metrics.jsonl`` (rank 0; nothing elsewhere)."""
@@ -220,9 +222,9 @@ class Tally:
             self.restart_clock()
 
     def close(self) -> None:
-        """The final report (where this start has told anything), then no more lines."""
+        """The final report (unless it waits on a start that told nothing), then no more lines."""
         if self.reporter is not None:
-            if self.told:
+            if self.told or self.untold_final:
                 self.report(final=True)
             self.reporter.close()
         if self.run_log is not None:
