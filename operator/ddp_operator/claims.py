@@ -15,14 +15,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddp_api.ddpjob import TERMINAL_PHASES
+from ddp_api.ddpjob import TERMINAL_PHASES, DDPJobSpec
+
+
+def volume_claim(volume: Mapping[str, Any]) -> str | None:
+    """The claim a core/v1 volume source names; None for another kind of volume."""
+    claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+    return str(claim) if claim else None
 
 
 def claim_of(spec: Mapping[str, Any]) -> str | None:
     """The claim of a job's checkpoint volume (a spec as the API holds it); None without one."""
-    volume = (spec.get("checkpoint") or {}).get("volume") or {}
-    claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-    return str(claim) if claim else None
+    return volume_claim((spec.get("checkpoint") or {}).get("volume") or {})
+
+
+def job_claim(spec: DDPJobSpec) -> str | None:
+    """:func:`claim_of` for a spec already read into the API's model."""
+    return volume_claim(spec.checkpoint.volume) if spec.checkpoint else None
 
 
 def sharing(

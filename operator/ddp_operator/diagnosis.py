@@ -26,7 +26,7 @@ from enum import StrEnum
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobSpec, ProblemReason
 
-from . import render
+from . import claims, render
 from .planner.views import (
     COMMAND_EXIT_CODES,
     CONFIG_REASONS,
@@ -90,8 +90,7 @@ def said(pod: PodView) -> str:
 
 def checkpoint_volume(spec: DDPJobSpec) -> str:
     """The checkpoint volume as a user named it: its claim, else the field."""
-    volume = spec.checkpoint.volume if spec.checkpoint else {}
-    claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+    claim = claims.job_claim(spec)
     return f"claim {claim}" if claim else "spec.checkpoint.volume"
 
 

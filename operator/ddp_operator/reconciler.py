@@ -151,7 +151,7 @@ class Reconciler:
         if news:
             p.warn(Reason.TRAINER_POLICY_MISSING, news)
         if _first_start(status, p):  # another live job on its checkpoint claim
-            claim = claims.claim_of(job.spec.model_dump(by_alias=True, exclude_none=True))
+            claim = claims.job_claim(job.spec)
             others = claims.sharing(key[0], key[1], claim, self.jobs())
             if claim and others:
                 p.warn(Reason.CHECKPOINT_CLAIM_SHARED, claims.shared_message(claim, others))
