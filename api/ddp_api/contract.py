@@ -154,6 +154,13 @@ INCOMPATIBLE_RESUME = "IncompatibleResume"  # the checkpoint folder holds anothe
 REFUSALS = frozenset({INCOMPATIBLE_RESUME})
 
 
+def one_line(text: str, limit: int) -> str:
+    """``text`` with its whitespace folded to single spaces, cut to ``limit`` characters (the
+    last three ``...``) when longer: how a termination message is written and quoted."""
+    words = " ".join(text.split())
+    return words if len(words) <= limit else words[: limit - 3] + "..."
+
+
 def termination_kind(message: str) -> tuple[str, str]:
     """(kind, the rest) of a termination message ``<Kind>: <text>``; ("", message) when its
     first word is no exception-like name."""

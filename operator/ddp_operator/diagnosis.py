@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ddp_api.contract import parse_rfc3339
+from ddp_api.contract import one_line, parse_rfc3339
 from ddp_api.ddpjob import DDPJobSpec, ProblemReason
 
 from . import claims, render
@@ -82,10 +82,7 @@ def said(pod: PodView) -> str:
     code = pod.exit_code
     if not pod.said.strip() or code is None or not 1 <= code <= 127:
         return ""
-    words = " ".join(pod.said.split())
-    if len(words) > SAID_MAX_CHARS:
-        words = words[: SAID_MAX_CHARS - 3] + "..."
-    return f": {words}"
+    return f": {one_line(pod.said, SAID_MAX_CHARS)}"
 
 
 def checkpoint_volume(spec: DDPJobSpec) -> str:

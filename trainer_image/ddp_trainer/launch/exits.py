@@ -30,7 +30,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from ddp_api.contract import ENV_TERMINATION_LOG, TERMINATION_LOG, TERMINATION_MAX_CHARS
+from ddp_api.contract import (
+    ENV_TERMINATION_LOG,
+    TERMINATION_LOG,
+    TERMINATION_MAX_CHARS,
+    one_line,
+)
 
 # What a signal raises (torchrun's agent: torch's SignalException on SIGTERM): the pod was told
 # to stop, which is no failure of its own to tell.
@@ -72,11 +77,10 @@ def exit_now(code: int) -> NoReturn:
 def termination_text(exc: BaseException) -> str:
     """The line a failed worker leaves as its termination message: ``<Kind>: <message>``, its
     whitespace folded, at most TERMINATION_MAX_CHARS long."""
-    words = " ".join(str(exc).split())
-    text = f"{type(exc).__name__}: {words}" if words else type(exc).__name__
-    if len(text) <= TERMINATION_MAX_CHARS:
-        return text
-    return text[: TERMINATION_MAX_CHARS - 3] + "..."
+    words = str(exc).strip()
+    return one_line(
+        f"{type(exc).__name__}: {words}" if words else type(exc).__name__, TERMINATION_MAX_CHARS
+    )
 
 
 def termination_log(env: Mapping[str, str]) -> Path | None:
