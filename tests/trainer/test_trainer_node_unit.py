@@ -179,23 +179,26 @@ def test_a_scripts_first_exception_is_read_from_its_output_and_torchruns_summary
     assert module.said == "KeyError: 'lr'"
 
 
+@pytest.mark.parametrize("volume", [True, False], ids=["kept-log", "no-volume"])
 def test_a_supervised_scripts_failure_leaves_its_exception_as_the_termination_message(
-    launcher: Launcher,
+    launcher: Launcher, volume: bool
 ) -> None:
-    """A user's script under ``ddp_trainer.node`` (as the bundled trainer's pods run
-    torchrun, and a user's ``command: [python, -m, ddp_trainer.node]`` may) writes no
-    termination message; the wrapper leaves its first worker's exception there."""
+    """A user's script under ``ddp_trainer.node`` (as ``kubectl ddp submit`` runs it, and a
+    user's ``command: [python, -m, ddp_trainer.node]`` may) writes no termination message;
+    the wrapper leaves its first worker's exception there, with or without a checkpoint
+    volume to keep the log on."""
     why = launcher.workdir / "termination-log"
     args = ["-m", "ddp_trainer.node", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
     args += ["--monitor-interval=0.5", "-m", "raising_script"]
     ckpt = launcher.workdir / "ckpt"
-    env = subprocess_env(
-        DDPJOB_TERMINATION_LOG=str(why), DDPJOB_CHECKPOINT_DIR=str(ckpt), POD_NAME="j-node-0"
-    )
+    env = subprocess_env(DDPJOB_TERMINATION_LOG=str(why), POD_NAME="j-node-0")
+    if volume:
+        env["DDPJOB_CHECKPOINT_DIR"] = str(ckpt)
     node = launcher.start("script", args, env)
     assert node.wait(120) == 1, node.tail()
     assert why.read_text() == "ValueError: the corpus at /data/corpus.txt has no text"
-    assert (ckpt / "logs" / "j-node-0.log").is_file()  # (the relay that read it kept the log)
+    assert (ckpt / "logs" / "j-node-0.log").is_file() == volume
+    assert "ValueError: the corpus" in node.output()  # relayed to the pod's log all the same
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:

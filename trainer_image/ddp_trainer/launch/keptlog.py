@@ -216,10 +216,14 @@ class KeptLog:
 
 class Relay:
     """Copies what a child writes to a pipe to this process's ``out`` descriptor as it comes,
-    and each line of it to a :class:`KeptLog` (and to ``heard``)."""
+    and each line of it to a :class:`KeptLog` (where one is kept) and to ``heard``."""
 
     def __init__(
-        self, fd: int, out: int, kept: KeptLog, heard: Callable[[bytes], None] | None = None
+        self,
+        fd: int,
+        out: int,
+        kept: KeptLog | None,
+        heard: Callable[[bytes], None] | None = None,
     ) -> None:
         self.fd, self.out, self.kept, self.heard = fd, out, kept, heard
         self._thread = threading.Thread(target=self._run, name=f"relay-{out}", daemon=True)
@@ -241,13 +245,14 @@ class Relay:
                     relaying = False
                 lines, pending = split_lines(pending, chunk)
                 for line in lines:
-                    self.kept.put(line)
+                    if self.kept is not None:
+                        self.kept.put(line)
                     if self.heard is not None:
                         self.heard(line)
         except OSError:
             pass
         finally:
-            if pending:
+            if pending and self.kept is not None:
                 self.kept.put(pending)
             with contextlib.suppress(OSError):
                 os.close(self.fd)

@@ -213,9 +213,9 @@ def run_torchrun(
 
 
 class Torchrun:
-    """torchrun in a forked child of this (torch-importing) process. With a kept log, the
-    child's stdout and stderr are pipes that this process relays to its own and keeps, and
-    :attr:`last_words` reads its stderr for the first worker's exception."""
+    """torchrun in a forked child of this (torch-importing) process. Its stderr is a pipe that
+    this process relays to its own, and :attr:`last_words` reads for the first worker's
+    exception; with a kept log its stdout is relayed too, and both are kept."""
 
     def __init__(
         self,
@@ -226,10 +226,10 @@ class Torchrun:
     ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        pipes = [os.pipe(), os.pipe()] if kept is not None else []
+        pipes = {target: os.pipe() for target in ((1, 2) if kept is not None else (2,))}
         pid = os.fork()
         if pid == 0:
-            for target, (read, write) in zip((1, 2), pipes, strict=False):
+            for target, (read, write) in pipes.items():
                 os.dup2(write, target)
                 os.close(read)
                 os.close(write)
@@ -238,9 +238,8 @@ class Torchrun:
         self.code: int | None = None
         self.relays: list[Relay] = []
         self.last_words = LastWords()
-        for target, (read, write) in zip((1, 2), pipes, strict=False):
+        for target, (read, write) in pipes.items():
             os.close(write)
-            assert kept is not None
             heard = self.last_words.feed if target == 2 else None
             self.relays.append(Relay(read, target, kept, heard))
 
