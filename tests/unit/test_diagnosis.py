@@ -346,3 +346,29 @@ def test_a_failed_workers_own_words_are_quoted_with_its_failure() -> None:
         assert [m for _, _, m in p.events if "ValueError" in m] == []
     # A refusal's kind is read only from a failed container's message.
     assert views.view(body(0, YOUNG, "Succeeded", ended("Completed", 0, REFUSED))).problem is None
+
+
+def test_a_workers_words_stay_in_the_restarting_condition_until_the_job_runs_again() -> None:
+    """Seen on kind: the words were in the condition only until the next reconcile, which
+    said the bare count again; what the user reads while the job restarts is why."""
+    failed = views.view(body(0, YOUNG, "Failed", ended("Error", 1, "ValueError: no text")))
+    store = views.view(body(-1, YOUNG))
+    first = plan(job(nodes=1), {"startTime": YOUNG}, [store, failed], NOW, RULES)
+    expected = "j-node-0 failed with exit code 1: ValueError: no text; restart 1 of backoffLimit 3"
+    assert said(first) == ("Restarting", "PodFailed", expected)
+    later = NOW + dt.timedelta(seconds=5)
+    status = {**first.status, "phase": "Restarting"}
+    second = plan(job(nodes=1), status, [store], later, RULES)  # j-node-0 gone, recreated
+    assert said(second) == said(first)
+    starting = [store, views.view(body(0, YOUNG, "Pending"))]
+    assert said(plan(job(nodes=1), second.status, starting, later, RULES)) == said(first)
+    back = [store, views.view(body(0, YOUNG))]
+    assert said(plan(job(nodes=1), second.status, back, later, RULES))[:2] == (
+        "Running",
+        "AllNodesRunning",
+    )
+    wordless = [store, views.view(body(0, YOUNG, "Failed"))]
+    bare = plan(job(nodes=1), {"startTime": YOUNG}, wordless, NOW, RULES)
+    assert said(bare)[2] == "restart 1 of backoffLimit 3"
+    bare_later = plan(job(nodes=1), {**bare.status, "phase": "Restarting"}, [store], later, RULES)
+    assert said(bare_later)[2].startswith("restart 1 of backoffLimit 3")  # said afresh

@@ -112,6 +112,21 @@ def _create_and_scale(
     return create, wait, extra
 
 
+RESTART_COUNT = "restart "  # how a Restarting message that names no cause begins
+
+
+def names_a_cause(said: Mapping[str, Any]) -> bool:
+    """Whether a Restarting condition says why the job restarts (an OOM kill, a start that
+    failed, a stall, a worker's own words: ``j-node-0 failed with exit code 1: ValueError:
+    ...``): that stays said while the job restarts, until it runs again, rather than giving
+    way to a bare count (``restart 2 of backoffLimit 3``) at the next reconcile."""
+    reason = said.get("reason")
+    if reason in diagnosis.COUNTED_REASONS or reason == Reason.STALLED:
+        return True
+    message = str(said.get("message") or "")
+    return reason == Reason.POD_FAILED and bool(message) and not message.startswith(RESTART_COUNT)
+
+
 def _progress_phase(
     st: Draft, prev_phase: str, wait: float, scaling_down: bool
 ) -> tuple[DDPJobPhase, str, str]:
@@ -129,17 +144,14 @@ def _progress_phase(
         prev_phase == DDPJobPhase.RESTARTING and len(running) < s.nodes
     ):
         reason: str = Reason.POD_FAILED
-        message = f"restart {st.restarts} of backoffLimit {s.backoff_limit}"
+        message = f"{RESTART_COUNT}{st.restarts} of backoffLimit {s.backoff_limit}"
         if wait > 0:
             message += f"; recreating in {wait:.0f}s"
         if st.cause is not None:  # a failure with a diagnosis (OOMKilled) is named
             reason, message = st.cause[0], f"{st.cause[1]}; {message}"
         elif "lastFailureTime" not in st.new:  # still restarting: what was said stays
             said = condition(st.status, DDPJobPhase.RESTARTING)
-            if (
-                said.get("reason") in diagnosis.COUNTED_REASONS
-                or said.get("reason") == Reason.STALLED
-            ):
+            if names_a_cause(said):
                 reason, message = said["reason"], said.get("message") or message
         return DDPJobPhase.RESTARTING, reason, message
     if len(running) == s.nodes and not scaling_down:
