@@ -21,7 +21,7 @@ from .client import DDPClient
 from .errors import DDPError, WaitTimeout
 from .jobs import read_script
 from .live import LiveView, exit_code
-from .objects import ScriptOptions
+from .objects import AUTO_LAUNCHER, LAUNCHERS, ScriptOptions
 
 PROG = "kubectl ddp"
 EXIT_ERROR, EXIT_TIMEOUT, EXIT_INTERRUPTED = 2, 3, 130
@@ -67,8 +67,9 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="run a script under torchrun as a DDPJob; prints the job's name",
         description="The script becomes a ConfigMap (owned by the job) mounted at /scripts, and"
-        " a DDPJob runs `torchrun /scripts/SCRIPT ARGS` on every node. Arguments after `--` go"
-        " to the script.",
+        " a DDPJob runs it under torchrun on every node (`torchrun /scripts/SCRIPT ARGS`, started"
+        " by the trainer image's node wrapper unless --image is given or --launcher says"
+        " otherwise). Arguments after `--` go to the script.",
         usage=f"{PROG} submit SCRIPT.py [options] [-- ARGS...]",
     )
     submit.add_argument("script", metavar="SCRIPT.py", help="a single-file training script")
@@ -80,6 +81,15 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--min", type=_positive, dest="min_nodes", help="elastic: fewest pods")
     submit.add_argument("--max", type=_positive, dest="max_nodes", help="elastic: most pods")
     submit.add_argument("--image", help="default: the operator's trainer image (it has torch)")
+    submit.add_argument(
+        "--launcher",
+        choices=[*LAUNCHERS, AUTO_LAUNCHER],
+        default=AUTO_LAUNCHER,
+        help="node: torchrun under the trainer image's node wrapper (it rides out a replaced"
+        " rendezvous store, keeps the log on the checkpoint volume and says why a worker"
+        " failed); torchrun: plain torchrun, for an image without the wrapper; auto (the"
+        " default): node unless --image is given",
+    )
     submit.add_argument(
         "--checkpoint-claim",
         metavar="PVC",
@@ -148,6 +158,7 @@ def _submit(args: argparse.Namespace, script_args: list[str]) -> int:
         image=args.image,
         checkpoint_claim=args.checkpoint_claim,
         args=tuple(script_args),
+        launcher=args.launcher,
     )
     name = ddp.submit_script(args.script, options)
     print(name, flush=True)

@@ -96,8 +96,9 @@ class Jobs(Connection):
 
     def submit_script(self, script: str | Path, options: ScriptOptions | None = None) -> str:
         """Runs a script under torchrun: a ConfigMap holding it (owned by the job, so deleted
-        with it) and a DDPJob whose pods run ``torchrun /scripts/<script> ARGS``. Returns the
-        job's name."""
+        with it) and a DDPJob whose pods run it, ``/scripts/<script> ARGS``, under the trainer
+        image's node wrapper or plain torchrun (``options.launcher``). Returns the job's
+        name."""
         from kubernetes.client.exceptions import ApiException
 
         source = read_script(script)

@@ -41,8 +41,8 @@ class InvalidJob(ValueError):
 
 @dataclass(frozen=True)
 class ScriptOptions:
-    """How a script runs: ``torchrun SCRIPT ARGS`` on ``nodes`` pods of ``nproc_per_node``
-    workers each (``kubectl ddp submit`` flags in brackets)."""
+    """How a script runs: under torchrun (``SCRIPT ARGS``) on ``nodes`` pods of
+    ``nproc_per_node`` workers each (``kubectl ddp submit`` flags in brackets)."""
 
     name: str | None = None  # [--name] default: the script's name and a random suffix
     nodes: int | None = None  # [--nodes] default: max_nodes when elastic, else 1
@@ -52,6 +52,31 @@ class ScriptOptions:
     image: str | None = None  # [--image] default: the operator's trainer image (it has torch)
     checkpoint_claim: str | None = None  # [--checkpoint-claim] a PVC mounted at /checkpoints
     args: Sequence[str] = field(default=())  # [-- ARGS] after the script's path
+    launcher: str = "auto"  # [--launcher] node | torchrun | auto: see LAUNCHERS
+
+
+# What starts torchrun in a submitted script's pods. ``node``: the trainer image's node wrapper
+# (``python -m ddp_trainer.node``, as the bundled trainer's pods run it), which starts torchrun
+# again when the rendezvous store pod is replaced, keeps the pod's log on the checkpoint volume
+# and leaves the first worker's exception as the pod's termination message, which the job's
+# failure quotes. ``torchrun``: plain torchrun, for an image without ``ddp_trainer``. ``auto``:
+# the wrapper in the trainer image (no ``--image``), plain torchrun in any other.
+LAUNCHERS = {
+    "node": ["python", "-m", "ddp_trainer.node"],
+    "torchrun": ["torchrun"],
+}
+AUTO_LAUNCHER = "auto"
+
+
+def launcher_command(options: ScriptOptions) -> list[str]:
+    """The command that runs a submitted script (its path and arguments follow)."""
+    name = options.launcher
+    if name == AUTO_LAUNCHER:
+        name = "torchrun" if options.image else "node"
+    if name not in LAUNCHERS:
+        known = ", ".join([*LAUNCHERS, AUTO_LAUNCHER])
+        raise InvalidJob(f"launcher {options.launcher!r} is not one of {known}")
+    return list(LAUNCHERS[name])
 
 
 def job_name(script_file: str, suffix: str) -> str:
@@ -76,8 +101,9 @@ def script_key(script_file: str) -> str:
 def script_objects(
     script_file: str, source: str, options: ScriptOptions, namespace: str, suffix: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap holding the script and the DDPJob that runs it under torchrun, both named
-    after the job. Raises InvalidJob when the DDPJob would be refused."""
+    """The ConfigMap holding the script and the DDPJob that runs it under torchrun (started by
+    ``options.launcher``), both named after the job. Raises InvalidJob when the DDPJob would be
+    refused."""
     name = options.name or job_name(script_file, suffix)
     key = script_key(script_file)
     if len(source.encode()) > MAX_SCRIPT_BYTES:
@@ -91,7 +117,7 @@ def script_objects(
     spec: dict[str, Any] = {
         "nodes": nodes,
         "nprocPerNode": options.nproc_per_node,
-        "command": ["torchrun"],
+        "command": launcher_command(options),
         "args": [posixpath.join(SCRIPT_DIR, key), *options.args],
         "template": {
             "volumes": [{"name": SCRIPT_VOLUME, "configMap": {"name": name}}],

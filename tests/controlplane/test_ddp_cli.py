@@ -101,7 +101,7 @@ def test_submit_makes_a_configmap_and_a_ddpjob_that_the_operator_runs(
     cm = ns.get("configmap", name)
     assert cm["data"] == {"Train_v2.py": SCRIPT}
     assert cm["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert job["spec"]["command"] == ["torchrun"]
+    assert job["spec"]["command"] == ["python", "-m", "ddp_trainer.node"]
     assert job["spec"]["args"] == ["/scripts/Train_v2.py", "--epochs", "1"]
 
     pods = ns.workers(name, 2)

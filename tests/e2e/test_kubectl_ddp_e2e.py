@@ -1,5 +1,6 @@
 """``kubectl ddp`` (installed from the built wheel) on real training runs: a script submitted
-and watched to Succeeded with both ranks in its merged logs, and the digits example watched
+and watched to Succeeded with both ranks in its merged logs, one that raises watched to Failed
+with its exception quoted, and the digits example watched
 (what it leaves: status, the final checkpoint, `kubectl get`'s columns), its logs read and its
 loss and learning rate plotted from the checkpoint volume, and its logs read again from the
 volume once its pods are deleted.
@@ -96,6 +97,39 @@ def test_a_submitted_script_succeeds_and_both_ranks_show_in_its_merged_logs(
 
     rank1 = ddp("logs", job, "-n", sc.ns, "--rank", "1").stdout.splitlines()
     assert len(rank1) == STEPS and all(" rank1] step " in line for line in rank1)
+
+
+def test_a_submitted_script_that_raises_has_its_exception_quoted_in_the_jobs_status(
+    sc: Scenario, kubectl_ddp: KubectlDdp, tmp_path: Path
+) -> None:
+    """``submit`` runs the script under the trainer image's node wrapper, which reads the first
+    worker's exception out of torchrun's output: the pod's failure quotes it (the job has no
+    checkpoint volume, so nothing of the log is kept: the words come from the relay), and
+    `watch` shows them while the job restarts and when it fails."""
+    ddp = plugin(sc, kubectl_ddp)
+    script = tmp_path / "bad_corpus.py"
+    script.write_text('raise ValueError("the corpus at /data/corpus.txt has no text")\n')
+    submitted = ddp("submit", str(script), "-n", sc.ns)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    assert sc.get("ddpjob", job)["spec"]["command"] == ["python", "-m", "ddp_trainer.node"]
+
+    out = ddp("watch", job, "-n", sc.ns, "--timeout", WATCH_TIMEOUT_S, timeout=600)
+    assert out.returncode == 1, f"{out.stdout}\n{out.stderr}\n{sc.diagnostics()}"  # Failed
+    print(out.stdout, flush=True)
+    words = "ValueError: the corpus at /data/corpus.txt has no text"
+    lines = out.stdout.splitlines()
+    restarting = [line for line in lines if line.startswith("phase Restarting: ")]
+    assert len(restarting) == 3, lines  # backoffLimit 3
+    assert all(f"-node-0 failed with exit code 1: {words}; restart " in r for r in restarting)
+    assert lines[-2].startswith("phase Failed: ") and words in lines[-2], lines
+    assert lines[-1].startswith(f"ddpjob {job} Failed in ") and "BackoffLimitExceeded" in lines[-1]
+    failed = next(c for c in sc.status(job)["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert failed["message"] == (
+        f"{job}-node-0 failed with exit code 1: {words}; the job already used its backoffLimit"
+        " of 3 restarts"
+    )
 
 
 def faster_progress(job: dict[str, Any]) -> None:

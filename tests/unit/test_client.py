@@ -37,6 +37,8 @@ def test_a_job_is_named_after_its_script_as_a_dns_label_of_at_most_50() -> None:
 
 
 def test_a_script_becomes_a_configmap_and_a_ddpjob_running_it_under_torchrun() -> None:
+    """In the trainer image torchrun is started by its node wrapper (it outlives a replaced
+    store and says why a worker failed); in an image of the user's, plain torchrun."""
     options = ScriptOptions(nodes=2, nproc_per_node=4, checkpoint_claim="ckpt", args=("--lr", "1"))
     cm, job = script_objects("exp/train.py", "print('hi')\n", options, "team", "x1y2z")
     assert cm["metadata"] == {
@@ -49,7 +51,7 @@ def test_a_script_becomes_a_configmap_and_a_ddpjob_running_it_under_torchrun() -
     assert job["metadata"]["name"] == "train-x1y2z"
     spec = job["spec"]
     assert spec["nodes"] == 2 and spec["nprocPerNode"] == 4
-    assert spec["command"] == ["torchrun"]
+    assert spec["command"] == ["python", "-m", "ddp_trainer.node"]
     assert spec["args"] == ["/scripts/train.py", "--lr", "1"]
     assert spec["template"]["volumes"] == [{"name": "script", "configMap": {"name": "train-x1y2z"}}]
     assert spec["template"]["volumeMounts"] == [
@@ -63,6 +65,15 @@ def test_a_script_becomes_a_configmap_and_a_ddpjob_running_it_under_torchrun() -
     _, named = script_objects("t.py", "", ScriptOptions(name="mine", image="img:1"), "ns", "a")
     assert named["metadata"]["name"] == "mine" and named["spec"]["image"] == "img:1"
     assert "checkpoint" not in named["spec"]
+    assert named["spec"]["command"] == ["torchrun"]  # an image that may not have the wrapper
+    for launcher, image, command in [
+        ("node", "img:1", ["python", "-m", "ddp_trainer.node"]),  # an image built on ours
+        ("torchrun", None, ["torchrun"]),
+    ]:
+        options = ScriptOptions(launcher=launcher, image=image)
+        _, chosen = script_objects("t.py", "", options, "ns", "a")
+        assert chosen["spec"]["command"] == command
+        assert chosen["spec"]["args"] == ["/scripts/t.py"]
 
 
 def test_options_the_api_would_refuse_are_refused_first_naming_the_field() -> None:
@@ -74,6 +85,8 @@ def test_options_the_api_would_refuse_are_refused_first_naming_the_field() -> No
         script_objects("t.py", "", ScriptOptions(name="n" * 51), "ns", "a")
     with pytest.raises(InvalidJob, match="more than a ConfigMap holds"):
         script_objects("t.py", "#" * 1_000_001, ScriptOptions(), "ns", "a")
+    with pytest.raises(InvalidJob, match="launcher 'mpirun' is not one of node, torchrun, auto"):
+        script_objects("t.py", "", ScriptOptions(launcher="mpirun"), "ns", "a")
 
 
 JOB = {
@@ -236,3 +249,10 @@ def test_flags_are_checked_and_arguments_after_dashes_go_to_the_script(
         ["submit", "t.py", "--nproc", "auto", "--min", "1", "--max", "2"]
     )
     assert (args.nproc, args.min_nodes, args.max_nodes) == ("auto", 1, 2)
+    assert args.launcher == "auto"
+    assert cli.parser().parse_args(["submit", "t.py", "--launcher", "torchrun"]).launcher == (
+        "torchrun"
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["submit", "t.py", "--launcher", "mpirun"])
+    assert "--launcher: invalid choice: 'mpirun'" in capsys.readouterr().err
