@@ -245,6 +245,7 @@ class Reason(StrEnum):
     Events, beside those of a pod's problem (:class:`ProblemReason`) and Kueue's own."""
 
     WAITING_FOR_NODES = "WaitingForNodes"  # Pending: the node pods start
+    POD_NAME_TAKEN = "PodNameTaken"  # a pod no DDPJob controls has the name of one to create
     ALL_NODES_RUNNING = "AllNodesRunning"
     NODES_NOT_READY = "NodesNotReady"  # Running: every pod there, not all ready for a moment
     NODES_CHANGING = "NodesChanging"  # Scaling

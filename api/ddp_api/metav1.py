@@ -11,6 +11,13 @@ from typing import Any
 from .contract import API_VERSION, KIND
 
 
+def controller_uid(meta: Mapping[str, Any]) -> str:
+    """The uid of the object that controls the one of ``meta`` (its ownerReference with
+    ``controller: true``); "" when none does (orphaned, or made by hand)."""
+    refs = meta.get("ownerReferences") or []
+    return next((str(r.get("uid", "")) for r in refs if r.get("controller")), "")
+
+
 def owner_reference(job_meta: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:
     """An ownerReference to the DDPJob of ``job_meta``: the garbage collector deletes the object
     with the job. ``controller``: the operator's own objects, which it reconciles and which hold

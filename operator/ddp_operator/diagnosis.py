@@ -143,9 +143,14 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
     return Finding(ProblemReason.UNSCHEDULABLE, p.reason, Effect.WAITS, p.message)
 
 
+def in_order(pods: Iterable[PodView]) -> list[PodView]:
+    """Node pods by index, the store last: the order in which messages name pods."""
+    return sorted(pods, key=lambda x: (x.role == render.ROLE_STORE, x.index))
+
+
 def pod_names(pods: Iterable[PodView]) -> str:
     """``j-node-0, j-node-1 and the store j-rdzv``: node pods by index, the store last."""
-    pods = sorted(pods, key=lambda x: (x.role == render.ROLE_STORE, x.index))
+    pods = in_order(pods)
     names = [f"the store {x.name}" if x.role == render.ROLE_STORE else x.name for x in pods]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 

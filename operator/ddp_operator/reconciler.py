@@ -56,7 +56,9 @@ class Reconciler:
     async def reconcile(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         key: Key = (meta["namespace"], meta["name"])
-        observed = self.pods.get(key)
+        # An earlier job of this name may have left pods the garbage collector has not deleted
+        # yet: they are not this job's, and their names wait (views.split_by_owner).
+        observed, foreign = views.split_by_owner(self.pods.get(key), meta.get("uid", ""))
         pods = {v.name for v in observed}  # a Service may have a pod's name (<job>-rdzv)
         expected = bookkeeping.pending_creates(self.expected.get(key, {}), pods, time.monotonic())
         self.expected[key] = expected
@@ -73,7 +75,9 @@ class Reconciler:
         else:
             in_pod = await self.trainer.in_pod(job)
             await self._account_first(job, status, in_pod)
-            p, workload = await self._plan(key, job, status, observed, expected.keys(), in_pod)
+            p, workload = await self._plan(
+                key, job, status, observed, foreign, expected.keys(), in_pod
+            )
         servers = {render.store_name(meta["name"]), contract.lighthouse_name(meta["name"])}
         workers_before = {v.name for v in observed if v.role == render.ROLE_WORKER}
         workers_before |= {n for n in expected if n not in servers}
@@ -109,6 +113,7 @@ class Reconciler:
         job: DDPJob,
         status: StatusFields,
         observed: list[views.PodView],
+        foreign: list[views.PodView],
         pending: Collection[str],
         in_pod: bool,
     ) -> tuple[Plan, dict[str, Any] | None]:
@@ -144,6 +149,7 @@ class Reconciler:
             progress=progress,
             machines=self.machines.views(),
             services=self.services.names(key),
+            foreign=foreign,
         )
         for why in refused:
             p.warn(Reason.PROGRESS_REJECTED, why)

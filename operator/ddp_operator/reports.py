@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_api.contract import PROGRESS_ANNOTATION, PROGRESS_KEY, PROGRESS_SUFFIX, parse_rfc3339
+from ddp_api.metav1 import controller_uid
 
 MAX_RECORD_CHARS = 4096  # a real record is about 250; the ConfigMap itself may hold 1 MiB
 MAX_COUNT = 2**53  # the largest integer a JSON number carries exactly
@@ -38,11 +39,6 @@ class Record:
     chars: int  # its length, kept when the text is too long to keep
 
 
-def _owner(meta: Mapping[str, Any]) -> str:
-    refs = meta.get("ownerReferences") or []
-    return next((r.get("uid", "") for r in refs if r.get("controller")), "")
-
-
 def _record(owner: str, text: Any) -> Record:
     if not isinstance(text, str):
         return Record(owner, None, 0)
@@ -52,7 +48,7 @@ def _record(owner: str, text: Any) -> Record:
 def record_of(configmap: Mapping[str, Any]) -> Record:
     """A job's progress ConfigMap (where trainer pods run as the job's own account)."""
     meta = configmap.get("metadata") or {}
-    return _record(_owner(meta), (configmap.get("data") or {}).get(PROGRESS_KEY))
+    return _record(controller_uid(meta), (configmap.get("data") or {}).get(PROGRESS_KEY))
 
 
 def record_of_pod(pod: Mapping[str, Any]) -> Record | None:
@@ -60,7 +56,7 @@ def record_of_pod(pod: Mapping[str, Any]) -> Record | None:
     annotation and nothing else of itself (the admission policy), so its owner is the job's."""
     meta = pod.get("metadata") or {}
     text = (meta.get("annotations") or {}).get(PROGRESS_ANNOTATION)
-    return None if text is None else _record(_owner(meta), text)
+    return None if text is None else _record(controller_uid(meta), text)
 
 
 def job_of(configmap: Mapping[str, Any]) -> str | None:

@@ -26,6 +26,7 @@ from kwok_harness import KwokNamespace
 
 from ddp_api.contract import PROGRESS_ANNOTATION, pod_path
 from ddp_api.ddpjob import DDPJob
+from ddp_api.metav1 import owner_reference
 from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane, role_rules
 from ddp_devcluster.prometheus import scrape
@@ -622,6 +623,54 @@ def test_a_job_started_on_a_claim_another_live_job_checkpoints_to_is_warned(c: C
         assert all(r != "CheckpointClaimShared" for _, r, _ in c.events(job))
 
 
+def test_a_new_job_neither_counts_nor_adopts_pods_an_earlier_job_of_its_name_left(
+    c: Cluster,
+) -> None:
+    """An earlier "again" whose node-0 exited 0 is deleted leaving its pods (orphaned, as
+    ``--cascade=orphan`` does; a plain delete leaves them for the moment the garbage
+    collector takes). A new "again" must not take that Succeeded pod for its own and
+    complete without training (seen on kind): it says which pods hold its names and the fix,
+    and starts its own once they are deleted."""
+    c.submit("again", {"nodes": 2})
+    c.running("again", 2)
+    c.exit("again-node-0", 0)
+    c.until(
+        "again-node-0 Succeeded",
+        lambda: c.workers("again")["again-node-0"]["status"]["phase"] == "Succeeded" or None,
+    )
+    left = c.worker_uids("again")
+    c.k("delete", "ddpjob", "again", "--cascade=orphan")
+    c.until(
+        "its pods orphaned",
+        lambda: (
+            all(not p["metadata"].get("ownerReferences") for p in c.workers("again").values())
+            or None
+        ),
+    )
+    c.submit("again", {"nodes": 2})
+    uid = c.job("again")["metadata"]["uid"]
+
+    def names_taken() -> dict[str, Any] | None:
+        status = c.status("again")
+        return status if status.get("reason") == "PodNameTaken" else None
+
+    status = c.until("again says its pod names are taken", names_taken)
+    assert status["phase"] == "Pending" and not status.get("completionTime")
+    taken = [m for t, r, m in c.events("again") if r == "PodNameTaken"]
+    assert taken == [
+        "again-node-0, again-node-1 and the store again-rdzv exist but no DDPJob controls them"
+        " (orphaned, or made by hand), and again needs their names: delete them (kubectl"
+        " delete pod again-node-0 again-node-1 again-rdzv), or give the DDPJob another name"
+    ]
+    assert c.worker_uids("again") == left  # nothing adopted, nothing replaced
+    c.k("delete", "pod", "again-node-0", "again-node-1", "again-rdzv")
+    status = c.running("again", 2)
+    assert status["restarts"] == 0 and status["reason"] == "AllNodesRunning"
+    mine = c.workers("again")
+    assert set(c.worker_uids("again").values()).isdisjoint(left.values())
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == uid for p in mine.values())
+
+
 def test_the_job_fails_when_its_restart_budget_is_spent(c: Cluster) -> None:
     c.submit("budget", {"nodes": 2, "backoffLimit": 1})
     c.running("budget", 2)
@@ -1126,6 +1175,11 @@ def test_pods_of_the_previous_release_report_until_replaced_then_its_account_goe
             pod["spec"]["serviceAccountName"] = LEGACY
     c.k("create", "-f", "-", input=yaml.safe_dump_all(pods))
     c.submit("old", {"nodes": 2})
+    # The job's uid exists only now: until its pods name it, they are no job's (PodNameTaken).
+    owner = owner_reference({"name": "old", "uid": c.job("old")["metadata"]["uid"]})
+    for pod in pods:
+        patch = json.dumps({"metadata": {"ownerReferences": [owner]}})
+        c.k("patch", "pod", pod["metadata"]["name"], "--type=merge", "-p", patch)
     c.running("old", 2)
     uids = {n: p["metadata"]["uid"] for n, p in c.workers("old").items()}
     assert {p["spec"]["serviceAccountName"] for p in c.workers("old").values()} == {LEGACY}

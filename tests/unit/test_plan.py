@@ -613,3 +613,56 @@ def test_a_new_step_in_a_report_restarts_the_clock() -> None:
         progress=report,
     )  # fmt: skip
     assert p.status["lastStepTime"] == "2026-01-01T12:00:00Z" and p.delete == []
+
+
+def test_pods_of_an_earlier_job_of_the_same_name_are_neither_counted_nor_replaced() -> None:
+    """Seen on kind: `kubectl delete ddpjob digits` then at once `kubectl apply` of a new
+    digits: the garbage collector had not deleted the earlier job's pods yet, and the new job
+    took the earlier one's Succeeded pod for its own and Succeeded without training. Pods
+    another job controls are not the job's; their names wait until they are gone."""
+    earlier = [
+        pod(0, "Succeeded", exit_code=0, owner="u-0"),
+        dataclasses.replace(pod(1, owner="u-0"), deleting=True),
+        pod(-1, role=render.ROLE_STORE, owner="u-0"),
+    ]
+    mine, foreign = views.split_by_owner(earlier, "u-1")
+    assert mine == [] and foreign == earlier
+    p = plan(job(), {}, mine, NOW, RULES, foreign=foreign)
+    assert p.status["phase"] == "Pending" and created_pods(p) == []
+    assert [o["metadata"]["name"] for o in p.create] == ["j-rdzv", "j"]  # the Services
+    cond = next(c for c in p.status["conditions"] if c["type"] == "Pending")
+    assert (cond["reason"], cond["message"]) == (
+        "WaitingForNodes",
+        "starting 2 nodes; waiting for j-node-0, j-node-1 and the store j-rdzv, left by an"
+        " earlier DDPJob named j, to go",
+    )
+    assert [r for t, r, _ in p.events if t == "Warning"] == []  # they go by themselves
+    # node-0's name is free again: its pod is created; node-1's still waits
+    p = plan(job(), p.status, [], NOW, RULES, foreign=foreign[1:2])
+    assert created_pods(p) == ["j-rdzv", "j-node-0"]
+
+
+def test_a_pod_no_job_controls_that_holds_a_name_is_said_with_the_fix() -> None:
+    orphan = pod(0, owner="")  # `kubectl delete ddpjob j --cascade=orphan` left it
+    p = plan(job(), {}, [], NOW, RULES, foreign=[orphan])
+    assert created_pods(p) == ["j-rdzv", "j-node-1"] and p.status["phase"] == "Pending"
+    cond = next(c for c in p.status["conditions"] if c["type"] == "Pending")
+    expected = (
+        "j-node-0 exists but no DDPJob controls it (orphaned, or made by hand), and j needs its"
+        " name: delete it (kubectl delete pod j-node-0), or give the DDPJob another name"
+    )
+    assert (p.status["reason"], cond["message"]) == ("PodNameTaken", expected)
+    assert [(t, r, m) for t, r, m in p.events if t == "Warning"] == [
+        ("Warning", "PodNameTaken", expected)
+    ]
+    again = plan(job(), p.status, [pod(1, "Pending")], NOW, RULES, foreign=[orphan])
+    assert again.status["reason"] == "PodNameTaken"
+    assert [r for t, r, _ in again.events if t == "Warning"] == []  # said once
+
+
+def test_view_reads_the_controlling_owner() -> None:
+    ref = {"apiVersion": "ddp.dev/v1alpha1", "kind": "DDPJob", "name": "j", "uid": "u-1"}
+    body: dict[str, Any] = {"metadata": {"name": "j-node-0", "ownerReferences": [ref]}}
+    assert views.view(body).owner == ""  # owned, not controlled (the client's ConfigMaps)
+    ref["controller"] = True
+    assert views.view(body).owner == "u-1"

@@ -46,6 +46,9 @@ def converge(
     s = st.job.spec
     create, wait, extra = _create_and_scale(st, cfg, backoff_base_s)
     create = avoid_silent(create, machines)
+    taken = [x for x in st.foreign if x.name in pod_names(create)]
+    held = {x.name for x in taken}
+    create = [o for o in create if o["kind"] != "Pod" or o["metadata"]["name"] not in held]
     events: list[EventNote] = []
     if extra:
         text = f"spec.nodes={s.nodes}: deleting {', '.join(x.name for x in extra)}"
@@ -63,6 +66,10 @@ def converge(
         reason, message = found.reason, found.message
         if found.reason != st.status.get("reason"):  # one Event per problem, not per reconcile
             events.append((EventType.WARNING, found.reason, message))
+    if taken and found is None:
+        reason, message = names_taken(st.name, taken, reason, message)
+        if reason == Reason.POD_NAME_TAKEN and reason != st.status.get("reason"):
+            events.append((EventType.WARNING, reason, message))
     if lost:  # the condition names the machine
         # PerStep: the groups left go on (groups_phase said Running), the others restart.
         training = s.per_step and phase == DDPJobPhase.RUNNING
@@ -110,6 +117,28 @@ def _create_and_scale(
         ]
     extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
     return create, wait, extra
+
+
+def names_taken(job: str, taken: list[PodView], reason: str, message: str) -> tuple[str, str]:
+    """What the job says while pods it does not control hold names of pods it would create.
+    An earlier job's (controlled by another uid) or pods being deleted are waited for: the
+    garbage collector deletes them. A pod that nothing controls stays until someone deletes
+    it: the job says so (``PodNameTaken``) and names the fix."""
+    stuck = diagnosis.in_order(x for x in taken if not x.owner and not x.deleting)
+    if not stuck:
+        left = diagnosis.pod_names(taken)
+        return (
+            reason,
+            f"{message}; waiting for {left}, left by an earlier DDPJob named {job}, to go",
+        )
+    one = len(stuck) == 1
+    it, names = ("it", "its name") if one else ("them", "their names")
+    return Reason.POD_NAME_TAKEN, (
+        f"{diagnosis.pod_names(stuck)} {'exists' if one else 'exist'} but no DDPJob controls"
+        f" {it} (orphaned, or made by hand), and {job} needs {names}:"
+        f" delete {it} (kubectl delete pod {' '.join(x.name for x in stuck)}), or give the"
+        " DDPJob another name"
+    )
 
 
 RESTART_COUNT = "restart "  # how a Restarting message that names no cause begins

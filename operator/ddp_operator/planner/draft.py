@@ -69,6 +69,9 @@ class Draft:
     restarts: int = 0
     admitted: dict[str, Any] | None = None  # the Admitted condition, for a job Kueue queues
     cause: tuple[str, str] | None = None  # (reason, message) of a failure counted now
+    # Pods with the job's name label that it does not control (views.split_by_owner): their
+    # names are taken until they are gone.
+    foreign: list[PodView] = field(default_factory=list)
 
     @classmethod
     def observe(
@@ -78,6 +81,7 @@ class Draft:
         pods: Iterable[PodView],
         now: dt.datetime,
         pending: Iterable[str],
+        foreign: Iterable[PodView] = (),
     ) -> Draft:
         """The draft before any policy: what the status counted, and the fields every status
         patch writes."""
@@ -86,7 +90,15 @@ class Draft:
         handled = list(status.get("handledFailures") or [])
         restarts = int(status.get("restarts") or 0)
         return cls(
-            job, status, list(pods), now, set(pending), new=new, handled=handled, restarts=restarts
+            job,
+            status,
+            list(pods),
+            now,
+            set(pending),
+            new=new,
+            handled=handled,
+            restarts=restarts,
+            foreign=list(foreign),
         )
 
     @property

@@ -51,6 +51,7 @@ def plan(
     progress: Mapping[str, Any] | None = None,
     machines: Mapping[str, MachineView] | None = None,
     services: Collection[str] = (),
+    foreign: Collection[PodView] = (),
 ) -> Plan:
     """Decides what to do for one observation of a job; see the package docstring.
 
@@ -60,11 +61,15 @@ def plan(
     into ``status.progress`` with the time it estimates is left
     (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
     cluster's Nodes by name (None: not known); ``services`` names the job's Services that
-    exist. The plan creates no object that exists already (a pod or Service of that name).
+    exist; ``foreign`` are pods with the job's name label that it does not control
+    (:func:`~ddp_operator.planner.views.split_by_owner`): never counted, their names wait.
+    The plan creates no object that exists already (a pod or Service of that name).
     """
     observed = list(pods)
-    p = _decide(job, status, observed, now, settings, pending, admission, progress, machines)
-    exist = {"Pod": {x.name for x in observed}, "Service": set(services)}
+    p = _decide(
+        job, status, observed, now, settings, pending, admission, progress, machines, foreign
+    )
+    exist = {"Pod": {x.name for x in [*observed, *foreign]}, "Service": set(services)}
     p.create = [o for o in p.create if o["metadata"]["name"] not in exist.get(o["kind"], ())]
     return p
 
@@ -79,9 +84,10 @@ def _decide(
     admission: queueing.Admission | None,
     progress: Mapping[str, Any] | None,
     machines: Mapping[str, MachineView] | None,
+    foreign: Collection[PodView] = (),
 ) -> Plan:
     """:func:`plan`'s policies, asked in turn."""
-    st = Draft.observe(job, status, pods, now, pending)
+    st = Draft.observe(job, status, pods, now, pending, foreign)
     machines = machines or {}
     st.apply(take_report(st, progress))
     prev_phase = status.get("phase") or ""

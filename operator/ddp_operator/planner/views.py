@@ -3,12 +3,13 @@ and importing no policy, so that every policy (and :mod:`ddp_operator.diagnosis`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ddp_api.contract import REFUSALS, termination_kind
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus
+from ddp_api.metav1 import controller_uid
 from ddp_api.pods import PodPhase
 
 from .. import render, reports
@@ -92,6 +93,7 @@ class PodView:
     problem: PodProblem | None = None  # what its status says stops it
     said: str = ""  # the worker container's termination message: why it failed, in its words
     progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
+    owner: str = ""  # the uid of the DDPJob that controls it ("" when none does)
 
     @property
     def done(self) -> bool:
@@ -137,7 +139,21 @@ def view(pod: Mapping[str, Any]) -> PodView:
         problem=problem(pod),
         said=said,
         progress=reports.record_of_pod(pod),
+        owner=controller_uid(meta),
     )
+
+
+def split_by_owner(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView]]:
+    """The pods with a job's name label that job ``uid`` controls, and the others: an earlier
+    job of that name whose pods the garbage collector has not deleted yet (``kubectl delete``
+    then ``kubectl apply``), or pods that no job controls (orphaned by ``--cascade=orphan``,
+    made by hand). A job neither counts nor adopts the others: an earlier run's pod that
+    exited 0 would otherwise complete a job that never trained."""
+    mine: list[PodView] = []
+    others: list[PodView] = []
+    for x in pods:
+        (mine if x.owner == uid else others).append(x)
+    return mine, others
 
 
 @dataclass(frozen=True)
