@@ -179,6 +179,41 @@ def test_a_scripts_first_exception_is_read_from_its_output_and_torchruns_summary
     assert module.said == "KeyError: 'lr'"
 
 
+SYNTAX = """\
+[rank0]:   File "/scripts/train.py", line 3
+[rank0]:     def (
+[rank0]:         ^
+[rank0]: SyntaxError: invalid syntax
+"""
+IMPORTED = """\
+Traceback (most recent call last):
+  File "/scripts/train.py", line 1, in <module>
+    import helpers
+  File "/scripts/helpers.py", line 2
+    print(1)
+    ^
+IndentationError: expected an indented block after 'if' statement on line 1
+"""
+
+
+def test_a_script_that_does_not_compile_is_said_with_where_it_points() -> None:
+    """Python prints no Traceback line for a script that does not compile; an imported
+    module's SyntaxError points at that module, not at the frame that imported it."""
+    for stream, expected in (
+        (SYNTAX, "SyntaxError: invalid syntax (/scripts/train.py, line 3)"),
+        (
+            IMPORTED,
+            "IndentationError: expected an indented block after 'if' statement on line 1"
+            " (/scripts/helpers.py, line 2)",
+        ),
+        (TRACEBACKS, "ValueError: the corpus"),  # no location for other kinds
+    ):
+        words = LastWords()
+        for line in stream.encode().splitlines():
+            words.feed(line)
+        assert words.said == expected
+
+
 @pytest.mark.parametrize("volume", [True, False], ids=["kept-log", "no-volume"])
 def test_a_supervised_scripts_failure_leaves_its_exception_as_the_termination_message(
     launcher: Launcher, volume: bool
@@ -199,6 +234,18 @@ def test_a_supervised_scripts_failure_leaves_its_exception_as_the_termination_me
     assert why.read_text() == "ValueError: the corpus at /data/corpus.txt has no text"
     assert (ckpt / "logs" / "j-node-0.log").is_file() == volume
     assert "ValueError: the corpus" in node.output()  # relayed to the pod's log all the same
+
+
+def test_a_supervised_script_that_does_not_compile_says_where(launcher: Launcher) -> None:
+    """The commonest first failure of a submitted script, through the real wrapper."""
+    why = launcher.workdir / "termination-log"
+    script = launcher.workdir / "train.py"
+    script.write_text("import os\ndef (\n")
+    args = ["-m", "ddp_trainer.node", "--standalone", "--nproc-per-node=1", "--max-restarts=0"]
+    args += ["--monitor-interval=0.5", str(script)]
+    node = launcher.start("syntax", args, subprocess_env(DDPJOB_TERMINATION_LOG=str(why)))
+    assert node.wait(120) == 1, node.tail()
+    assert why.read_text() == f"SyntaxError: invalid syntax ({script}, line 2)"
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:

@@ -9,7 +9,13 @@ is in the log all the same: after ``Traceback (most recent call last):`` come th
 kept, as the worker's own message is (the first failure is the cause; a peer's broken
 collective that follows is a consequence), and torchrun's own ``ChildFailedError`` is never
 taken for it. Each worker line carries torchrun's ``[rankN]:`` prefix, so tracebacks of
-several local ranks, interleaved line by line, are read apart. Pure: fed lines, no I/O."""
+several local ranks, interleaved line by line, are read apart.
+
+A script that does not compile prints no ``Traceback`` line: Python writes where (``File
+"/scripts/train.py", line 3``), the line and a caret, then ``SyntaxError: invalid syntax``.
+That location starts a traceback too, and a SyntaxError (IndentationError, TabError) is said
+with where it points, as Python's own ``str()`` of it does: ``SyntaxError: invalid syntax
+(/scripts/train.py, line 3)``. Pure: fed lines, no I/O."""
 
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ import re
 _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 _TRACEBACK = "Traceback (most recent call last):"
 _NOT_THE_CAUSE = ("ChildFailedError",)  # torchrun's summary of a failed worker
+# Where a SyntaxError points: a frame's location has ", in <function>" after the line number.
+_AT = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)$')
+_SYNTAX = ("SyntaxError", "IndentationError", "TabError")
 _KIND = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*\.)*(?P<kind>[A-Za-z_][A-Za-z0-9_]*)(?::\s?|$)")
 
 
@@ -38,6 +47,7 @@ class LastWords:
     def __init__(self) -> None:
         self.said = ""
         self._in_traceback: dict[str, bool] = {}  # by rank prefix ("" without one)
+        self._at: dict[str, str] = {}  # the last "file, line N" a SyntaxError may point to
 
     def feed(self, line: bytes) -> None:
         if self.said:
@@ -48,10 +58,19 @@ class LastWords:
         text = text[prefix.end() :] if prefix else text
         if text.startswith(_TRACEBACK):
             self._in_traceback[who] = True
+            self._at[who] = ""
+            return
+        at = _AT.match(text)
+        if at:  # in a traceback, or the start of a script's own SyntaxError
+            self._in_traceback[who] = True
+            self._at[who] = f"{at['file']}, line {at['line']}"
             return
         if not self._in_traceback.get(who) or not text.strip() or text[:1] in (" ", "\t"):
             return  # outside a traceback, or one of its frames
         self._in_traceback[who] = False
         said = exception_line(text)
-        if said is not None and not said.startswith(_NOT_THE_CAUSE):
-            self.said = said
+        if said is None or said.startswith(_NOT_THE_CAUSE):
+            return
+        if said.startswith(_SYNTAX) and self._at.get(who):
+            said = f"{said} ({self._at[who]})"
+        self.said = said
