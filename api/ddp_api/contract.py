@@ -152,6 +152,9 @@ ENV_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"  # another file (outside a pod: t
 TERMINATION_MAX_CHARS = 1024  # the kubelet keeps 4096 bytes of a container's message
 INCOMPATIBLE_RESUME = "IncompatibleResume"  # the checkpoint folder holds another run's state
 REFUSALS = frozenset({INCOMPATIBLE_RESUME})
+# A program that does not compile (the node wrapper reads its SyntaxError from the traceback:
+# ddp_trainer.launch.last_words): no restart changes it, so the job fails at once.
+SYNTAX_ERRORS = frozenset({"SyntaxError", "IndentationError", "TabError"})
 
 
 def one_line(text: str, limit: int) -> str:

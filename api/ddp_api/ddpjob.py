@@ -295,6 +295,7 @@ class ProblemReason(StrEnum):
     OOM_KILLED = "OOMKilled"
     UNSCHEDULABLE = "Unschedulable"
     INCOMPATIBLE_RESUME = contract.INCOMPATIBLE_RESUME  # the trainer's refusal to resume
+    SYNTAX_ERROR = "SyntaxError"  # the program does not compile (contract.SYNTAX_ERRORS)
 
 
 class IncidentKind(StrEnum):

@@ -12,6 +12,7 @@ that names the pods, what is wrong (image, claim, command, capacity, memory) and
 | terminated OOMKilled | OOMKilled | a pod failure: spends backoffLimit |
 | terminated Error, exit 137, a memory limit | (PodFailed) | a pod failure; :func:`killed_hint` names the limit |
 | terminated, termination message ``IncompatibleResume: ...`` (the trainer's) | IncompatibleResume | fails at once |
+| terminated, termination message ``SyntaxError: ...`` (IndentationError, TabError: the node wrapper's) | SyntaxError | fails at once |
 | terminated, exit 1-127, any other termination message | (PodFailed) | a pod failure; :func:`said` quotes it |
 """  # noqa: E501
 
@@ -133,6 +134,8 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
         return Finding(ProblemReason.OOM_KILLED, memory_limit(spec), Effect.COUNTED, p.message)
     if p.reason == ProblemReason.INCOMPATIBLE_RESUME:
         return Finding(p.reason, checkpoint_volume(spec), Effect.FAILS, p.message)
+    if p.reason == ProblemReason.SYNTAX_ERROR:
+        return Finding(p.reason, p.reason, Effect.FAILS, p.message)
     if p.reason in START_REASONS:
         return Finding(p.reason, p.reason, Effect.COUNTED, p.message)
     if not p.scheduler:
@@ -180,6 +183,11 @@ def message(f: Finding, pods: Iterable[PodView]) -> str:
         return (
             f"{who} cannot resume from the checkpoint on {f.culprit}: {why} (a DDPJob's"
             " checkpoint folder is its spec.checkpoint.volume: give it a claim of its own)"
+        )
+    if f.reason == ProblemReason.SYNTAX_ERROR:
+        return (
+            f"{who} cannot run the program: it does not compile: {why}; fix it and run the job"
+            " again (no restart can)"
         )
     if f.reason == ProblemReason.OOM_KILLED:
         return f"OOMKilled: raise spec.resources.limits.memory (now {f.culprit})"

@@ -174,6 +174,21 @@ CASES = {
             "fails",
         ),
     ),
+    "the program does not compile (the node wrapper read its SyntaxError)": (
+        (
+            0,
+            "Failed",
+            ended("Error", 1, "SyntaxError: expected ':' (/scripts/t.py, line 2)"),
+            None,
+            {"command": ["python", "-m", "ddp_trainer.node"], "args": ["/scripts/t.py"]},
+        ),
+        (
+            "SyntaxError",
+            "j-node-0 cannot run the program: it does not compile: SyntaxError: expected ':'"
+            " (/scripts/t.py, line 2); fix it and run the job again (no restart can)",
+            "fails",
+        ),
+    ),
     "no machine has the cpu": (
         (0, "Pending", None, ("Unschedulable", "0/3 nodes are available: 3 Insufficient cpu."), {}),
         (

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_api.contract import REFUSALS, termination_kind
-from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus
+from ddp_api.contract import REFUSALS, SYNTAX_ERRORS, termination_kind
+from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus, ProblemReason
 from ddp_api.metav1 import controller_uid
 from ddp_api.pods import PodPhase
 
@@ -61,10 +61,13 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
         if reason in START_REASONS or reason == OOM or term.get("exitCode") in COMMAND_EXIT_CODES:
             message = term.get("message") or f"exit code {term.get('exitCode')}"
             return PodProblem(reason or "Error", message, image)
-        # The trainer's refusal to run, in its termination message (ddp_api.contract).
+        # The trainer's refusal to run, in its termination message (ddp_api.contract), or a
+        # program that does not compile (SyntaxError, as the node wrapper read it).
         kind, words = termination_kind(term.get("message") or "")
         if kind in REFUSALS and term.get("exitCode"):
             return PodProblem(kind, words, image)
+        if kind in SYNTAX_ERRORS and term.get("exitCode"):
+            return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == ConditionStatus.FALSE:
             reason = c.get("reason") or UNSCHEDULABLE
