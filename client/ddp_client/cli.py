@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase, FaultToleranceMode
 
 from .client import DDPClient
 from .errors import DDPError, WaitTimeout
@@ -91,6 +91,23 @@ def parser() -> argparse.ArgumentParser:
         " default): node unless --image is given",
     )
     submit.add_argument(
+        "--fault-tolerance",
+        choices=[m.value for m in FaultToleranceMode],
+        help="Restart (the default): a lost pod restarts every worker from the checkpoint;"
+        " PerStep: each pod is a torchft replica group and the others train on (the script"
+        " uses torchft's Manager: docs/api.md)",
+    )
+    submit.add_argument(
+        "--min-groups", type=_positive, metavar="N", help="PerStep: fewest groups that train"
+    )
+    submit.add_argument(
+        "--group-timeout",
+        type=_positive,
+        dest="group_timeout_s",
+        metavar="S",
+        help="PerStep: seconds of silence before a group is dropped (5)",
+    )
+    submit.add_argument(
         "--checkpoint-claim",
         metavar="PVC",
         help="a PersistentVolumeClaim for the checkpoint volume ($DDPJOB_CHECKPOINT_DIR)",
@@ -159,6 +176,9 @@ def _submit(args: argparse.Namespace, script_args: list[str]) -> int:
         checkpoint_claim=args.checkpoint_claim,
         args=tuple(script_args),
         launcher=args.launcher,
+        fault_tolerance=args.fault_tolerance,
+        min_groups=args.min_groups,
+        group_timeout_s=args.group_timeout_s,
     )
     name = ddp.submit_script(args.script, options)
     print(name, flush=True)

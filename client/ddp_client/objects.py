@@ -53,6 +53,9 @@ class ScriptOptions:
     checkpoint_claim: str | None = None  # [--checkpoint-claim] a PVC mounted at /checkpoints
     args: Sequence[str] = field(default=())  # [-- ARGS] after the script's path
     launcher: str = "auto"  # [--launcher] node | torchrun | auto: see LAUNCHERS
+    fault_tolerance: str | None = None  # [--fault-tolerance] Restart (the API's default) | PerStep
+    min_groups: int | None = None  # [--min-groups] PerStep: the fewest groups that may train
+    group_timeout_s: int | None = None  # [--group-timeout] PerStep: a silent group is dropped
 
 
 # What starts torchrun in a submitted script's pods. ``node``: the trainer image's node wrapper
@@ -130,6 +133,15 @@ def script_objects(
         spec["maxNodes"] = options.max_nodes
     if options.image:
         spec["image"] = options.image
+    tolerance: dict[str, Any] = {}
+    if options.fault_tolerance is not None:
+        tolerance["mode"] = options.fault_tolerance
+    if options.min_groups is not None:
+        tolerance["minGroups"] = options.min_groups
+    if options.group_timeout_s is not None:
+        tolerance["groupTimeoutSeconds"] = options.group_timeout_s
+    if tolerance:
+        spec["faultTolerance"] = tolerance
     if options.checkpoint_claim:
         spec["checkpoint"] = {
             "volume": {"persistentVolumeClaim": {"claimName": options.checkpoint_claim}}

@@ -76,6 +76,18 @@ def test_a_script_becomes_a_configmap_and_a_ddpjob_running_it_under_torchrun() -
         assert chosen["spec"]["args"] == ["/scripts/t.py"]
 
 
+def test_a_script_may_run_per_step_with_its_knobs() -> None:
+    options = ScriptOptions(nodes=3, fault_tolerance="PerStep", min_groups=2, group_timeout_s=10)
+    _, job = script_objects("ft.py", "", options, "ns", "a")
+    assert job["spec"]["faultTolerance"] == {
+        "mode": "PerStep",
+        "minGroups": 2,
+        "groupTimeoutSeconds": 10,
+    }
+    _, plain = script_objects("t.py", "", ScriptOptions(), "ns", "a")
+    assert "faultTolerance" not in plain["spec"]  # the API's default, Restart
+
+
 def test_options_the_api_would_refuse_are_refused_first_naming_the_field() -> None:
     with pytest.raises(InvalidJob, match=r"spec.minNodes \(3\) must not exceed spec.maxNodes"):
         script_objects("t.py", "", ScriptOptions(min_nodes=3, max_nodes=2), "ns", "a")
@@ -85,6 +97,9 @@ def test_options_the_api_would_refuse_are_refused_first_naming_the_field() -> No
         script_objects("t.py", "", ScriptOptions(name="n" * 51), "ns", "a")
     with pytest.raises(InvalidJob, match="more than a ConfigMap holds"):
         script_objects("t.py", "#" * 1_000_001, ScriptOptions(), "ns", "a")
+    with pytest.raises(InvalidJob, match=r"spec\.faultTolerance\.minGroups \(3\)"):
+        options = ScriptOptions(nodes=2, fault_tolerance="PerStep", min_groups=3)
+        script_objects("t.py", "", options, "ns", "a")
     with pytest.raises(InvalidJob, match="launcher 'mpirun' is not one of node, torchrun, auto"):
         script_objects("t.py", "", ScriptOptions(launcher="mpirun"), "ns", "a")
 
