@@ -268,6 +268,12 @@ def test_flags_are_checked_and_arguments_after_dashes_go_to_the_script(
     assert cli.parser().parse_args(["submit", "t.py", "--launcher", "torchrun"]).launcher == (
         "torchrun"
     )
+    per_step = ["submit", "t.py", "--fault-tolerance", "PerStep", "--min-groups", "2"]
+    args = cli.parser().parse_args([*per_step, "--group-timeout", "9"])
+    assert (args.fault_tolerance, args.min_groups, args.group_timeout_s) == ("PerStep", 2, 9)
+    with pytest.raises(SystemExit):
+        cli.main(["submit", "t.py", "--fault-tolerance", "perstep"])
+    assert "--fault-tolerance: invalid choice: 'perstep'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["submit", "t.py", "--launcher", "mpirun"])
     assert "--launcher: invalid choice: 'mpirun'" in capsys.readouterr().err
