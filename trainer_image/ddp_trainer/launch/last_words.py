@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import re
 
+from ddp_api.contract import SYNTAX_ERRORS
+
 _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 _TRACEBACK = "Traceback (most recent call last):"
 _NOT_THE_CAUSE = ("ChildFailedError",)  # torchrun's summary of a failed worker
 # Where a SyntaxError points: a frame's location has ", in <function>" after the line number.
 _AT = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)$')
-_SYNTAX = ("SyntaxError", "IndentationError", "TabError")
 _KIND = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*\.)*(?P<kind>[A-Za-z_][A-Za-z0-9_]*)(?::\s?|$)")
 
 
@@ -71,6 +72,6 @@ class LastWords:
         said = exception_line(text)
         if said is None or said.startswith(_NOT_THE_CAUSE):
             return
-        if said.startswith(_SYNTAX) and self._at.get(who):
+        if said.split(":", 1)[0] in SYNTAX_ERRORS and self._at.get(who):
             said = f"{said} ({self._at[who]})"
         self.said = said
