@@ -46,7 +46,8 @@ def converge(
     s = st.job.spec
     create, wait, extra = _create_and_scale(st, cfg, backoff_base_s)
     create = avoid_silent(create, machines)
-    taken = [x for x in st.foreign if x.name in pod_names(create)]
+    creating = set(pod_names(create))
+    taken = [x for x in st.foreign if x.name in creating]  # their names wait
     held = {x.name for x in taken}
     create = [o for o in create if o["kind"] != "Pod" or o["metadata"]["name"] not in held]
     events: list[EventNote] = []

@@ -62,14 +62,15 @@ def plan(
     (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
     cluster's Nodes by name (None: not known); ``services`` names the job's Services that
     exist; ``foreign`` are pods with the job's name label that it does not control
-    (:func:`~ddp_operator.planner.views.split_by_owner`): never counted, their names wait.
-    The plan creates no object that exists already (a pod or Service of that name).
+    (:func:`~ddp_operator.planner.views.split_by_owner`): never counted, their names wait
+    (:func:`~ddp_operator.planner.converge.converge`, which makes every pod the plan
+    creates). The plan creates no object that exists already (a pod or Service of that name).
     """
     observed = list(pods)
     p = _decide(
         job, status, observed, now, settings, pending, admission, progress, machines, foreign
     )
-    exist = {"Pod": {x.name for x in [*observed, *foreign]}, "Service": set(services)}
+    exist = {"Pod": {x.name for x in observed}, "Service": set(services)}
     p.create = [o for o in p.create if o["metadata"]["name"] not in exist.get(o["kind"], ())]
     return p
 
