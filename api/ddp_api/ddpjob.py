@@ -1011,6 +1011,12 @@ class DDPJobStatus(_Model):
         default=None,
         description="Label selector of the job's node pods (for the scale subresource).",
     )
+    image: str | None = Field(
+        default=None,
+        description="The image the job's node pods run (spec.image, or the operator's default"
+        " image when that is empty), as last seen on a node pod; kept when none is left, so"
+        " that `kubectl ddp logs` and `plot` read the checkpoint volume with it.",
+    )
     restarts: int | None = Field(
         default=None,
         description="Failures counted against spec.backoffLimit so far: node pods that exited"

@@ -1,7 +1,8 @@
 """What a job's pods are called and carry, where the operator that renders them and the client
 that reads them must agree: their names, labels and selector, the trainer container's name, its
 log line prefix, the restricted Pod Security settings, the trainer image used when a spec
-names none, and a pod's phases (core/v1's words). The rest of a pod is the operator's alone
+names none, a pod's phases and the kubelet's reasons for an image it cannot pull (core/v1's
+words). The rest of a pod is the operator's alone
 (``ddp_operator.render``).
 """
 
@@ -27,6 +28,11 @@ class PodPhase(StrEnum):
     FAILED = "Failed"
     UNKNOWN = "Unknown"
 
+
+# A container's waiting reasons when its image cannot be pulled or named (the kubelet's).
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+)
 
 # The trainer image of a job whose spec.image is empty, unless the operator's settings name one.
 DEFAULT_IMAGE = "ghcr.io/ddp-operator/trainer:0.1.0"

@@ -22,6 +22,7 @@ class StatusFields(TypedDict, total=False):
     readyNodes: int | None
     ready: str | None
     selector: str | None
+    image: str | None
     restarts: int | None
     disruptions: int | None
     worldSize: int | None

@@ -162,8 +162,9 @@ def script_objects(
 
 
 def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
-    """The image that reads the checkpoint volume: the job's, as its pods run it (the operator
-    fills in its default image), else ``spec.image``, else the operator's built-in default."""
+    """The image that reads the checkpoint volume: the job's: ``spec.image``, else as its pods
+    run it (the operator fills in its default image), else as the operator last saw them run
+    it (``status.image``: a job without pods), else the operator's built-in default."""
     spec_image = (job.get("spec") or {}).get("image")
     if spec_image:
         return str(spec_image)
@@ -171,7 +172,7 @@ def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> s
         for container in (pod.get("spec") or {}).get("containers") or []:
             if container.get("name") == CONTAINER and container.get("image"):
                 return str(container["image"])
-    return DEFAULT_IMAGE
+    return str((job.get("status") or {}).get("image") or DEFAULT_IMAGE)
 
 
 def checkpoint_path(job: Mapping[str, Any], keeps: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_api.ddpjob import TERMINAL_PHASES
-from ddp_api.pods import LABEL_INDEX
+from ddp_api.pods import IMAGE_PULL_REASONS, LABEL_INDEX
 
 
 def node_index(pod: Mapping[str, Any]) -> int | None:
@@ -43,3 +43,14 @@ def pod_trouble(pod: Mapping[str, Any]) -> str:
         if cond.get("status") == "False" and cond.get("message"):
             return f"{cond.get('reason')}: {cond['message']}"
     return f"phase {status.get('phase', 'unknown')}"
+
+
+def image_trouble(pod: Mapping[str, Any]) -> str:
+    """Why the kubelet cannot pull a container's image ("" when it can): the waiting reason
+    and message, which a wait does not mend (a wrong name, a registry the cluster cannot
+    reach)."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            return f"{waiting['reason']}: {waiting.get('message') or ''}".strip(": ")
+    return ""

@@ -15,7 +15,7 @@ from ddp_api.pods import PodPhase
 from .connection import REQUEST_TIMEOUT
 from .errors import ClusterUnreachable, DDPError
 from .jobs import Jobs
-from .pod_state import pod_trouble, started
+from .pod_state import image_trouble, pod_trouble, started
 
 
 class VolumeReader(Jobs):
@@ -82,6 +82,13 @@ class VolumeReader(Jobs):
                 )
             if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 return dict(pod)
+            trouble = image_trouble(pod)
+            if trouble:
+                image = pod["spec"]["containers"][0].get("image")
+                raise error(
+                    f"pod {pod_name}, which reads {what}, cannot pull image {image} ({trouble});"
+                    " name the job's image with --image"
+                )
             if time.monotonic() >= deadline:
                 raise error(
                     f"pod {pod_name}, which reads {what}, did not finish within"

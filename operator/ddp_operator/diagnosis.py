@@ -26,12 +26,12 @@ from enum import StrEnum
 
 from ddp_api.contract import one_line, parse_rfc3339
 from ddp_api.ddpjob import DDPJobSpec, ProblemReason
+from ddp_api.pods import IMAGE_PULL_REASONS
 
 from . import claims, render
 from .planner.views import (
     COMMAND_EXIT_CODES,
     CONFIG_REASONS,
-    IMAGE_REASONS,
     OOM,
     START_REASONS,
     PodView,
@@ -122,7 +122,7 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
     if p is None:
         return None
     image = p.image or spec.image or "the image"
-    if p.reason in IMAGE_REASONS:
+    if p.reason in IMAGE_PULL_REASONS:
         return Finding(ProblemReason.IMAGE_PULL_FAILED, image, Effect.DEADLINE, p.message)
     start = p.reason in START_REASONS or p.reason in ("CreateContainerError", "RunContainerError")
     if (start and _COMMAND_FAILED.search(p.message)) or pod.exit_code in COMMAND_EXIT_CODES:

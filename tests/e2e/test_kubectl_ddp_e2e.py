@@ -4,7 +4,8 @@ with its exception quoted (and one that does not compile failed at once), and th
 example watched
 (what it leaves: status, the final checkpoint, `kubectl get`'s columns), its logs read and its
 loss and learning rate plotted from the checkpoint volume, and its logs read again from the
-volume once its pods are deleted.
+volume once its pods are deleted (with the image its status names; an image the cluster
+cannot pull fails the read at once).
 
 Logs come through the kubelets' pods/log (``kubectl logs``), as does the output of
 ``plot``'s reader pod.
@@ -213,9 +214,10 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
     assert from_pods.returncode == 0 and from_pods.stderr == "", from_pods.stderr
     sc.k("delete", "pods", "-l", selector("digits"), "--wait=true")
     # No pod is left to name the image that the operator gave the job (its default, not in
-    # the spec): the reader pod is told the cluster's, as a user of a private registry would.
-    image = ("--image", sc.s.refs["trainer"])
-    from_volume = ddp("logs", "digits", "-n", sc.ns, *image)
+    # the spec, and not the client's built-in default, which no machine here can pull): the
+    # job's status names it.
+    assert status["image"] == sc.s.refs["trainer"]
+    from_volume = ddp("logs", "digits", "-n", sc.ns)
     assert from_volume.returncode == 0, f"{from_volume.stderr}\n{sc.diagnostics()}"
     assert "reading the logs its nodes kept on its volume" in from_volume.stderr
 
@@ -226,5 +228,10 @@ def test_digits_watched_to_succeeded_then_its_loss_and_lr_plotted_from_its_volum
         return nodes
 
     assert by_node(from_volume.stdout) == by_node(from_pods.stdout)
-    assert last in ddp("logs", "digits", "-n", sc.ns, "--rank", "0", *image).stdout
+    assert last in ddp("logs", "digits", "-n", sc.ns, "--rank", "0").stdout
+    # An image the cluster cannot pull fails the read at once, naming the image and the fix.
+    missing = sc.s.refs["trainer"].rsplit(":", 1)[0] + ":no-such-tag"
+    refused = ddp("logs", "digits", "-n", sc.ns, "--image", missing)
+    assert refused.returncode != 0 and f"cannot pull image {missing} (" in refused.stderr
+    assert "name the job's image with --image" in refused.stderr
     assert sc.k("get", "pods", "-l", "app.kubernetes.io/managed-by=kubectl-ddp", "-o", "name") == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from ddp_client.objects import (
     script_key,
     script_objects,
 )
+from ddp_client.pod_state import image_trouble
 from ddp_operator.render import LABEL_JOB, OperatorConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -158,6 +160,22 @@ def test_the_reader_runs_the_image_the_jobs_pods_run() -> None:
     assert reader_image({"spec": {"image": "mine:1"}}, [pod]) == "mine:1"
     assert reader_image({"spec": {}}, [pod]) == "from-operator:2"
     assert reader_image({"spec": {}}, []) == OperatorConfig().default_image
+    # No pod left: the image the operator last saw the job's pods run.
+    assert reader_image({"spec": {}, "status": {"image": "seen:3"}}, []) == "seen:3"
+    assert reader_image({"spec": {}, "status": {"image": "seen:3"}}, [pod]) == "from-operator:2"
+
+
+def test_an_image_the_kubelet_cannot_pull_is_told_apart_from_a_pod_still_starting() -> None:
+    def waiting(reason: str, message: str = "") -> dict[str, Any]:
+        state = {"waiting": {"reason": reason, "message": message}}
+        return {"status": {"containerStatuses": [{"name": "reader", "state": state}]}}
+
+    assert image_trouble(waiting("ContainerCreating")) == ""
+    assert image_trouble({"status": {"phase": "Pending"}}) == ""
+    assert image_trouble(waiting("ImagePullBackOff", 'Back-off pulling image "x:1"')) == (
+        'ImagePullBackOff: Back-off pulling image "x:1"'
+    )
+    assert image_trouble(waiting("ErrImagePull")) == "ErrImagePull"
 
 
 def test_a_status_from_a_newer_operator_still_reads() -> None:

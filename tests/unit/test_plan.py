@@ -352,6 +352,23 @@ def test_view_reads_finished_at_and_the_disruption_target_condition() -> None:
     assert views.view(body).disrupted == ""
 
 
+def test_the_status_names_the_image_the_node_pods_run_and_keeps_it_once_they_are_gone() -> None:
+    body = {
+        "metadata": {"name": "j-node-0", "uid": "u", "labels": {render.LABEL_INDEX: "0"}},
+        "spec": {
+            "containers": [{"name": "sidecar", "image": "s:1"}, {"name": "trainer", "image": "t:2"}]
+        },
+    }
+    assert views.view(body).image == "t:2"
+    assert views.view({"metadata": {"name": "j-store"}}).image == ""
+
+    pods = [dataclasses.replace(STORE, image=""), pod(1, image="t:2"), pod(0, image="t:2")]
+    assert plan(job(nodes=2), RUNNING, pods, NOW, RULES).status["image"] == "t:2"
+    # No node pod left (a suspended job, or one whose pods were deleted): the field is not
+    # written, so the merge patch leaves the image the status already names.
+    assert "image" not in plan(job(nodes=2, suspend=True), RUNNING, [], NOW, RULES).status
+
+
 def test_a_disruption_is_counted_apart_and_never_spends_the_backoff_limit() -> None:
     status = {**RUNNING, "restarts": 1, "lastFailureTime": "2026-01-01T11:00:00Z"}
     evicted = aged(pod(0, uid="e"), disrupted="EvictionByEvictionAPI")  # deletion not seen yet

@@ -203,5 +203,8 @@ class Draft:
         world = (self.progress or {}).get("worldSize")
         if world:
             new["worldSize"] = world
+        image = next((x.image for x in self.workers if x.image), "")
+        if image:  # kept when no pod is left: readers of the volume run it
+            new["image"] = image
         self.plan.status = new
         return self.plan

@@ -10,7 +10,7 @@ from typing import Any
 from ddp_api.contract import REFUSALS, SYNTAX_ERRORS, termination_kind
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus, ProblemReason
 from ddp_api.metav1 import controller_uid
-from ddp_api.pods import PodPhase
+from ddp_api.pods import IMAGE_PULL_REASONS, PodPhase
 
 from .. import render, reports
 
@@ -19,11 +19,8 @@ DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets befo
 SERVER_ROLES = (render.ROLE_STORE, render.ROLE_LIGHTHOUSE)
 CONTAINERS = (render.CONTAINER, render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
 
-# The kubelet's and the runtime's reasons that :func:`problem` reads (what they mean for the
-# job: :mod:`ddp_operator.diagnosis`).
-IMAGE_REASONS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
-)
+# The kubelet's and the runtime's reasons that :func:`problem` reads, beside
+# ddp_api.pods.IMAGE_PULL_REASONS (what they mean for the job: :mod:`ddp_operator.diagnosis`).
 CONFIG_REASONS = frozenset(
     {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
@@ -53,7 +50,7 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
         image = cs.get("image") or ""
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
-        if waiting.get("reason") in IMAGE_REASONS | CONFIG_REASONS:
+        if waiting.get("reason") in IMAGE_PULL_REASONS | CONFIG_REASONS:
             return PodProblem(waiting["reason"], waiting.get("message") or "", image)
         # The store restarts in place (restartPolicy Always): its last end counts too.
         term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
@@ -97,6 +94,7 @@ class PodView:
     said: str = ""  # the worker container's termination message: why it failed, in its words
     progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
     owner: str = ""  # the uid of the DDPJob that controls it ("" when none does)
+    image: str = ""  # the image of its trainer container (a node pod's; "" for the servers)
 
     @property
     def done(self) -> bool:
@@ -143,7 +141,16 @@ def view(pod: Mapping[str, Any]) -> PodView:
         said=said,
         progress=reports.record_of_pod(pod),
         owner=controller_uid(meta),
+        image=trainer_image(pod),
     )
+
+
+def trainer_image(pod: Mapping[str, Any]) -> str:
+    """The image a node pod's trainer container runs ("" for a pod without one)."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") == render.CONTAINER:
+            return str(c.get("image") or "")
+    return ""
 
 
 def split_by_owner(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView]]:
