@@ -103,6 +103,8 @@ def test_sigterm_leaves_a_checkpoint_of_the_last_step(launcher: Launcher, worker
     run.signal(signal.SIGTERM)  # to torchrun only, as the kubelet does; it tells the workers
     assert run.wait(60) != 0
     assert "SIGTERM: stopping at step 20" in run.output(), run.tail()
+    # The log says it is saved, as it says of each background write.
+    assert "checkpoint step-00000020.pt written (synchronously, in " in run.output(), run.tail()
     assert "exited unexpectedly" not in run.output(), run.tail()
     assert last_step(ckpt) == 20
     found = CheckpointStore(ckpt).latest()

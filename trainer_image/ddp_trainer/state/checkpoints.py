@@ -141,7 +141,9 @@ class Checkpoints:
         writing = time.perf_counter()
         entry = self.store.write(step, contents())
         self.writer.last = entry
-        self._written(entry, time.perf_counter() - writing)
+        seconds = time.perf_counter() - writing
+        log.info("checkpoint %s written (synchronously, in %.2fs)", entry.name, seconds)
+        self._written(entry, seconds)
 
     def _written(self, entry: ckpt.Entry, seconds: float) -> None:
         """A checkpoint is on disk (in the writer thread for background ones)."""
