@@ -117,6 +117,16 @@ def lighthouse_address(job: str, namespace: str) -> str:
     return f"http://{lighthouse_name(job)}.{namespace}.svc:{LIGHTHOUSE_PORT}"
 
 
+def quorum_timeout_s(group_timeout_s: float) -> float:
+    """How long one try at a quorum waits in a PerStep group (then it is tried again: a
+    lighthouse that restarts, or too few groups, costs waiting, never the process): long enough
+    for the lighthouse to drop a silent group (``group_timeout_s``) and issue the quorum. A
+    group notices SIGTERM only when its try ends, so the operator gives PerStep node pods this
+    long on top of their termination grace period: the writer group saves its last step even
+    when its peers and the lighthouse went first (a suspended job)."""
+    return max(10.0, 3 * group_timeout_s)
+
+
 # The kept logs: each node pod's wrapper (``ddp_trainer.node``) copies its pod's log, each line
 # after its RFC 3339 time as ``pods/log?timestamps=true`` gives it, into ``<pod>.log`` in this
 # folder of the checkpoint folder, rotated to ``<pod>.log.1`` (the newest older part) up to

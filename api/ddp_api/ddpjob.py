@@ -439,7 +439,10 @@ class FaultTolerance(_Model):
         description="PerStep only: seconds a replica group may go without a heartbeat before"
         " the lighthouse drops it from the quorum and the others go on without it (the"
         " lighthouse's --heartbeat_timeout_ms); also how long a step's collective waits for a"
-        f" lost peer. 1 to {MAX_GROUP_TIMEOUT_S}; default: {DEFAULT_GROUP_TIMEOUT_S}.",
+        " lost peer. A group waits for a quorum up to 3 times this (at least 10 s) before it"
+        " tries again, and notices SIGTERM only then: node pods get that much more"
+        " terminationGracePeriodSeconds, so the group that saves the last step can."
+        f" 1 to {MAX_GROUP_TIMEOUT_S}; default: {DEFAULT_GROUP_TIMEOUT_S}.",
     )
 
     @property

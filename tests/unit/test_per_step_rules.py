@@ -140,6 +140,20 @@ def test_a_per_step_node_pod_is_a_replica_group_with_a_pod_local_rendezvous() ->
     assert not ft - {"PET_NNODES"} & restart.keys()  # Restart pods: as before
 
 
+def test_a_per_step_node_pod_has_one_quorum_try_more_than_the_grace_period_to_save() -> None:
+    def grace(ft: dict[str, Any] | None) -> int:
+        spec = render.render_worker(job(ft), 0, 0, CFG)["spec"]
+        return int(spec["terminationGracePeriodSeconds"])
+
+    assert grace(None) == CFG.termination_grace_s == 60
+    # The default group timeout, 5 s: a quorum try waits 15 s.
+    assert grace(PER_STEP) == 60 + 15 == 60 + contract.quorum_timeout_s(5)
+    # A try outlasting the grace period alone (90 s): the writer, waiting in it when SIGTERM
+    # came, would be killed before it saved.
+    assert grace({**PER_STEP, "groupTimeoutSeconds": 30}) == 60 + 90
+    assert grace({**PER_STEP, "groupTimeoutSeconds": 1}) == 60 + 10
+
+
 def test_restart_mode_renders_what_it_did_before() -> None:
     for ft in (None, {"mode": "Restart"}):
         assert render.render_services(job(ft)) == render.render_services(job())

@@ -3,6 +3,7 @@ to the API server."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ddp_api import contract
@@ -123,7 +124,7 @@ def render_worker(job: DDPJob, index: int, attempt: int, cfg: OperatorConfig) ->
             "subdomain": name,
             "restartPolicy": "Never",  # torchrun restarts workers; the operator, pods
             **_identity(job, cfg),
-            "terminationGracePeriodSeconds": cfg.termination_grace_s,
+            "terminationGracePeriodSeconds": termination_grace_s(job, cfg),
             "securityContext": dict(RESTRICTED_POD),
             "containers": [container],
             "volumes": volumes,
@@ -144,3 +145,13 @@ def _identity(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         account = PROGRESS_ACCOUNT if cfg.progress_in_pod else trainer_account(job_key(job)[1])
         return {"serviceAccountName": account}
     return {"automountServiceAccountToken": False}
+
+
+def termination_grace_s(job: DDPJob, cfg: OperatorConfig) -> int:
+    """A node pod's grace period: the operator's, and in PerStep mode one quorum try more
+    (:func:`ddp_api.contract.quorum_timeout_s`): a group that waits for a quorum notices
+    SIGTERM only when that try ends, and it may be the group that saves the last step."""
+    ft = job.spec.fault_tolerance
+    if ft is None or not ft.per_step:
+        return cfg.termination_grace_s
+    return cfg.termination_grace_s + math.ceil(contract.quorum_timeout_s(ft.group_timeout_s))

@@ -20,6 +20,7 @@ from ddp_api.contract import (
     ENV_POD_IP,
     ENV_REPLICA_GROUP,
     FAULT_TOLERANCE_PER_STEP,
+    quorum_timeout_s,
 )
 from ddp_trainer.data.batching import micro_sizes
 
@@ -57,10 +58,8 @@ class GroupSettings:
 
     @property
     def quorum_timeout_s(self) -> float:
-        """How long one try at a quorum waits (then it is tried again: a lighthouse that
-        restarts, or too few groups, costs waiting, never the process). Short enough that
-        SIGTERM is noticed while a group waits for peers."""
-        return max(10.0, 3 * self.timeout_s)
+        """How long one try at a quorum waits (:func:`ddp_api.contract.quorum_timeout_s`)."""
+        return quorum_timeout_s(self.timeout_s)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> GroupSettings:
