@@ -50,16 +50,18 @@ def exit_code(exc: SystemExit) -> int:
 
 
 def leave(run: Callable[[], int]) -> NoReturn:
-    """Runs ``run`` and exits with its code (a SystemExit's, or 1 with the traceback), as soon
-    as standard output and error are flushed."""
+    """Runs ``run`` and exits with its code (a SystemExit's, or 1 with the traceback; what a
+    signal raises prints one line), as soon as standard output and error are flushed."""
     code = 1
     try:
         code = run()
     except SystemExit as exc:
         code = exit_code(exc)
     except BaseException as exc:
-        traceback.print_exc()
-        if type(exc).__name__ not in SIGNALLED:
+        if type(exc).__name__ in SIGNALLED:  # told to stop: one line, not a failure's traceback
+            print(f"stopping: {termination_text(exc)}", file=sys.stderr)
+        else:
+            traceback.print_exc()
             say_why(termination_text(exc))
     finally:
         exit_now(code)
