@@ -22,7 +22,10 @@ def helm_install_args(
     operator_ref: str, trainer_ref: str, pull_policy: str, kueue: bool = False
 ) -> list[str]:
     """``helm upgrade --install`` of the chart with these images: installs it, or moves an
-    installed release to these images and values (pure)."""
+    installed release to these images and values (pure). The chart takes its objects back from
+    whoever changed them since (``--force-conflicts``): the end-to-end stack applies
+    ``manifests/``' ClusterRole and admission policy, of the same names, with kubectl, and
+    helm's server-side apply then refused `make up` on a cluster `make e2e-kind` had used."""
     repo, tag = operator_ref.rsplit(":", 1)
     return [
         "upgrade", "--install", "ddp-operator", str(CHART), "--namespace", NAMESPACE,
@@ -30,7 +33,7 @@ def helm_install_args(
         "--set", f"image.pullPolicy={pull_policy}", "--set", f"trainerImage={trainer_ref}",
         "--set", "settings.backoffBaseSeconds=2", "--set", f"kueue.enabled={str(kueue).lower()}",
         "--set", f"settings.nodeLostGraceSeconds={NODE_LOST_GRACE_S:g}",
-        "--wait", "--timeout", "5m",
+        "--force-conflicts", "--wait", "--timeout", "5m",
     ]  # fmt: skip
 
 
