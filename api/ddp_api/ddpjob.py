@@ -1016,9 +1016,12 @@ class DDPJobStatus(_Model):
     )
     image: str | None = Field(
         default=None,
-        description="The image the job's node pods run (spec.image, or the operator's default"
-        " image when that is empty), as last seen on a node pod; kept when none is left, so"
-        " that `kubectl ddp logs` and `plot` read the checkpoint volume with it.",
+        description="The image the job's node pods ran (spec.image, or the operator's default"
+        " image when that is empty), as last seen on a node pod past Pending; kept when none"
+        " is left, so that `kubectl ddp logs` and `plot` read the checkpoint volume with it."
+        " Where spec.image is empty the operator gives the pods it makes later this image, not"
+        " its default of the moment: an operator upgraded to a new trainer image never mixes"
+        " two in one job.",
     )
     restarts: int | None = Field(
         default=None,

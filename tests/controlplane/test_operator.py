@@ -781,6 +781,34 @@ def test_an_operator_killed_mid_creation_converges_without_duplicates(
     assert status["restarts"] == 0
 
 
+def test_an_operator_upgraded_to_a_new_trainer_image_replaces_pods_with_the_image_the_job_ran(
+    c: Cluster, operator: OperatorProcess
+) -> None:
+    """`helm upgrade` to a new trainerImage while a job runs: the pods the new operator makes
+    for it keep the image its pods ran (status.image), never two trainer versions in one
+    job; a new job gets the new image."""
+    c.submit("pinned", {"nodes": 2})
+    c.running("pinned", 2)
+    c.until("the pods' image kept", lambda: c.status("pinned").get("image") == "trainer:test")
+    before = c.worker_uids("pinned")
+    operator.kill()
+    operator.env["DDP_DEFAULT_IMAGE"] = "trainer:next"
+    try:
+        operator.start()
+        c.k("delete", "pod", "pinned-node-1")
+        again = c.replaced("pinned", "pinned-node-1", before["pinned-node-1"], "node-1 again")
+        assert again["spec"]["containers"][0]["image"] == "trainer:test"
+        assert c.status("pinned")["image"] == "trainer:test"
+        c.submit("fresh", {"nodes": 1})
+        c.running("fresh", 1)
+        (pod,) = c.workers("fresh").values()
+        assert pod["spec"]["containers"][0]["image"] == "trainer:next"
+    finally:
+        operator.kill()
+        operator.env["DDP_DEFAULT_IMAGE"] = "trainer:test"
+        operator.start()
+
+
 def _condition(status: dict[str, Any]) -> dict[str, Any]:
     """The condition of the job's phase; ``status.reason`` is its reason."""
     cond = next(x for x in status["conditions"] if x["type"] == status["phase"])

@@ -367,6 +367,28 @@ def test_the_status_names_the_image_the_node_pods_run_and_keeps_it_once_they_are
     # No node pod left (a suspended job, or one whose pods were deleted): the field is not
     # written, so the merge patch leaves the image the status already names.
     assert "image" not in plan(job(nodes=2, suspend=True), RUNNING, [], NOW, RULES).status
+    # An image no pod ran (a name no machine can pull) is not kept.
+    pulling = [STORE, pod(0, "Pending", image="typo:1"), pod(1, "Pending", image="typo:1")]
+    assert "image" not in plan(job(nodes=2), RUNNING, pulling, NOW, RULES).status
+
+
+def test_a_replaced_pod_runs_the_image_its_job_ran_not_a_newer_operator_default() -> None:
+    def images(p: draft.Plan) -> dict[str, str]:
+        return {
+            o["metadata"]["name"]: o["spec"]["containers"][0]["image"]
+            for o in p.create
+            if o["kind"] == "Pod"
+        }
+
+    ran = {**RUNNING, "image": "trainer:old"}  # CFG, the operator's default now: trainer:test
+    p = plan(job(nodes=2), ran, [STORE, pod(0, image="trainer:old")], NOW, RULES)
+    assert images(p) == {"j-node-1": "trainer:old"}
+    lost_store = plan(job(nodes=2), ran, [pod(0), pod(1)], NOW, RULES)
+    assert images(lost_store) == {"j-rdzv": "trainer:old"}
+    # The spec's image wins; a job none of whose pods ran gets the operator's default.
+    mine = plan(job(nodes=2, image="mine:1"), ran, [STORE, pod(0)], NOW, RULES)
+    assert images(mine) == {"j-node-1": "mine:1"}
+    assert set(images(plan(job(nodes=2), RUNNING, [], NOW, RULES)).values()) == {"trainer:test"}
 
 
 def test_a_disruption_is_counted_apart_and_never_spends_the_backoff_limit() -> None:

@@ -4,6 +4,7 @@ the policy reads the draft and returns its :class:`~.decision.Decision`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +95,7 @@ def _create_and_scale(
     spec.nodes to delete (the highest indices go). A PerStep job's lighthouse, in place of the
     store, is recreated at once, backoff or not: the groups still training need it."""
     s, workers = st.job.spec, st.workers
+    cfg = job_config(cfg, st.status)
     create = list(render.render_services(st.job))
     last_failure = parse_rfc3339(st.new.get("lastFailureTime") or st.status.get("lastFailureTime"))
     wait = 0.0
@@ -118,6 +120,16 @@ def _create_and_scale(
         ]
     extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
     return create, wait, extra
+
+
+def job_config(cfg: render.OperatorConfig, status: Mapping[str, Any]) -> render.OperatorConfig:
+    """The operator's settings for a job's new pods: a job whose pods ran keeps their image
+    (``status.image``) where its spec names none. An operator upgraded to a new trainer image
+    while a job runs would otherwise give the pods it replaces the new one: two trainer
+    versions in one job (one rendezvous, one set of replica groups, one checkpoint folder). A
+    job none of whose pods ran yet gets the operator's default image of the moment."""
+    image = status.get("image")
+    return dataclasses.replace(cfg, default_image=image) if image else cfg
 
 
 def names_taken(job: str, taken: list[PodView], reason: str, message: str) -> tuple[str, str]:

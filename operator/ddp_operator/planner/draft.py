@@ -11,7 +11,7 @@ from typing import Any
 
 from ddp_api.contract import rfc3339
 from ddp_api.ddpjob import DDPJob, DDPJobPhase, EventType
-from ddp_api.pods import selector
+from ddp_api.pods import PodPhase, selector
 from ddp_api.status import StatusFields
 
 from .. import incidents, render
@@ -203,8 +203,11 @@ class Draft:
         world = (self.progress or {}).get("worldSize")
         if world:
             new["worldSize"] = world
-        image = next((x.image for x in self.workers if x.image), "")
-        if image:  # kept when no pod is left: readers of the volume run it
+        # The image the job's pods ran (a pod past Pending started its containers): kept when
+        # no pod is left (readers of the volume run it), and given to the pods it replaces
+        # (converge.job_config). One that never ran (a name no machine can pull) is not kept.
+        image = next((x.image for x in self.workers if x.image and x.phase != PodPhase.PENDING), "")
+        if image:
             new["image"] = image
         self.plan.status = new
         return self.plan
