@@ -97,6 +97,20 @@ def test_a_run_fills_them_in() -> None:
     assert failures["ddp_trainer_checkpoint_failures_total"] == 1
 
 
+def test_per_step_mode_tells_the_groups_and_world_of_the_latest_committed_step() -> None:
+    metrics = TrainerMetrics(is_main=True, world_size=2, restarts=0, per_step=True)
+    assert set(scrape(metrics)) == EVERY_PROCESS | RANK_ZERO | {"ddp_trainer_replica_groups"}
+    for groups in (3, 2):  # a group lost: the quorum shrinks while this process runs
+        metrics.membership(world_size=groups * 2, groups=groups)
+    values = scrape(metrics)
+    assert values["ddp_trainer_replica_groups"]["ddp_trainer_replica_groups"] == 2
+    assert values["ddp_trainer_world_size"]["ddp_trainer_world_size"] == 4
+    # Restart mode has no such series (no zeros that look like data).
+    restart = TrainerMetrics(is_main=True, world_size=2, restarts=0)
+    restart.membership(world_size=2, groups=None)
+    assert "ddp_trainer_replica_groups" not in scrape(restart)
+
+
 def test_a_resumed_run_reports_the_checkpoint_it_resumed_from() -> None:
     metrics = TrainerMetrics(is_main=True, world_size=1, restarts=1)
     metrics.started(step=40, epoch=2, total_steps=90, resumed_step=40)

@@ -332,7 +332,7 @@ def run_per_step(config: TrainerConfig, checkpoint_dir: Path) -> int:
     group = GroupSettings.from_env(os.environ)
     quiet_torchft()
     env = dataclasses.replace(DistEnv.from_env(), run_id=run_id(os.environ))
-    metrics = process_metrics(env)
+    metrics = process_metrics(env, per_step=True)
     if env.local_rank == 0:
         serve(metrics.registry, config.metrics_port, listen_address(os.environ))
     threads = os.environ.get("OMP_NUM_THREADS")

@@ -53,10 +53,13 @@ def _never_raises(method: F) -> F:
 
 class TrainerMetrics:
     """The metrics of one trainer process. Every process keeps them; the first process of a
-    node serves them. Checkpoint metrics exist only in global rank 0, the only writer."""
+    node serves them. Checkpoint metrics exist only in global rank 0, the only writer (PerStep
+    mode: local rank 0 of every group, since the writer is whichever group is participating
+    rank 0 of the last quorum); ``ddp_trainer_replica_groups`` in PerStep mode only."""
 
-    def __init__(self, *, is_main: bool, world_size: int, restarts: int):
+    def __init__(self, *, is_main: bool, world_size: int, restarts: int, per_step: bool = False):
         self.is_main = is_main
+        self.per_step = per_step
         self._warned = False
         self.registry = CollectorRegistry()
         r = self.registry
@@ -104,10 +107,19 @@ class TrainerMetrics:
             "skips are not counted.",
             registry=r,
         )
-        world = Gauge(
-            PREFIX + "world_size", "Training processes in the job (all nodes).", registry=r
+        self.world_size = Gauge(
+            PREFIX + "world_size",
+            "Training processes in the job (all nodes; PerStep mode: of the replica groups that"
+            " trained the latest committed step).",
+            registry=r,
         )
-        world.set(world_size)
+        self.world_size.set(world_size)
+        if per_step:
+            self.replica_groups = Gauge(
+                PREFIX + "replica_groups",
+                "PerStep mode: replica groups (node pods) that trained the latest committed step.",
+                registry=r,
+            )
         worker_restarts = Gauge(
             PREFIX + "worker_restarts",
             "Times torchrun restarted this node's workers before this process started "
@@ -170,6 +182,14 @@ class TrainerMetrics:
             self.grad_norm.set(grad_norm)
 
     @_never_raises
+    def membership(self, *, world_size: int, groups: int | None) -> None:
+        """Who trained the latest step (PerStep mode: the groups of its quorum, which change
+        while the process runs)."""
+        self.world_size.set(world_size)
+        if self.per_step and groups is not None:
+            self.replica_groups.set(groups)
+
+    @_never_raises
     def non_finite_step(self) -> None:
         self.non_finite_steps.inc()
 
@@ -200,10 +220,13 @@ class TrainerMetrics:
             self.checkpoint_failures.inc()
 
 
-def process_metrics(env: DistEnv) -> TrainerMetrics:
+def process_metrics(env: DistEnv, per_step: bool = False) -> TrainerMetrics:
     """The metrics of this process of the run (see :class:`TrainerMetrics`)."""
     return TrainerMetrics(
-        is_main=env.rank == 0, world_size=env.world_size, restarts=env.restart_count
+        is_main=env.rank == 0,
+        world_size=env.world_size,
+        restarts=env.restart_count,
+        per_step=per_step,
     )
 
 

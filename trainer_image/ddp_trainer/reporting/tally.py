@@ -113,6 +113,7 @@ class Tally:
         self.metrics.step_done(
             seconds=seconds, step=p.step, epoch=p.epoch, lr=lr, grad_norm=grad_norm
         )
+        self.metrics.membership(world_size=self.world, groups=self.groups)
 
     def non_finite(self, step: int, grad_norm: float, in_row: int) -> None:
         """Step ``step`` (1-based) had a non-finite loss or gradient and was skipped."""
