@@ -950,8 +950,8 @@ class Progress(_Model):
         default=None,
         description="Seconds until totalSteps at the pace between rank 0's last two reports"
         " (steps per second), as of updatedAt. Computed by the operator, not reported; unset"
-        " before the second report, while held, and when the step did not advance (a resume"
-        " from a checkpoint).",
+        " before the second report, while held, when the step did not advance (a resume"
+        " from a checkpoint), and while the job is Suspended, Failed or Queued.",
     )
 
 

@@ -428,6 +428,17 @@ def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
     assert any(reason == "Resumed" for _, reason, _ in r.events)
 
 
+def test_a_job_that_trains_no_more_shows_no_time_left() -> None:
+    progress = {"step": 30, "totalSteps": 90, "estimatedRemainingSeconds": 60}
+    running = {"phase": "Running", "startTime": EARLIER, "progress": progress}
+    assert "progress" not in plan(job(), running, [STORE, pod(0), pod(1)], NOW, RULES).status
+    suspended = plan(job(suspend=True), running, [STORE, pod(0), pod(1)], NOW, RULES).status
+    assert suspended["phase"] == "Suspended"
+    assert suspended["progress"] == {**progress, "estimatedRemainingSeconds": None}
+    failed = plan(job(activeDeadlineSeconds=60), running, [STORE, pod(0), pod(1)], NOW, RULES)
+    assert failed.status["progress"]["estimatedRemainingSeconds"] is None
+
+
 def test_deadline_fails_the_job() -> None:
     status = {"phase": "Running", "startTime": "2026-01-01T11:00:00Z"}
     p = plan(job(activeDeadlineSeconds=60), status, [STORE, pod(0), pod(1)], NOW, RULES)

@@ -14,7 +14,7 @@ from ddp_api.ddpjob import DDPJob, DDPJobPhase, EventType
 from ddp_api.pods import PodPhase, selector
 from ddp_api.status import StatusFields
 
-from .. import incidents, render
+from .. import incidents, render, reports
 from .conditions import job_conditions
 from .decision import Decision, EventNote
 from .views import PodView
@@ -51,6 +51,10 @@ class Plan:
 def pod_names(objects: Iterable[Mapping[str, Any]]) -> list[str]:
     """The names of the pods among ``objects`` (rendered objects to create)."""
     return [o["metadata"]["name"] for o in objects if o["kind"] == "Pod"]
+
+
+# Phases in which no step is trained: a job there has no time left to show (kubectl get's ETA).
+IDLE = frozenset({DDPJobPhase.SUSPENDED, DDPJobPhase.FAILED, DDPJobPhase.QUEUED})
 
 
 @dataclass
@@ -203,6 +207,9 @@ class Draft:
         world = (self.progress or {}).get("worldSize")
         if world:
             new["worldSize"] = world
+        progress = self.progress or {}
+        if (phase or self.status.get("phase")) in IDLE and progress.get(reports.ETA) is not None:
+            new["progress"] = {**progress, reports.ETA: None}  # no time left while nothing trains
         # The image the job's pods ran (a pod past Pending started its containers): kept when
         # no pod is left (readers of the volume run it), and given to the pods it replaces
         # (converge.job_config). One that never ran (a name no machine can pull) is not kept.
