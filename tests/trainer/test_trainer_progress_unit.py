@@ -169,3 +169,29 @@ def test_rank_0_writes_into_its_own_pod_when_the_operator_says_so() -> None:
     assert progress.pod_patch(record) == {
         "metadata": {"annotations": {"ddp.dev/progress": '{"step":3,"loss":null}'}}
     }
+
+
+def test_the_start_line_says_how_the_global_batch_is_split(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from types import SimpleNamespace
+
+    from ddp_trainer.reporting import tally
+
+    config = SimpleNamespace(workload="charlm", global_batch_size=32)
+    parts = SimpleNamespace(
+        total_steps=92,
+        per_epoch=92,
+        batches=SimpleNamespace(count=11, accumulation_steps=1),
+        precision=SimpleNamespace(label="bfloat16"),
+        device="cpu",
+    )
+    caplog.set_level("INFO", logger="ddp_trainer.trainer")
+    tally._log_start(config, SimpleNamespace(world_size=3), parts, None)  # type: ignore[arg-type]
+    tally._log_start(config, SimpleNamespace(world_size=1), parts, 3)  # type: ignore[arg-type]
+    restart, per_step = (r.getMessage() for r in caplog.records)
+    assert "global batch 32 = 3 ranks x 11 (x1 micro-batches)" in restart
+    # PerStep: each group is a world of its own; "1 ranks x 11" would not add up to 32.
+    assert (
+        "global batch 32 = split each step over the quorum's groups (3 now, of 1 ranks" in per_step
+    )

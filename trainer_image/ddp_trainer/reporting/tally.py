@@ -91,7 +91,7 @@ class Tally:
             resumed_step=self.checkpoints.saved_step if resumed_from else None,
         )
         self.line("start", **_start_fields(p, parts, self._shape(), resumed_from, e), **extra)
-        _log_start(self.config, e, parts)
+        _log_start(self.config, e, parts, self.groups)
 
     def resumed(self, saved_world_size: int) -> None:
         p, now = self.parts.state.position, self.env.world_size
@@ -268,16 +268,23 @@ def _start_fields(
     }
 
 
-def _log_start(config: TrainerConfig, e: DistEnv, parts: Parts) -> None:
+def _log_start(config: TrainerConfig, e: DistEnv, parts: Parts, groups: int | None) -> None:
+    """The run's shape; in PerStep mode (``groups``) each step's quorum splits the global batch,
+    so a rank's share is the one of a full-strength job's, and grows with fewer groups."""
+    split = (
+        f"{e.world_size} ranks x {parts.batches.count}"
+        if groups is None
+        else f"split each step over the quorum's groups ({groups} now, of {e.world_size} ranks"
+        f" each), {parts.batches.count} per rank at full strength"
+    )
     log.info(
-        "training %s: %d steps (%d per epoch), global batch %d = %d ranks x %d "
-        "(x%d micro-batches), amp %s on %s",
+        "training %s: %d steps (%d per epoch), global batch %d = %s (x%d micro-batches), amp %s"
+        " on %s",
         config.workload,
         parts.total_steps,
         parts.per_epoch,
         config.global_batch_size,
-        e.world_size,
-        parts.batches.count,
+        split,
         parts.batches.accumulation_steps,
         parts.precision.label,
         parts.device,
