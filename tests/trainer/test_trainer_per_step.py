@@ -2,7 +2,9 @@
 heals from a live peer; a loop of SIGKILLs of random groups at chosen phases, each group started
 again at once, crashes no survivor; a fourth group joins and one leaves on SIGTERM without any
 other restarting; and the committed steps used exactly Restart mode's samples, each step's whole
-global batch once. ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
+global batch once. Apart: groups of two processes each, a new lighthouse that stalls no group
+for long, and a suspended job whose writer saves the step training stopped at.
+``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
 
 from __future__ import annotations
 
@@ -31,10 +33,11 @@ from replica_groups import (
 from torch.utils.data import TensorDataset
 from trainer_harness import Launcher, Proc, events, wait_until
 
+from ddp_api import contract
 from ddp_devcluster.procs import free_port
 from ddp_trainer.data.batching import Position, batch_share
 from ddp_trainer.data.loader import StepBatches
-from ddp_trainer.state.store import read_completion
+from ddp_trainer.state.store import CheckpointStore, read_completion
 
 KILLS = int(os.environ.get("DDPJOB_TEST_KILLS", "50"))
 SPACING = 2  # committed steps between two kills
@@ -490,3 +493,46 @@ def test_a_new_lighthouse_after_groups_came_and_went_stalls_no_group_for_long(
         zygote.close()
     print(f"a step of every group after each new lighthouse, s: {stalls}")
     assert max(stalls) < STALL_BOUND_S, stalls
+
+
+@pytest.mark.timeout(300)
+def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quorum_wait(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A suspended job, as Kubernetes stops it: every group SIGTERMed and the lighthouse gone.
+    The writer's peer goes first and the lighthouse with it, so the writer is mid-step with a
+    peer that left, or waiting for a quorum that cannot form: it notices SIGTERM when that try
+    ends (within ddp_api.contract.quorum_timeout_s, which the operator adds to PerStep pods'
+    grace period) and saves the step training stopped at: nothing trained is lost."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    light, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    pace = launcher.workdir / "pace"
+    pace.write_text(str(STEP_S))
+    settings = {**SETTINGS, "checkpointEverySteps": 0}  # only SIGTERM's checkpoint
+
+    def start(group: int) -> Proc:
+        env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        env["DDPJOB_TEST_STEP_S"] = str(pace)
+        return pod(launcher, f"pod-{group}", env=env, settings=settings, checkpoint_dir=ckpt)
+
+    writer, peer = start(0), start(1)  # participating rank 0: the lowest replica id
+    wait_until(lambda: committed_step(samples) >= 10, 240, "step 10")
+    peer.signal(signal.SIGTERM)
+    peer.wait(60)
+    light.kill_tree()
+    light.popen.wait()
+    signalled = time.monotonic()
+    writer.signal(signal.SIGTERM)
+    writer.wait(contract.quorum_timeout_s(GROUP_TIMEOUT_S) + 30)
+    stopped_s = time.monotonic() - signalled
+    mine = [
+        r["step"] + 1
+        for r in sample_lines(samples)
+        if r["event"] == "committed" and r["file"].startswith("job-0-")
+    ]
+    assert "SIGTERM: stopping at step" in writer.output(), writer.tail()
+    (saved,) = events(ckpt, "checkpoint")
+    assert saved["synchronous"] and saved["step"] == max(mine), (saved, max(mine))
+    found = CheckpointStore(ckpt).latest()
+    assert found is not None and found[0].step == max(mine)
+    print(f"the writer stopped {stopped_s:.1f}s after SIGTERM, saving step {max(mine)}")
