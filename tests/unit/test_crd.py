@@ -132,9 +132,17 @@ def test_names_subresources_and_printer_columns(schema: dict[str, Any]) -> None:
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert list(columns) == [
         "Phase", "Ready", "Reason", "Epoch", "Step", "Loss", "Groups", "Checkpoint", "ETA",
-        "Queue", "ClusterQueue", "Age",
+        "Restarts", "Disruptions", "Goodput", "Queue", "ClusterQueue", "Age",
     ]  # fmt: skip
-    for wide in ("Checkpoint", "ETA", "Queue", "ClusterQueue"):
+    for wide in (
+        "Checkpoint",
+        "ETA",
+        "Restarts",
+        "Disruptions",
+        "Goodput",
+        "Queue",
+        "ClusterQueue",
+    ):
         assert columns[wide]["priority"] == 1
     for column in columns.values():
         if not column["jsonPath"].startswith(".metadata"):
