@@ -476,6 +476,9 @@ class LocalObjectReference(_Model):
     name: ShortString = Field(description="Name of the object, e.g. a docker-registry Secret.")
 
 
+MAX_TERMINATION_GRACE_S = 86400
+
+
 class PodTemplateOverrides(_Model):
     """Pod settings added to every node's pod; the operator owns the rest of the pod."""
 
@@ -532,6 +535,16 @@ class PodTemplateOverrides(_Model):
         default=None,
         description="Scheduler that places the pods, e.g. a gang scheduler. Default: the"
         " cluster's default scheduler.",
+    )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TERMINATION_GRACE_S,
+        description="Seconds a node pod has after SIGTERM (a suspend, a deletion, a drain, a"
+        " scale-down) before it is killed. The bundled trainer stops after the step it is in"
+        " and checkpoints that step, so give it what a step and a synchronous checkpoint write"
+        " take. PerStep mode adds one quorum try (3 x faultTolerance.groupTimeoutSeconds, at"
+        f" least 10 s). 1 to {MAX_TERMINATION_GRACE_S}; default: the operator's, 60.",
     )
 
 

@@ -328,6 +328,10 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
         "readyNodes": 1,
         "ready": "1/2",
         "selector": "ddp.dev/job-name=digits",
+        "image": "trainer:1",
+        "restarts": 1,
+        "disruptions": 2,
+        "goodput": 0.9,
         "progress": {
             "epoch": 3,
             "step": 120,
@@ -342,9 +346,11 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
         "patch", "ddpjob/digits", "-n", ns, "--subresource=status", "--type=merge", "-p", patch
     )
     row = cp.kubectl("get", "ddpj", "digits", "-n", ns, "-o", "wide").stdout.splitlines()[1]
-    assert row.split()[:9] == [
-        "digits", "Running", "1/2", "3", "120", "0.25", "2", "step-100", "42"
+    assert row.split()[:12] == [
+        "digits", "Running", "1/2", "3", "120", "0.25", "2", "step-100", "42", "1", "2", "0.9"
     ]  # fmt: skip
+    kept = json.loads(cp.kubectl("get", "ddpj", "digits", "-n", ns, "-o", "json").stdout)
+    assert kept["status"]["image"] == "trainer:1"  # in the schema: not pruned
     scale = cp.request("GET", f"/apis/ddp.dev/v1alpha1/namespaces/{ns}/ddpjobs/digits/scale")
     assert scale["spec"]["replicas"] == 2
     assert scale["status"] == {"replicas": 2, "selector": "ddp.dev/job-name=digits"}

@@ -140,7 +140,7 @@ def test_a_per_step_node_pod_is_a_replica_group_with_a_pod_local_rendezvous() ->
     assert not ft - {"PET_NNODES"} & restart.keys()  # Restart pods: as before
 
 
-def test_a_per_step_node_pod_has_one_quorum_try_more_than_the_grace_period_to_save() -> None:
+def test_a_node_pods_grace_period_is_the_jobs_or_the_operators_and_per_step_adds_a_try() -> None:
     def grace(ft: dict[str, Any] | None) -> int:
         spec = render.render_worker(job(ft), 0, 0, CFG)["spec"]
         return int(spec["terminationGracePeriodSeconds"])
@@ -152,6 +152,14 @@ def test_a_per_step_node_pod_has_one_quorum_try_more_than_the_grace_period_to_sa
     # came, would be killed before it saved.
     assert grace({**PER_STEP, "groupTimeoutSeconds": 30}) == 60 + 90
     assert grace({**PER_STEP, "groupTimeoutSeconds": 1}) == 60 + 10
+    # The job's own grace period (a large model's checkpoint takes long to write).
+    own = {"template": {"terminationGracePeriodSeconds": 300}}
+    assert (
+        render.render_worker(job(**own), 0, 0, CFG)["spec"]["terminationGracePeriodSeconds"] == 300
+    )
+    per_step = render.render_worker(job(PER_STEP, **own), 0, 0, CFG)["spec"]
+    assert per_step["terminationGracePeriodSeconds"] == 300 + 15
+    assert render.render_store(job(**own), CFG)["spec"]["terminationGracePeriodSeconds"] == 5
 
 
 def test_restart_mode_renders_what_it_did_before() -> None:

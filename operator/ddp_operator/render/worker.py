@@ -148,10 +148,12 @@ def _identity(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
 
 
 def termination_grace_s(job: DDPJob, cfg: OperatorConfig) -> int:
-    """A node pod's grace period: the operator's, and in PerStep mode one quorum try more
-    (:func:`ddp_api.contract.quorum_timeout_s`): a group that waits for a quorum notices
-    SIGTERM only when that try ends, and it may be the group that saves the last step."""
-    ft = job.spec.fault_tolerance
+    """A node pod's grace period: ``spec.template``'s, else the operator's; in PerStep mode one
+    quorum try more (:func:`ddp_api.contract.quorum_timeout_s`): a group that waits for a
+    quorum notices SIGTERM only when that try ends, and it may be the group that saves the
+    last step."""
+    t, ft = job.spec.template, job.spec.fault_tolerance
+    grace = (t and t.termination_grace_period_seconds) or cfg.termination_grace_s
     if ft is None or not ft.per_step:
-        return cfg.termination_grace_s
-    return cfg.termination_grace_s + math.ceil(contract.quorum_timeout_s(ft.group_timeout_s))
+        return grace
+    return grace + math.ceil(contract.quorum_timeout_s(ft.group_timeout_s))
