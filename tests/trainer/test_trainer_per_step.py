@@ -503,19 +503,20 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
     The writer's peer goes first and the lighthouse with it, so the writer is mid-step with a
     peer that left, or waiting for a quorum that cannot form: it notices SIGTERM when that try
     ends (within ddp_api.contract.quorum_timeout_s, which the operator adds to PerStep pods'
-    grace period) and saves the step training stopped at: nothing trained is lost."""
+    grace period) and saves the step training stopped at: nothing trained is lost. Resumed,
+    the groups go on from the step after it."""
     ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
     light, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
     pace = launcher.workdir / "pace"
     pace.write_text(str(STEP_S))
     settings = {**SETTINGS, "checkpointEverySteps": 0}  # only SIGTERM's checkpoint
 
-    def start(group: int) -> Proc:
+    def start(group: int, name: str) -> Proc:
         env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
         env["DDPJOB_TEST_STEP_S"] = str(pace)
-        return pod(launcher, f"pod-{group}", env=env, settings=settings, checkpoint_dir=ckpt)
+        return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
 
-    writer, peer = start(0), start(1)  # participating rank 0: the lowest replica id
+    writer, peer = start(0, "pod-0"), start(1, "pod-1")  # participating rank 0: the lowest id
     wait_until(lambda: committed_step(samples) >= 10, 240, "step 10")
     peer.signal(signal.SIGTERM)
     peer.wait(60)
@@ -536,3 +537,24 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
     found = CheckpointStore(ckpt).latest()
     assert found is not None and found[0].step == max(mine)
     print(f"the writer stopped {stopped_s:.1f}s after SIGTERM, saving step {max(mine)}")
+
+    # Resumed: a new lighthouse and both groups again; with no live group to heal from they
+    # load that checkpoint and go on from the step after it, to the end.
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    pace.unlink()  # the rest at the machine's speed
+    resumed_at = time.time()
+    again = [start(0, "pod-0-resumed"), start(1, "pod-1-resumed")]
+    for group in again:
+        assert group.wait(240) == 0, group.tail()
+    after = [
+        r["step"]
+        for r in sample_lines(samples)
+        if r["event"] == "committed" and r["time"] > resumed_at
+    ]
+    assert min(after) == max(mine) and max(after) == SETTINGS["maxSteps"] - 1, (
+        min(after),
+        max(mine),
+    )
+    said = "".join(group.output() for group in again)
+    assert f"no live group to heal from: resumed from checkpoint step-{max(mine):08d}.pt" in said
+    assert read_completion(ckpt) is not None

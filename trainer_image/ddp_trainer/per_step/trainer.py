@@ -140,6 +140,7 @@ class PerStepTrainer(Trainer):
     def state_dict(self) -> dict[str, Any]:
         """A checkpoint's contents, with torchft's own state (its step count)."""
         state = super().state_dict()
+        state["worldSize"] = self.tally.world  # every group's processes, not this group's
         if self.replicas.manager is not None:
             state["torchft"] = self.replicas.manager.state_dict()
         return state
@@ -235,6 +236,8 @@ class PerStepTrainer(Trainer):
         loaded = None
         if loads_checkpoint(step):
             loaded = self._load_checkpoint()
+        self.tally.world = self.replicas.manager.num_participants() * e.world_size
+        self.tally.groups = self.replicas.manager.num_participants()
         if loaded is not None:
             saved = loaded.get("torchft") or {}
             self.replicas.manager.load_state_dict(
@@ -245,8 +248,6 @@ class PerStepTrainer(Trainer):
                 "no live group to heal from: resumed from checkpoint %s",
                 self.checkpoints.resumed_from,
             )
-        self.tally.world = self.replicas.manager.num_participants() * e.world_size
-        self.tally.groups = self.replicas.manager.num_participants()
         self.tally.started(group=self.group.group, healedFrom=self.replicas.healed_from)
         return loaded is not None
 

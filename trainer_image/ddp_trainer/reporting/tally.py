@@ -94,8 +94,9 @@ class Tally:
         _log_start(self.config, e, parts, self.groups)
 
     def resumed(self, saved_world_size: int) -> None:
-        p, now = self.parts.state.position, self.env.world_size
-        _log_resumed(self.checkpoints.resumed_from, p, saved_world_size, now)
+        """The resume's log line (``self.world``: the processes that train now)."""
+        p = self.parts.state.position
+        _log_resumed(self.checkpoints.resumed_from, p, saved_world_size, self.world)
 
     def restart_clock(self) -> None:
         """The rate counts from now (training starts, or a hold ends: the pause is no step time)."""
