@@ -516,8 +516,16 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
         env["DDPJOB_TEST_STEP_S"] = str(pace)
         return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
 
-    writer, peer = start(0, "pod-0"), start(1, "pod-1")  # participating rank 0: the lowest id
-    wait_until(lambda: committed_step(samples) >= 10, 240, "step 10")
+    writer, peer = start(0, "pod-0"), start(1, "pod-1")
+
+    def together() -> bool:  # the first group up trains alone until the other has healed
+        return any(
+            r["event"] == "committed" and r["groups"] == 2 and r["step"] >= 10
+            for r in sample_lines(samples)
+        )
+
+    # Both in the quorum: the writer is its participating rank 0, the lowest replica id.
+    wait_until(together, 240, "both groups past step 10")
     peer.signal(signal.SIGTERM)
     peer.wait(60)
     light.kill_tree()
