@@ -216,7 +216,8 @@ def test_own_script_per_step_groups_train_on_while_a_deleted_group_heals_from_a_
     Optimizer). Its three groups are held at step 100; one group's pod is deleted, and the
     others are let go only once its replacement asks for a quorum (minGroups 2: it cannot train
     alone). The new pod heals from a live group at step 100, not from step 0, and the job
-    Succeeds with no restart, the other groups having run to the last step.
+    Succeeds with no restart, every group, the healed one included, having run to the last
+    step.
 
     A group whose pod started late may find the others past its first quorum (100 steps of
     this script take under a second) and then held, asking for none: it asks alone and can
@@ -259,14 +260,19 @@ def test_own_script_per_step_groups_train_on_while_a_deleted_group_heals_from_a_
         return replaced(cluster, ns, lost, before, OWN) and said(lost, "starting quorum")
 
     cluster.until(f"the new {lost} asking for a quorum", asking, 600, ns=ns)
-    for pod in others:
+    # The new pod first: healed to step 100 it would hold there like the others, and left
+    # held it never finished (the others trained on without it, and the operator stopped it
+    # DDP_COMPLETION_GRACE_S after they completed). It cannot heal before a held one is let go.
+    for pod in [lost, *others]:
         cluster.k("exec", pod, "--", "touch", "/tmp/release", ns=ns)
     done = cluster.phase(OWN, "Succeeded", 900, ns=ns)
     assert done.get("restarts", 0) == 0, done
+    (ended,) = [c for c in done["conditions"] if c["type"] == "Succeeded"]
+    assert "did not finish" not in ended["message"], ended
     new = script_lines(cluster.k("logs", lost, ns=ns))
     healed = [int(line.rsplit(" ", 1)[1]) for line in new
               if line.startswith("healed from a live group at step ")]  # fmt: skip
     assert healed == [OWN_HOLD], new[-40:]
-    for pod in others:
+    for pod in pods:  # every group ran to the last step, the healed one included
         lines = script_lines(cluster.k("logs", pod, ns=ns))
         assert any(line.startswith(f"done at step {OWN_STEPS} ") for line in lines), lines[-40:]
