@@ -1,14 +1,16 @@
 """What a job's pods are called and carry, where the operator that renders them and the client
 that reads them must agree: their names, labels and selector, the trainer container's name, its
 log line prefix, the restricted Pod Security settings, the trainer image used when a spec
-names none, a pod's phases and the kubelet's reasons for an image it cannot pull (core/v1's
-words). The rest of a pod is the operator's alone
+names none and the one a pod runs, a pod's phases and the kubelet's reasons for an image it
+cannot pull (core/v1's words). The rest of a pod is the operator's alone
 (``ddp_operator.render``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from .contract import LABEL_PREFIX
 
@@ -36,6 +38,16 @@ IMAGE_PULL_REASONS = frozenset(
 
 # The trainer image of a job whose spec.image is empty, unless the operator's settings name one.
 DEFAULT_IMAGE = "ghcr.io/ddp-operator/trainer:0.1.0"
+
+
+def trainer_image(pod: Mapping[str, Any]) -> str:
+    """The image of a pod's trainer container ("" for a pod without one: the store, the
+    lighthouse)."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") == CONTAINER:
+            return str(c.get("image") or "")
+    return ""
+
 
 # torchrun's prefix of each worker line (its --log-line-prefix-template): the global rank.
 LOG_LINE_PREFIX_TEMPLATE = "[rank${rank}]: "

@@ -17,10 +17,10 @@ from ddp_api.contract import API_VERSION, KIND, LOGS_DIR, RUN_LOG_FILE
 from ddp_api.ddpjob import MAX_NAME_LENGTH, CheckpointSpec, DDPJob
 from ddp_api.metav1 import owner_reference
 from ddp_api.pods import (
-    CONTAINER,
     DEFAULT_IMAGE,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
+    trainer_image,
     worker_name,
 )
 from ddp_api.trainer_config import validation_message
@@ -168,11 +168,8 @@ def reader_image(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> s
     spec_image = (job.get("spec") or {}).get("image")
     if spec_image:
         return str(spec_image)
-    for pod in pods:
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            if container.get("name") == CONTAINER and container.get("image"):
-                return str(container["image"])
-    return str((job.get("status") or {}).get("image") or DEFAULT_IMAGE)
+    running = next((image for pod in pods if (image := trainer_image(pod))), None)
+    return running or str((job.get("status") or {}).get("image") or DEFAULT_IMAGE)
 
 
 def checkpoint_path(job: Mapping[str, Any], keeps: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from ddp_api.contract import REFUSALS, SYNTAX_ERRORS, termination_kind
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus, ProblemReason
 from ddp_api.metav1 import controller_uid
-from ddp_api.pods import IMAGE_PULL_REASONS, PodPhase
+from ddp_api.pods import IMAGE_PULL_REASONS, PodPhase, trainer_image
 
 from .. import render, reports
 
@@ -143,14 +143,6 @@ def view(pod: Mapping[str, Any]) -> PodView:
         owner=controller_uid(meta),
         image=trainer_image(pod),
     )
-
-
-def trainer_image(pod: Mapping[str, Any]) -> str:
-    """The image a node pod's trainer container runs ("" for a pod without one)."""
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if c.get("name") == render.CONTAINER:
-            return str(c.get("image") or "")
-    return ""
 
 
 def split_by_owner(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView]]:
