@@ -204,10 +204,10 @@ class Draft:
         new["ready"] = f"{len(ready)}/{desired}"
         new["restarts"] = self.restarts
         new["handledFailures"] = self.handled[-HANDLED_KEPT:]
-        world = (self.progress or {}).get("worldSize")
+        progress = self.progress or {}
+        world = progress.get("worldSize")
         if world:
             new["worldSize"] = world
-        progress = self.progress or {}
         if (phase or self.status.get("phase")) in IDLE and progress.get(reports.ETA) is not None:
             new["progress"] = {**progress, reports.ETA: None}  # no time left while nothing trains
         # The image the job's pods ran (a pod past Pending started its containers): kept when
