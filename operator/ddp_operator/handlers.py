@@ -78,6 +78,8 @@ async def configure(**kw: Any) -> None:
     settings.watching.client_timeout = 330
     # kopf's "handler succeeded" line for every job event is noise at scale; errors stay.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Nor a line per kubelet probe of /healthz (two every 10 s: most of a quiet day's log).
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     _limit_malloc_arenas()
     ours = Settings.from_env(os.environ)  # read once, at start-up
     # The operator's one controller, which every handler finds in kopf's memo.

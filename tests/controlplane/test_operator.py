@@ -934,6 +934,16 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     )
 
 
+def test_the_operators_log_says_what_it_decided_and_not_each_health_probe(c: Cluster) -> None:
+    # The kubelet asks /healthz twice every 10 s (liveness and readiness): a line for each
+    # was most of the log of an operator with little to do (seen on kind).
+    for _ in range(5):
+        assert c.op.healthy()
+    log = c.op.log.read_text()
+    assert "admission policy" in log  # the log is the operator's, and it is written
+    assert "GET /healthz" not in log
+
+
 GOOD_PROGRESS = {
     "epoch": 0, "step": 30, "totalSteps": 88, "loss": 0.5, "samplesPerSecond": 9.0,
     "lastCheckpoint": "step-00000030.pt", "updatedAt": "2026-11-24T10:00:00Z", "worldSize": 1,
