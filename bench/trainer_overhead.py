@@ -36,6 +36,8 @@ from repo_paths import REPO
 
 repo_paths.add()
 
+from ddp_api import rdzv_store  # noqa: E402
+
 
 def child_env(**extra: str) -> dict[str, str]:
     return repo_paths.child_env(
@@ -259,7 +261,7 @@ def measure_recovery(workdir: Path) -> dict[str, Any]:
     try:
         start(
             "store",
-            ["-m", "ddp_trainer.rdzv_store", "--host", "127.0.0.1", f"--port={port}"],
+            ["-c", rdzv_store.program(), "--host", "127.0.0.1", f"--port={port}"],
             child_env(),
         )
         nodes = [

@@ -23,7 +23,7 @@ PLURAL = "ddpjobs"
 # keys the trainer writes into the rendezvous store.
 LABEL_PREFIX = f"{GROUP}/"
 
-# The port of a job's rendezvous store pod (``python -m ddp_trainer.rdzv_store``): its Service,
+# The port of a job's rendezvous store pod (:mod:`ddp_api.rdzv_store`): its Service,
 # the store's --port and every node's ``PET_RDZV_ENDPOINT`` (``<job>-rdzv.<namespace>.svc:PORT``).
 RDZV_PORT = 29400
 

@@ -111,7 +111,7 @@ def test_trainer_image_pins_run_the_trainer(tmp_path: Path) -> None:
             str(python),
             "-c",
             "import torch, numpy, sklearn, kubernetes, torch.distributed.run;"
-            "import ddp_trainer.trainer, ddp_trainer.data.workloads, ddp_trainer.rdzv_store;"
+            "import ddp_trainer.trainer, ddp_trainer.data.workloads, ddp_api.rdzv_store;"
             "import ddp_trainer.node;"  # what the operator's worker pods run
             "print(torch.__version__, torch.distributed.is_gloo_available())",
         ],

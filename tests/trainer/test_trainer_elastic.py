@@ -46,7 +46,7 @@ def test_node_loss_with_dedicated_store_resumes_and_finishes(launcher: Launcher)
 def test_node_loss_of_the_store_hosting_agent_ends_the_job(launcher: Launcher) -> None:
     """Without a dedicated store the first agent hosts it: killing it strands the others.
 
-    This is why the operator runs `python -m ddp_trainer.rdzv_store` in its own pod.
+    This is why the operator runs a dedicated store (`ddp_api.rdzv_store`) in its own pod.
     """
     ckpt = launcher.workdir / "ckpt"
     endpoint = f"127.0.0.1:{free_port()}"

@@ -16,6 +16,7 @@ import pytest
 from torch.distributed import TCPStore
 from trainer_harness import Launcher, subprocess_env
 
+from ddp_api import rdzv_store
 from ddp_devcluster.procs import free_port
 from ddp_trainer.launch import store_probe, supervisor
 from ddp_trainer.launch.exits import (
@@ -68,6 +69,35 @@ def test_the_probe_reads_the_store_id_and_says_none_when_nothing_listens() -> No
     assert read_store_id(f"127.0.0.1:{port}", 1.0) == store_id
     del store
     assert read_store_id(f"127.0.0.1:{port}", 1.0) is None  # the store went
+
+
+def test_the_store_pods_program_needs_only_torch_and_stops_on_sigterm() -> None:
+    # The store pod runs in the job's image, which may be the user's (no ddp_* there): a
+    # program that imports one of ours must fail here, as it would in such a pod (seen on kind
+    # with the trainer's old `python -m ddp_trainer.rdzv_store`: ModuleNotFoundError, the
+    # store crash-looping, the job Running with no rendezvous).
+    port = free_port()
+    ours = "import sys; sys.modules.update(ddp_api=None, ddp_trainer=None, ddp_operator=None)"
+    program = rdzv_store.program()
+    run = f"{ours}\nexec(compile({program!r}, 'store', 'exec'))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", run, "--host", "127.0.0.1", "--port", str(port)],
+        env=subprocess_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (store_id := read_store_id(f"127.0.0.1:{port}", 1.0)) is None:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the store never answered"
+            time.sleep(0.2)
+        assert len(store_id) == 32  # a new random id per start
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    assert "rendezvous store listening on 127.0.0.1" in (proc.stderr.read() if proc.stderr else "")
 
 
 def test_torchruns_exit_is_passed_on_as_python_would_exit() -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ddp_api import rdzv_store
 from ddp_devcluster.paths import source_path
 from ddp_devcluster.procs import descendants, free_port, freeze_tree, kill_tree
 
@@ -126,7 +127,7 @@ class Launcher:
         port = port or free_port()
         proc = self.start(
             name,
-            ["-m", "ddp_trainer.rdzv_store", "--host", "127.0.0.1", "--port", str(port)],
+            ["-c", rdzv_store.program(), "--host", "127.0.0.1", "--port", str(port)],
             subprocess_env(),
         )
         wait_until(lambda: "listening" in proc.output(), 60, "the rendezvous store to listen")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ddp_api import contract
+from ddp_api import contract, rdzv_store
 from ddp_api.ddpjob import DDPJob, Progress
 from ddp_api.trainer_config import load_settings
 from ddp_operator import kube, render, reports
 from ddp_operator.planner import views
-from ddp_trainer.launch import rdzv_store, store_probe
+from ddp_trainer.launch import store_probe
 from ddp_trainer.reporting.progress import (
     configmap_patch,
     pod_patch,

@@ -1,8 +1,9 @@
 """ddp_trainer: the DDPJob trainer, run by torchrun (or alone) as ``python -m ddp_trainer``.
 
-Owns what runs in a job's pods. Its commands: ``python -m ddp_trainer`` (a training process),
-``python -m ddp_trainer.node`` (a node pod: torchrun under :mod:`~ddp_trainer.launch.supervisor`)
-and ``python -m ddp_trainer.rdzv_store`` (the job's rendezvous store pod). Its parts:
+Owns what runs in a job's pods. Its commands: ``python -m ddp_trainer`` (a training process)
+and ``python -m ddp_trainer.node`` (a node pod: torchrun under
+:mod:`~ddp_trainer.launch.supervisor`); the job's rendezvous store pod runs
+:mod:`ddp_api.rdzv_store`, which needs only torch. Its parts:
 
 - the training loop, :mod:`~ddp_trainer.trainer`, and what it calls at the top level:
   :mod:`~ddp_trainer.parts` (model, optimizer, batches), :mod:`~ddp_trainer.step` (one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_api import contract
+from ddp_api import contract, rdzv_store
 from ddp_api.ddpjob import DDPJob
 from ddp_api.pods import LABEL_JOB, LABEL_ROLE, RESTRICTED_CONTAINER, RESTRICTED_POD, ROLE_WORKER
 
@@ -148,7 +148,8 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
     _, name, _ = job_key(job)
     container: dict[str, Any] = {
         "name": STORE_CONTAINER,
-        "command": ["python", "-m", "ddp_trainer.rdzv_store"],
+        # In the job's image, which may be the user's: a program that needs only torch.
+        "command": ["python3", "-c", rdzv_store.program()],
         "args": ["--host", "0.0.0.0", "--port", str(contract.RDZV_PORT)],
         "ports": [{"name": "c10d", "containerPort": contract.RDZV_PORT}],
     }

@@ -1,5 +1,5 @@
 """Whether the job's rendezvous store is there, and which one: every store publishes a random id
-under :data:`STORE_ID_KEY` when it starts (:mod:`ddp_trainer.launch.rdzv_store`), so a node
+under :data:`STORE_ID_KEY` when it starts (:mod:`ddp_api.rdzv_store`), so a node
 that finds another id, or none, knows the store it joined is gone (the supervisor,
 :mod:`ddp_trainer.launch.supervisor`, then starts torchrun again)."""
 
@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ddp_api.contract import LABEL_PREFIX, RDZV_PORT
+from ddp_api.contract import RDZV_PORT
+from ddp_api.rdzv_store import STORE_ID_KEY
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -22,7 +23,6 @@ T = TypeVar("T")
 
 log = logging.getLogger("ddp_trainer.node")
 
-STORE_ID_KEY = f"{LABEL_PREFIX}store-id"
 PROBE_TIMEOUT_S = 1.0  # one try at the store: short, so none sleeps past a new store
 STORE_POLL_S = 0.25
 
@@ -51,8 +51,8 @@ def worker_store_endpoint(environ: Mapping[str, str]) -> tuple[str, int] | None:
 
 
 def open_store(host: str, port: int, timeout_s: float, *, serve: bool) -> TCPStore:
-    """The job's rendezvous store: its server (``serve``: :mod:`ddp_trainer.launch.rdzv_store`)
-    or a client of it. Neither waits for workers (torchrun's agents come and go); a store
+    """The job's rendezvous store: a client of it, or (``serve``) a server as the store pod's
+    (:mod:`ddp_api.rdzv_store`). Neither waits for workers (torchrun's agents come and go); a store
     operation gives up after ``timeout_s``."""
     from torch.distributed import TCPStore
 

@@ -1,0 +1,85 @@
+"""A job's c10d rendezvous store: a TCPStore server that no trainer hosts, in a small pod of its
+own behind its own Service, so any torchrun agent can die without taking the rendezvous down.
+
+The store pod runs the job's own image (the trainer image, or the user's ``spec.image``) with
+this file's text as its program (:func:`program`). It therefore imports nothing but the
+standard library and torch, which every image that runs torchrun has; and it serves with the
+torch of the job's own agents.
+
+Each start publishes a new random id under :data:`STORE_ID_KEY`: a node wrapper that finds
+another id, or none, knows the store it joined is gone and starts torchrun again
+(``ddp_trainer.launch.store_probe``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+STORE_ID_KEY = "ddp.dev/store-id"
+
+log = logging.getLogger("ddp_store")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rdzv_store",
+        description="Serve a c10d TCPStore for torchrun's c10d rendezvous (agents use "
+        "--rdzv-conf is_host=false).",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=29400, help="port to listen on")
+    parser.add_argument(
+        "--timeout-s", type=int, default=300, help="timeout of store operations in seconds"
+    )
+    return parser
+
+
+def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> int:
+    """Serve until ``stop`` is set; returns the exit code."""
+    from torch.distributed import TCPStore
+
+    # wait_for_workers=False: torchrun's agents come and go; none is awaited.
+    store = TCPStore(
+        host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+    store_id = uuid.uuid4().hex
+    store.set(STORE_ID_KEY, store_id)
+    log.info("rendezvous store listening on %s:%d (id %s)", host, store.port, store_id)
+    stop.wait()
+    log.info("rendezvous store stopping")
+    del store
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)  # PID 1 in its pod: no default action
+    signal.signal(signal.SIGINT, on_signal)
+    return serve(args.host, args.port, args.timeout_s, stop)
+
+
+@functools.cache
+def program() -> str:
+    """This file's text: the store pod runs ``python3 -c <it> --host ... --port ...`` (images
+    with torch have ``python3``, not all have ``python``)."""
+    return Path(__file__).read_text()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
