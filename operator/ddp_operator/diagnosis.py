@@ -146,20 +146,28 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
     return Finding(ProblemReason.UNSCHEDULABLE, p.reason, Effect.WAITS, p.message)
 
 
+# The job's server pods as messages name them, and what each runs from the job's image.
+SERVERS = {
+    render.ROLE_STORE: ("the store", "python3 with torch (the rendezvous store)"),
+    render.ROLE_LIGHTHOUSE: ("the lighthouse", "torchft_lighthouse (pip install torchft)"),
+}
+
+
 def in_order(pods: Iterable[PodView]) -> list[PodView]:
-    """Node pods by index, the store last: the order in which messages name pods."""
-    return sorted(pods, key=lambda x: (x.role == render.ROLE_STORE, x.index))
+    """Node pods by index, the server last: the order in which messages name pods."""
+    return sorted(pods, key=lambda x: (x.role in SERVERS, x.index))
 
 
 def pod_names(pods: Iterable[PodView]) -> str:
-    """``j-node-0, j-node-1 and the store j-rdzv``: node pods by index, the store last."""
+    """``j-node-0, j-node-1 and the store j-rdzv``: node pods by index, the server last."""
     pods = in_order(pods)
-    names = [f"the store {x.name}" if x.role == render.ROLE_STORE else x.name for x in pods]
+    names = [f"{SERVERS[x.role][0]} {x.name}" if x.role in SERVERS else x.name for x in pods]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def message(f: Finding, pods: Iterable[PodView]) -> str:
     """What the condition and the Event say: the pods, the culprit, the fix."""
+    pods = list(pods)
     who, why = pod_names(pods), f.detail
     if f.reason == ProblemReason.IMAGE_PULL_FAILED:
         return (
@@ -177,6 +185,12 @@ def message(f: Finding, pods: Iterable[PodView]) -> str:
             " volumes, volumeMounts) or create what it names"
         )
     if f.reason == ProblemReason.COMMAND_NOT_FOUND:
+        runs = {SERVERS[x.role][1] for x in pods if x.role in SERVERS}
+        if runs:  # the operator chose the command; only the image can give it
+            return (
+                f"{who} cannot run {f.culprit}: {why}; it runs {', '.join(sorted(runs))} from"
+                " the job's image: use a spec.image that has it"
+            )
         return f"{who} cannot run {f.culprit}: {why}; fix spec.command, or use an image that has it"
     if f.reason == ProblemReason.INCOMPATIBLE_RESUME:
         why = why.removeprefix("cannot resume: ")

@@ -387,3 +387,71 @@ def test_a_workers_words_stay_in_the_restarting_condition_until_the_job_runs_aga
     assert said(bare)[2] == "restart 1 of backoffLimit 3"
     bare_later = plan(job(nodes=1), {**bare.status, "phase": "Restarting"}, [store], later, RULES)
     assert said(bare_later)[2].startswith("restart 1 of backoffLimit 3")  # said afresh
+
+
+NO_PYTHON3 = 'exec: "python3": executable file not found in $PATH'
+NO_LIGHTHOUSE = 'exec: "torchft_lighthouse": executable file not found in $PATH'
+
+
+@pytest.mark.parametrize(
+    ("role", "mode", "said_of_it"),
+    [
+        (
+            render.ROLE_STORE,
+            "Restart",
+            "the store j-rdzv cannot run python3: failed to create containerd task: exec:"
+            ' "python3": executable file not found in $PATH; it runs python3 with torch (the'
+            " rendezvous store) from the job's image: use a spec.image that has it",
+        ),
+        (
+            render.ROLE_LIGHTHOUSE,
+            "PerStep",
+            "the lighthouse j-lighthouse cannot run torchft_lighthouse: failed to create"
+            ' containerd task: exec: "torchft_lighthouse": executable file not found in $PATH;'
+            " it runs torchft_lighthouse (pip install torchft) from the job's image",
+        ),
+    ],
+)
+def test_a_server_pod_whose_image_lacks_its_program_fails_the_job_naming_the_image(
+    role: str, mode: str, said_of_it: str
+) -> None:
+    # Seen on kind: a PerStep job of an image without torchft sat Running with 3/3 groups
+    # ready while its lighthouse crash-looped on StartError, which no one read.
+    name, container, missing = {
+        render.ROLE_STORE: ("j-rdzv", render.STORE_CONTAINER, NO_PYTHON3),
+        render.ROLE_LIGHTHOUSE: ("j-lighthouse", render.LIGHTHOUSE_CONTAINER, NO_LIGHTHOUSE),
+    }[role]
+    last = ended("StartError", 128, f"failed to create containerd task: {missing}")
+    server = {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {render.LABEL_ROLE: role},
+            "creationTimestamp": YOUNG,
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": container,
+                    "image": IMAGE,
+                    "state": waiting("CrashLoopBackOff", "back-off 10s restarting"),
+                    "lastState": last,
+                }
+            ],
+        },
+    }
+    spec: dict[str, Any] = {"image": IMAGE}
+    if mode == "PerStep":
+        spec["faultTolerance"] = {"mode": "PerStep"}
+    nodes = [views.view(body(i, YOUNG)) for i in (0, 1)]
+    p = plan(
+        job(**spec),
+        {"phase": "Running", "startTime": OLD},
+        [*nodes, views.view(server)],
+        NOW,
+        RULES,
+    )
+    phase, reason, message = said(p)
+    assert (phase, reason) == ("Failed", "CommandNotFound")
+    assert said_of_it in message

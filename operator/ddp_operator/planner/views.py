@@ -45,14 +45,14 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
     """The problem a pod body shows, if any (a part of :func:`view`)."""
     status = pod.get("status") or {}
     for cs in status.get("containerStatuses") or []:
-        if cs.get("name") not in (render.CONTAINER, render.STORE_CONTAINER):
+        if cs.get("name") not in CONTAINERS:
             continue
         image = cs.get("image") or ""
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in IMAGE_PULL_REASONS | CONFIG_REASONS:
             return PodProblem(waiting["reason"], waiting.get("message") or "", image)
-        # The store restarts in place (restartPolicy Always): its last end counts too.
+        # The servers restart in place (restartPolicy Always): their last end counts too.
         term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
         reason = term.get("reason") or ""
         if reason in START_REASONS or reason == OOM or term.get("exitCode") in COMMAND_EXIT_CODES:
