@@ -13,7 +13,9 @@ import os
 import random
 import re
 import signal
+import socket
 import statistics
+import subprocess
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 from replica_groups import (
+    LIGHTHOUSE,
     Warm,
     Zygote,
     committed_step,
@@ -34,7 +37,9 @@ from torch.utils.data import TensorDataset
 from trainer_harness import Launcher, Proc, events, wait_until
 
 from ddp_api import contract
+from ddp_api.ddpjob import DDPJob
 from ddp_devcluster.procs import free_port
+from ddp_operator import render
 from ddp_trainer.data.batching import Position, batch_share
 from ddp_trainer.data.loader import StepBatches
 from ddp_trainer.state.store import CheckpointStore, read_completion
@@ -566,3 +571,46 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
     said = "".join(group.output() for group in again)
     assert f"no live group to heal from: resumed from checkpoint step-{max(mine):08d}.pt" in said
     assert read_completion(ckpt) is not None
+
+
+def test_the_lighthouse_pod_logs_torchfts_warnings_not_its_lines_for_every_step(
+    launcher: Launcher,
+) -> None:
+    """The lighthouse as the operator renders it (its command and RUST_LOG), on loopback: at
+    torchft's default level it writes a line when it listens and about seven for every step;
+    at the pod's it writes none of them. A job's spec.template.env may name another level."""
+
+    def started(job: DDPJob, name: str) -> str:
+        c = render.render_lighthouse(job, render.OperatorConfig(default_image="t"))
+        c = c["spec"]["containers"][0]
+        port = free_port()
+        command = [str(LIGHTHOUSE), *c["command"][1:-1], f"127.0.0.1:{port}"]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        out = launcher.workdir / f"{name}.log"
+        with open(out, "wb") as f:
+            proc = subprocess.Popen(
+                command, env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT
+            )
+        try:
+            wait_until(lambda: _accepts(port), 30, f"{name} to listen")
+            time.sleep(0.5)  # torchft logs its first quorum tick at once; give it the time
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        return out.read_text()
+
+    meta = {"name": "j", "namespace": "ns", "uid": "u"}
+    spec: dict[str, Any] = {"nodes": 2, "faultTolerance": {"mode": "PerStep"}}
+    job = DDPJob.model_validate({"metadata": meta, "spec": spec})
+    assert started(job, "quiet") == ""
+    spec["template"] = {"env": [{"name": "RUST_LOG", "value": "info"}]}
+    told = DDPJob.model_validate({"metadata": meta, "spec": spec})
+    assert "Lighthouse listening" in started(told, "told")
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True

@@ -109,6 +109,7 @@ def test_the_lighthouse_pod_is_restricted_credential_free_and_runs_the_quorum_se
         "--heartbeat_timeout_ms", "7000",
         "--bind", "[::]:29510",
     ]  # fmt: skip
+    assert c["env"] == [{"name": "RUST_LOG", "value": "warn"}]  # not ~7 lines a step
     assert c["ports"] == [{"name": "lighthouse", "containerPort": 29510}]
     assert c["readinessProbe"]["tcpSocket"] == {"port": 29510}
     assert "topologySpreadConstraints" not in spec  # not spread, like the store
