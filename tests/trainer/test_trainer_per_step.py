@@ -313,6 +313,7 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
         late_log = late.output()
         assert "healed from a live peer" in late_log and "resumed from checkpoint" not in late_log
         assert "INFO torchft_commits" not in late_log  # torchft's empty line for every commit
+        assert "buffer is not writable" not in late_log  # torch's warning at every heal
         late_steps = [
             r["step"]
             for r in sample_lines(samples)

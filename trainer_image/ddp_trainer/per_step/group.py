@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from types import SimpleNamespace
@@ -30,6 +31,23 @@ from ddp_trainer.per_step.replicas import (
 from ddp_trainer.state.train_state import scatter
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
+
+# torch warns, at every heal, that the tensors torchft's transport reads over a read-only
+# buffer could write into it; _load_from_peer copies them before any is kept (owned), so none
+# does, and the warning would only alarm whoever reads the log.
+warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+
+
+def owned(value: Any) -> Any:
+    """``value`` with every tensor in its dicts, lists and tuples copied into memory of its own."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: owned(v) for k, v in value.items()}
+    if type(value) in (list, tuple):  # plain ones: a named tuple's fields are not a sequence
+        return type(value)(owned(v) for v in value)
+    return value
+
 
 QUORUM_RETRIES = 10  # the manager server's own tries at the lighthouse within one quorum
 
@@ -200,9 +218,11 @@ class ReplicaGroup:
         return self._state_dict()
 
     def _load_from_peer(self, state: dict[str, Any]) -> None:
-        """Loads a live peer's state (torchft calls it, in the main thread, while healing)."""
+        """Loads a live peer's state (torchft calls it, in the main thread, while healing). Its
+        tensors are copied first: torchft's transport reads them over the read-only buffer it
+        received, and an optimizer keeps the tensors it loads, which training writes into."""
         self.phase("heal")
-        scatter(state, self.parts.stateful())
+        scatter(owned(state), self.parts.stateful())
         self.healed_from = f"step {state['step']}"
         log.info(
             "healed from a live peer: step %d (no checkpoint loaded)",
