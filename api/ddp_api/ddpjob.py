@@ -507,7 +507,8 @@ class PodTemplateOverrides(_Model):
         default=None,
         max_length=MAX_ARGS,
         description="core/v1 EnvVars added to the training container. Names the operator sets"
-        " (PET_*, DDPJOB_*) are reserved.",
+        " (PET_*, DDPJOB_*) are reserved. A RUST_LOG here is also a PerStep job's lighthouse"
+        " log level (default warn).",
     )
     volumes: list[KubeObject] | None = Field(
         default=None,
