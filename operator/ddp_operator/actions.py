@@ -15,6 +15,7 @@ from typing import Any
 
 from ddp_api.contract import API_VERSION, KIND, PLURAL
 from ddp_api.ddpjob import RESTART_REASONS, DDPJob, EventType, Reason
+from ddp_api.metav1 import owner_reference
 from ddp_api.status import StatusFields
 
 from . import bookkeeping, kube
@@ -83,6 +84,7 @@ class Actions:
         if account is not None:
             await asyncio.shield(account)  # admission refuses a pod whose account is not there
         created = await asyncio.gather(*(self._create(obj, body) for obj in p.create))
+        await asyncio.gather(*(self._adopt(ns, svc, meta) for svc in p.adopt))
         if starts is not None:
             self.trainer.for_reports(starts, in_pod)  # needed once rank 0 reports: after the pods
         self.metrics.pod_creates.inc(
@@ -128,6 +130,16 @@ class Actions:
                 f"creating {obj['kind']} {obj['metadata']['name']} failed: {r.message}",
             )
         return False
+
+    async def _adopt(self, ns: str, service: str, job_meta: dict[str, Any]) -> None:
+        """Makes the job the controller of an orphaned Service of its name (a strategic merge
+        patch adds the ownerReference beside any the Service has, as Kubernetes' controllers
+        adopt), so that it goes with the job."""
+        patch = {"metadata": {"ownerReferences": [owner_reference(job_meta)]}}
+        path = kube.core_path(ns, "services", service)
+        r = await self.api.must("PATCH", path, patch, kube.STRATEGIC_MERGE_PATCH, ok=(404,))
+        if r.ok:
+            log.info("adopted Service %s/%s, which nothing controlled", ns, service)
 
     async def event(self, body: dict[str, Any], etype: EventType, reason: str, text: str) -> None:
         meta = body["metadata"]

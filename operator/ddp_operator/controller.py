@@ -27,6 +27,8 @@ from typing import Any
 
 import kopf
 
+from ddp_api.metav1 import controller_uid
+
 from . import informer, kube, queueing, render
 from .actions import COMPONENT, Actions
 from .kueue_workloads import KueueWorkloads
@@ -63,8 +65,9 @@ class Controller:
     pods: informer.Cache[views.PodView] = field(
         default_factory=lambda: informer.Cache(render.LABEL_JOB, views.view)
     )
+    # Each Service's controller (its uid; "" for none): an orphaned one is adopted.
     services: informer.Cache[str] = field(
-        default_factory=lambda: informer.Cache(render.LABEL_JOB, _name)
+        default_factory=lambda: informer.Cache(render.LABEL_JOB, _controller)
     )
     progress: ProgressRecords = field(default_factory=ProgressRecords)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -197,5 +200,5 @@ class Controller:
         self.trainer.forget(uid)
 
 
-def _name(obj: Any) -> str:
-    return str(obj["metadata"]["name"])
+def _controller(obj: Any) -> str:
+    return controller_uid(obj["metadata"])

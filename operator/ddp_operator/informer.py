@@ -69,6 +69,10 @@ class Cache(Generic[T]):
     def names(self, key: Key) -> set[str]:
         return set(self.by_job.get(key, {}))
 
+    def kept(self, key: Key) -> dict[str, T]:
+        """What is kept of each object of the job, by name."""
+        return dict(self.by_job.get(key, {}))
+
     def in_namespace(self, namespace: str) -> list[T]:
         """Everything kept of ``namespace`` (a scan of the whole cache: for rare questions)."""
         return [v for k, kept in self.by_job.items() if k[0] == namespace for v in kept.values()]

@@ -27,6 +27,7 @@ import aiohttp
 import kopf
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RETRIES = 6
 RETRIED = (429, 500, 502, 503, 504)
 log = logging.getLogger("ddp_operator")

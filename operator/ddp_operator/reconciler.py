@@ -148,7 +148,7 @@ class Reconciler:
             admission=admission,
             progress=progress,
             machines=self.machines.views(),
-            services=self.services.names(key),
+            services=self.services.kept(key),
             foreign=foreign,
         )
         for why in refused:

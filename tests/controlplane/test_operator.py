@@ -753,6 +753,43 @@ def test_deleting_a_job_garbage_collects_its_pods_and_services(c: Cluster) -> No
     )
 
 
+def test_services_an_orphaned_job_left_are_adopted_by_its_successor_and_go_with_it(
+    c: Cluster,
+) -> None:
+    """``kubectl delete ddpjob --cascade=orphan`` leaves the job's Services. A new job of the
+    name is served by them as they are (their selectors are by the job's name); it adopts
+    them, so that they are collected with it rather than left for ever."""
+
+    def services() -> dict[str, list[str]]:
+        items = json.loads(c.k("get", "svc", "-l", "ddp.dev/job-name=adopt", "-o", "json"))
+        return {
+            svc["metadata"]["name"]: [
+                r["uid"]
+                for r in svc["metadata"].get("ownerReferences") or []
+                if r.get("controller")
+            ]
+            for svc in items["items"]
+        }
+
+    c.submit("adopt", {"nodes": 1})
+    c.running("adopt", 1)
+    c.k("delete", "ddpjob", "adopt", "--cascade=orphan")
+    orphaned = c.until(
+        "its Services orphaned",
+        lambda: (s := services()) and all(not owners for owners in s.values()) and s,
+    )
+    assert sorted(orphaned) == ["adopt", "adopt-rdzv"]
+    c.k("delete", "pod", "-l", "ddp.dev/job-name=adopt")  # the pods' names are not taken
+    c.submit("adopt", {"nodes": 1})
+    uid = c.job("adopt")["metadata"]["uid"]
+    c.until(
+        "the Services adopted", lambda: services() == {"adopt": [uid], "adopt-rdzv": [uid]} or None
+    )
+    c.running("adopt", 1)
+    c.k("delete", "ddpjob", "adopt")
+    c.until("the adopted Services collected with the job", lambda: not services() or None)
+
+
 def test_an_operator_killed_mid_creation_converges_without_duplicates(
     c: Cluster, operator: OperatorProcess
 ) -> None:

@@ -50,12 +50,26 @@ def test_pods_created_but_not_yet_watched_are_not_created_again() -> None:
 def test_a_service_that_exists_is_not_created_again_and_a_service_s_name_is_no_pod() -> None:
     """The store pod and the store Service share the name j-rdzv: each kind is checked
     against what exists of its own kind."""
-    p = plan(job(), {}, [], NOW, RULES, services=["j-rdzv", "j"])
+    p = plan(job(), {}, [], NOW, RULES, services={"j-rdzv": "u-1", "j": "u-1"})
     assert created_pods(p) == ["j-rdzv", "j-node-0", "j-node-1"]
     assert [o for o in p.create if o["kind"] == "Service"] == []
-    again = plan(job(), {}, [STORE, pod(0)], NOW, RULES, services=["j-rdzv"])
+    again = plan(job(), {}, [STORE, pod(0)], NOW, RULES, services={"j-rdzv": "u-1"})
     assert created_pods(again) == ["j-node-1"]
     assert [o["metadata"]["name"] for o in again.create if o["kind"] == "Service"] == ["j"]
+    assert p.adopt == again.adopt == []  # the job's own
+
+
+def test_an_orphaned_service_of_the_jobs_name_is_adopted_and_an_earlier_jobs_left_to_go() -> None:
+    # kubectl delete ddpjob j --cascade=orphan, then a new j: the Services nothing controls
+    # serve it as they are, and it adopts them so they go with it. A Service another job
+    # controls (an earlier j's, which the garbage collector has not deleted yet) is neither
+    # adopted nor made again until it is gone.
+    orphaned = {"j-rdzv": "", "j": "", "j-extra": ""}
+    p = plan(job(), {}, [], NOW, RULES, services=orphaned)
+    assert p.adopt == ["j-rdzv", "j"]  # not a Service the job does not make
+    assert [o for o in p.create if o["kind"] == "Service"] == []
+    earlier = plan(job(), {}, [], NOW, RULES, services={"j-rdzv": "u-0", "j": "u-0"})
+    assert earlier.adopt == [] and [o for o in earlier.create if o["kind"] == "Service"] == []
 
 
 def test_replanning_an_unchanged_state_creates_nothing_new() -> None:

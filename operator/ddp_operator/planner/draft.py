@@ -34,6 +34,7 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     closed: list[dict[str, Any]] = field(default_factory=list)  # incidents a report closed
+    adopt: list[str] = field(default_factory=list)  # orphaned Services to own (names)
 
     def warn(self, reason: str, text: str) -> None:
         self.events.append((EventType.WARNING, reason, text))

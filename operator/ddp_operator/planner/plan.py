@@ -50,7 +50,7 @@ def plan(
     admission: queueing.Admission | None = None,
     progress: Mapping[str, Any] | None = None,
     machines: Mapping[str, MachineView] | None = None,
-    services: Collection[str] = (),
+    services: Mapping[str, str] | None = None,
     foreign: Collection[PodView] = (),
 ) -> Plan:
     """Decides what to do for one observation of a job; see the package docstring.
@@ -60,19 +60,31 @@ def plan(
     ``progress`` is rank 0's newest valid report (:func:`ddp_operator.reports.parse`), copied
     into ``status.progress`` with the time it estimates is left
     (:func:`ddp_operator.reports.remaining_seconds`) when it differs; ``machines`` are the
-    cluster's Nodes by name (None: not known); ``services`` names the job's Services that
-    exist; ``foreign`` are pods with the job's name label that it does not control
-    (:func:`~ddp_operator.planner.views.split_by_owner`): never counted, their names wait
-    (:func:`~ddp_operator.planner.converge.converge`, which makes every pod the plan
-    creates). The plan creates no object that exists already (a pod or Service of that name).
-    """
+    cluster's Nodes by name (None: not known); ``services`` are the Services with the job's
+    name label that exist, by name, each with the uid of its controller ("" for none: such
+    a one of a name the job needs is adopted); ``foreign`` are pods with the job's name label
+    that it does not control (:func:`~ddp_operator.planner.views.split_by_owner`): never
+    counted, their names wait (:func:`~ddp_operator.planner.converge.converge`, which makes
+    every pod the plan creates). The plan creates no object that exists already (a pod or
+    Service of that name)."""
     observed = list(pods)
     p = _decide(
         job, status, observed, now, settings, pending, admission, progress, machines, foreign
     )
+    services = services or {}
     exist = {"Pod": {x.name for x in observed}, "Service": set(services)}
     p.create = [o for o in p.create if o["metadata"]["name"] not in exist.get(o["kind"], ())]
+    p.adopt = orphans(job, services)
     return p
+
+
+def orphans(job: DDPJob, services: Mapping[str, str]) -> list[str]:
+    """The Services of names the job needs that nothing controls (``kubectl delete
+    --cascade=orphan`` of an earlier job of its name, or made by hand): they serve the job as
+    they are (their selectors are by the job's name), and the job adopts them, so that they go
+    with it. One another job controls (an earlier one's, not yet collected) is left to go."""
+    wanted = [s["metadata"]["name"] for s in render.render_services(job)]
+    return [name for name in wanted if services.get(name) == ""]
 
 
 def _decide(
