@@ -162,17 +162,27 @@ def without_unset(progress: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (progress or {}).items() if v is not None}
 
 
-def remaining_seconds(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> int | None:
+def remaining_seconds(
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any], *, across_incident: bool = False
+) -> int | None:
     """The seconds a run needs until ``totalSteps`` at the pace between two reports (``previous``,
     what ``status.progress`` holds, and ``new``, a parsed record): None where they give no pace
     (no previous report, the step or the time did not advance: a hold, a resume from a
-    checkpoint, a report repeated), or no total. The same report seen again keeps its value."""
+    checkpoint, a report repeated), or no total. The same report seen again keeps its value.
+    ``across_incident``: an incident came between them, whose outage is no step time (the first
+    step after a store was replaced was once read as 17 s a step, an ETA of an hour); the pace
+    from before it is kept."""
     previous = previous or {}
     step, total, at = new.get("step"), new.get("totalSteps"), new.get("updatedAt")
     before, then = previous.get("step"), previous.get("updatedAt")
     if (step, at) == (before, then):
         value = previous.get(ETA)
         return value if isinstance(value, int) else None
+    if across_incident:
+        pace = step_seconds(previous)
+        if pace <= 0 or step is None or total is None or step > total:
+            return None
+        return round((total - step) * pace)
     now_at, then_at = parse_rfc3339(at), parse_rfc3339(then)
     if step is None or total is None or before is None or now_at is None or then_at is None:
         return None

@@ -106,6 +106,31 @@ def test_the_planner_opens_an_incident_for_a_failure_and_a_report_closes_it() ->
     assert back.status["incidents"] == [closed]
 
 
+def test_the_first_report_after_an_incident_keeps_the_pace_from_before_it() -> None:
+    # Seen on kind: the store replaced 4 s after a checkpoint of the last reported step; the
+    # first step after the resume came 17 s after that report, and the ETA read 3720 s.
+    status = {
+        "phase": "Running",
+        "reason": "AllNodesRunning",
+        "startTime": START,
+        "progress": report(40, "2026-11-26T10:05:00Z", eta=120),  # 2 s a step
+    }
+    pods = [worker(0), worker(1, "Failed")]
+    failed = plan(JOB, status, pods, NOW, PlanSettings())
+    later = {**status, **failed.status, "phase": "Running"}
+    back = plan(
+        JOB, later, [worker(0)], NOW + dt.timedelta(seconds=30), PlanSettings(),
+        progress=report(41, "2026-11-26T10:05:39Z"),
+    )  # fmt: skip
+    assert back.status["progress"]["estimatedRemainingSeconds"] == 118  # 59 steps at 2 s
+    after = {**later, **back.status}
+    on = plan(
+        JOB, after, [worker(0)], NOW + dt.timedelta(seconds=40), PlanSettings(),
+        progress=report(51, "2026-11-26T10:05:49Z"),
+    )  # fmt: skip
+    assert on.status["progress"]["estimatedRemainingSeconds"] == 49  # 1 s a step since
+
+
 def test_kubectl_scale_opens_a_resize_and_a_lost_pod_only_its_own_incident() -> None:
     status = {"phase": "Running", "reason": "AllNodesRunning", "startTime": START}
     scaled = DDPJob.model_validate(

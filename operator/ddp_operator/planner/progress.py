@@ -22,7 +22,9 @@ def take_report(st: Draft, progress: Mapping[str, Any] | None) -> Decision:
     if progress is None:
         return NOTHING
     shown = st.status.get("progress")
-    progress = {**progress, reports.ETA: reports.remaining_seconds(shown, progress)}
+    outage = any(incidents.is_open(i) for i in st.status.get("incidents") or [])
+    eta = reports.remaining_seconds(shown, progress, across_incident=outage)
+    progress = {**progress, reports.ETA: eta}
     status = StatusFields()
     if reports.without_unset(progress) != reports.without_unset(shown):
         status["progress"] = progress  # None values: fields the merge patch removes
