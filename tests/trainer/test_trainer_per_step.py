@@ -582,8 +582,8 @@ def test_the_lighthouse_pod_logs_torchfts_warnings_not_its_lines_for_every_step(
     at the pod's it writes none of them. A job's spec.template.env may name another level."""
 
     def started(job: DDPJob, name: str) -> str:
-        c = render.render_lighthouse(job, render.OperatorConfig(default_image="t"))
-        c = c["spec"]["containers"][0]
+        pod = render.render_lighthouse(job, render.OperatorConfig(default_image="t"))
+        c = pod["spec"]["containers"][0]
         port = free_port()
         command = [str(LIGHTHOUSE), *c["command"][1:-1], f"127.0.0.1:{port}"]
         env = {e["name"]: e["value"] for e in c["env"]}
