@@ -296,6 +296,7 @@ class ProblemReason(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     INCOMPATIBLE_RESUME = contract.INCOMPATIBLE_RESUME  # the trainer's refusal to resume
     SYNTAX_ERROR = "SyntaxError"  # the program does not compile (contract.SYNTAX_ERRORS)
+    SERVER_FAILING = "ServerFailing"  # the store or lighthouse exits again and again
 
 
 class IncidentKind(StrEnum):

@@ -32,6 +32,7 @@ from . import claims, render
 from .planner.views import (
     COMMAND_EXIT_CODES,
     CONFIG_REASONS,
+    CRASH_LOOP,
     OOM,
     START_REASONS,
     PodView,
@@ -136,6 +137,8 @@ def finding(pod: PodView, spec: DDPJobSpec) -> Finding | None:
         return Finding(p.reason, checkpoint_volume(spec), Effect.FAILS, p.message)
     if p.reason == ProblemReason.SYNTAX_ERROR:
         return Finding(p.reason, p.reason, Effect.FAILS, p.message)
+    if p.reason == CRASH_LOOP:  # a server (only they restart in place); it may yet come back
+        return Finding(ProblemReason.SERVER_FAILING, p.reason, Effect.WAITS, p.message)
     if p.reason in START_REASONS:
         return Finding(p.reason, p.reason, Effect.COUNTED, p.message)
     if not p.scheduler:
@@ -184,14 +187,20 @@ def message(f: Finding, pods: Iterable[PodView]) -> str:
             f"{who} cannot create the container ({f.culprit}): {why}; fix spec.template (env,"
             " volumes, volumeMounts) or create what it names"
         )
+    runs = ", ".join(sorted({SERVERS[x.role][1] for x in pods if x.role in SERVERS}))
     if f.reason == ProblemReason.COMMAND_NOT_FOUND:
-        runs = {SERVERS[x.role][1] for x in pods if x.role in SERVERS}
         if runs:  # the operator chose the command; only the image can give it
             return (
-                f"{who} cannot run {f.culprit}: {why}; it runs {', '.join(sorted(runs))} from"
-                " the job's image: use a spec.image that has it"
+                f"{who} cannot run {f.culprit}: {why}; it runs {runs} from the job's image: use"
+                " a spec.image that has it"
             )
         return f"{who} cannot run {f.culprit}: {why}; fix spec.command, or use an image that has it"
+    if f.reason == ProblemReason.SERVER_FAILING:
+        logs = " ".join(f"kubectl logs {x.name} --previous" for x in pods)
+        return (
+            f"{who} keeps failing ({why}), restarted with a back-off; it runs {runs} from the"
+            f" job's image: check that spec.image has it ({logs})"
+        )
     if f.reason == ProblemReason.INCOMPATIBLE_RESUME:
         why = why.removeprefix("cannot resume: ")
         return (

@@ -455,3 +455,46 @@ def test_a_server_pod_whose_image_lacks_its_program_fails_the_job_naming_the_ima
     phase, reason, message = said(p)
     assert (phase, reason) == ("Failed", "CommandNotFound")
     assert said_of_it in message
+
+
+def test_a_server_that_keeps_exiting_is_said_with_its_last_words_and_fails_nothing() -> None:
+    # An image whose python3 has no torch: the store exits 1 again and again, the kubelet
+    # backs off, and the nodes would wait for a rendezvous; the job says so, naming the fix,
+    # and fails nothing by itself (a store that crashed once mid-run comes back).
+    tail = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'torch'\n"
+    store = {
+        "metadata": {
+            "name": "j-rdzv",
+            "uid": "uid-j-rdzv",
+            "labels": {render.LABEL_ROLE: render.ROLE_STORE},
+            "creationTimestamp": OLD,
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": render.STORE_CONTAINER,
+                    "image": IMAGE,
+                    "state": waiting("CrashLoopBackOff", "back-off 40s restarting failed"),
+                    "lastState": ended("Error", 1, tail),
+                }
+            ],
+        },
+    }
+    nodes = [views.view(body(i, OLD)) for i in (0, 1)]
+    status = {"phase": "Running", "startTime": OLD}
+    p = plan(job(image=IMAGE), status, [*nodes, views.view(store)], NOW, RULES)
+    assert said(p) == (
+        "Running",
+        "ServerFailing",
+        "the store j-rdzv keeps failing (exit code 1: ModuleNotFoundError: No module named"
+        " 'torch'), restarted with a back-off; it runs python3 with torch (the rendezvous store)"
+        " from the job's image: check that spec.image has it (kubectl logs j-rdzv --previous)",
+    )
+    assert [r for t, r, _ in p.events if t == "Warning"] == ["ServerFailing"]
+    assert p.requeue_after is None  # it waits for the store; nothing to fail
+    back = {**store, "status": {"phase": "Running", "containerStatuses": [
+        {"name": render.STORE_CONTAINER, "image": IMAGE, "state": {"running": {}},
+         "lastState": ended("Error", 1, tail)}]}}  # fmt: skip
+    again = plan(job(image=IMAGE), {**status, **p.status}, [*nodes, views.view(back)], NOW, RULES)
+    assert said(again)[1] != "ServerFailing"  # running again: nothing to say

@@ -110,6 +110,9 @@ def test_the_lighthouse_pod_is_restricted_credential_free_and_runs_the_quorum_se
         "--bind", "[::]:29510",
     ]  # fmt: skip
     assert c["env"] == [{"name": "RUST_LOG", "value": "warn"}]  # not ~7 lines a step
+    # A server that keeps failing is said with its log's tail (diagnosis: ServerFailing).
+    policy = "terminationMessagePolicy"
+    assert c[policy] == store["spec"]["containers"][0][policy] == "FallbackToLogsOnError"
     assert c["ports"] == [{"name": "lighthouse", "containerPort": 29510}]
     assert c["readinessProbe"]["tcpSocket"] == {"port": 29510}
     assert "topologySpreadConstraints" not in spec  # not spread, like the store

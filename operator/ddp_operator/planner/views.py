@@ -25,6 +25,8 @@ CONFIG_REASONS = frozenset(
     {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
 START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
+CRASH_LOOP = "CrashLoopBackOff"  # the kubelet's back-off after a container exited again
+SERVER_CONTAINERS = (render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
 OOM = "OOMKilled"
 UNSCHEDULABLE = "Unschedulable"
 COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
@@ -65,6 +67,13 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             return PodProblem(kind, words, image)
         if kind in SYNTAX_ERRORS and term.get("exitCode"):
             return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
+        # A server that keeps exiting: its last words are its log's tail (the servers'
+        # terminationMessagePolicy is FallbackToLogsOnError), of which the last line says why.
+        if cs["name"] in SERVER_CONTAINERS and waiting.get("reason") == CRASH_LOOP:
+            said = [line for line in (term.get("message") or "").splitlines() if line.strip()]
+            last = f": {said[-1].strip()[:300]}" if said else ""
+            why = f"exit code {term.get('exitCode')}{last}"
+            return PodProblem(CRASH_LOOP, why, image)
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == ConditionStatus.FALSE:
             reason = c.get("reason") or UNSCHEDULABLE

@@ -137,6 +137,8 @@ def _server_pod(
         "image": s.image or cfg.default_image,
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": dict(RESTRICTED_CONTAINER),
+        # Its log's tail as the message of a failed start: the job then says why it fails.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if s.image_pull_policy:
         container["imagePullPolicy"] = s.image_pull_policy
