@@ -498,3 +498,16 @@ def test_a_server_that_keeps_exiting_is_said_with_its_last_words_and_fails_nothi
          "lastState": ended("Error", 1, tail)}]}}  # fmt: skip
     again = plan(job(image=IMAGE), {**status, **p.status}, [*nodes, views.view(back)], NOW, RULES)
     assert said(again)[1] != "ServerFailing"  # running again: nothing to say
+    # Between back-offs its status says it ended (seen on kind): still the same problem.
+    ended_again = {**store, "status": {"phase": "Running", "containerStatuses": [
+        {"name": render.STORE_CONTAINER, "image": IMAGE, "restartCount": 2,
+         "state": ended("Error", 1, tail)}]}}  # fmt: skip
+    same = plan(
+        job(image=IMAGE), {**status, **p.status}, [*nodes, views.view(ended_again)], NOW, RULES
+    )
+    assert said(same) == said(p) and same.events == []  # no second Event
+    first = {**store, "status": {"phase": "Running", "containerStatuses": [
+        {"name": render.STORE_CONTAINER, "image": IMAGE, "restartCount": 0,
+         "state": ended("Error", 1, tail)}]}}  # fmt: skip
+    once = plan(job(image=IMAGE), status, [*nodes, views.view(first)], NOW, RULES)
+    assert said(once)[1] != "ServerFailing"  # one exit is not yet "again and again"

@@ -67,9 +67,13 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             return PodProblem(kind, words, image)
         if kind in SYNTAX_ERRORS and term.get("exitCode"):
             return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
-        # A server that keeps exiting: its last words are its log's tail (the servers'
+        # A server that keeps exiting: backing off, or just ended again (its status flips
+        # between the two). Its last words are its log's tail (the servers'
         # terminationMessagePolicy is FallbackToLogsOnError), of which the last line says why.
-        if cs["name"] in SERVER_CONTAINERS and waiting.get("reason") == CRASH_LOOP:
+        again = waiting.get("reason") == CRASH_LOOP or (
+            (state.get("terminated") or {}).get("exitCode") and cs.get("restartCount")
+        )
+        if cs["name"] in SERVER_CONTAINERS and again:
             said = [line for line in (term.get("message") or "").splitlines() if line.strip()]
             last = f": {said[-1].strip()[:300]}" if said else ""
             why = f"exit code {term.get('exitCode')}{last}"
