@@ -27,6 +27,7 @@ CONFIG_REASONS = frozenset(
 START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
 CRASH_LOOP = "CrashLoopBackOff"  # the kubelet's back-off after a container exited again
 SERVER_CONTAINERS = (render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
+SERVER_RESTARTS_SAID = 2  # a server that crashed once mid-run is back before anyone must know
 OOM = "OOMKilled"
 UNSCHEDULABLE = "Unschedulable"
 COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
@@ -67,13 +68,12 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             return PodProblem(kind, words, image)
         if kind in SYNTAX_ERRORS and term.get("exitCode"):
             return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
-        # A server that keeps exiting: backing off, or just ended again (its status flips
-        # between the two). Its last words are its log's tail (the servers'
-        # terminationMessagePolicy is FallbackToLogsOnError), of which the last line says why.
-        again = waiting.get("reason") == CRASH_LOOP or (
-            (state.get("terminated") or {}).get("exitCode") and cs.get("restartCount")
-        )
-        if cs["name"] in SERVER_CONTAINERS and again:
+        # A server that keeps exiting: restarted twice or more and not ready since (its state
+        # flips between ended, backing off and a moment's run, which would each say it anew).
+        # Its last words are its log's tail (the servers' terminationMessagePolicy is
+        # FallbackToLogsOnError), of which the last line says why.
+        again = (cs.get("restartCount") or 0) >= SERVER_RESTARTS_SAID and not cs.get("ready")
+        if cs["name"] in SERVER_CONTAINERS and again and term.get("exitCode"):
             said = [line for line in (term.get("message") or "").splitlines() if line.strip()]
             last = f": {said[-1].strip()[:300]}" if said else ""
             why = f"exit code {term.get('exitCode')}{last}"
