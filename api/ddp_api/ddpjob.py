@@ -260,7 +260,7 @@ class Reason(StrEnum):
     NODE_LOST = "NodeLost"  # a pod on a machine not Ready, or silent
     STORE_LOST = "StoreLost"
     LIGHTHOUSE_LOST = "LighthouseLost"
-    LOST_AFTER_TRAINING = "LostAfterTraining"  # PerStep: a group lost after the last step
+    LOST_AFTER_TRAINING = "LostAfterTraining"  # a node pod lost after the last step
     STALLED = "Stalled"  # no step for progressDeadlineSeconds
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds

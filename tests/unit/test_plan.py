@@ -283,6 +283,25 @@ def test_a_node_lost_after_its_peer_finished_is_not_replaced_and_the_job_succeed
     assert created_pods(later) == [] and "phase" not in later.status  # kept: Succeeded
 
 
+def test_a_node_that_fails_after_the_last_step_is_not_counted_and_fails_no_job() -> None:
+    # Seen on kind: both nodes trained step 66 of 66; one segfaulted on its way out (exit
+    # 139) before its peer's exit 0 was seen, and was counted as restart 1 of the budget.
+    trained = {**RUNNING, "progress": {"step": 66, "totalSteps": 66}}
+    crashed = pod(0, "Failed", uid="c", exit_code=139)
+    p = plan(job(backoffLimit=0), trained, [STORE, crashed, pod(1)], NOW, RULES)
+    assert p.status["phase"] == "Running" and p.status["restarts"] == 0
+    assert next((r, m) for _, r, m in p.events) == (
+        "LostAfterTraining",
+        "j-node-0 failed with exit code 139 after training reached its last step: not counted"
+        " (the job completes once a node exits 0)",
+    )
+    assert p.delete == ["j-node-0"] and "c" in p.status["handledFailures"]
+    # Before the last step it is a failure like any other: with no budget, the job fails.
+    stepping = {**RUNNING, "progress": {"step": 65, "totalSteps": 66}}
+    q = plan(job(backoffLimit=0), stepping, [STORE, crashed, pod(1)], NOW, RULES)
+    assert q.status["phase"] == "Failed" and q.status["reason"] == "BackoffLimitExceeded"
+
+
 def test_a_node_lost_before_its_peer_finished_is_not_replaced_once_the_peer_is_done() -> None:
     # node-1 was deleted and counted; its replacement waits out the backoff when node-0 ends.
     status = {**RUNNING, "restarts": 2, "handledFailures": ["l"],

@@ -129,11 +129,16 @@ def failures(st: Draft) -> Decision:
     for x, failed in new:
         handled.append(x.uid)
         worker = x.role == render.ROLE_WORKER
-        if worker and s.per_step and st.trained():  # training finished: the job cannot fail
+        # Training finished: the job cannot fail, in either mode (seen on kind: a Restart-mode
+        # node that trained the last step with its peer segfaulted on its way out, before the
+        # peer's exit 0 was seen, and was counted as a restart; with its budget spent it
+        # would have failed a job whose training had finished).
+        if worker and st.trained():
             delete += [x] if failed else []
+            whole = "a replica group" if s.per_step else "a node"
             text = (
                 f"{x.name} {_what(x, failed, s)} after training reached its last step: not"
-                " counted (the job completes once a replica group exits 0)"
+                f" counted (the job completes once {whole} exits 0)"
             )
             events.append((EventType.NORMAL, Reason.LOST_AFTER_TRAINING, text))
             continue

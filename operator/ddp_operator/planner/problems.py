@@ -14,7 +14,7 @@ from .draft import Draft
 def diagnosed(st: Draft) -> tuple[Decision, diagnosis.Diagnosis | None]:
     """The running pods' problem that the job shows (None: none), and the decision: a
     reconcile is due when what they show may have settled or when the problem fails the job;
-    the job Failed once it does (not a PerStep job past its last step: a group will exit 0).
+    the job Failed once it does (not a job past its last step: a node will exit 0).
     Reads ``st`` only."""
     s = st.job.spec
     alive = [x for x in st.live if not x.done]
@@ -24,7 +24,7 @@ def diagnosed(st: Draft) -> tuple[Decision, diagnosis.Diagnosis | None]:
     if found is not None and found.fails_in is not None:
         if found.fails_in > 0:
             waits.append(found.fails_in)
-        elif not (s.per_step and st.trained()):
+        elif not st.trained():
             ends = Outcome(DDPJobPhase.FAILED, found.reason, found.failed, ends=True)
     due = min((w for w in waits if w is not None), default=None)
     return Decision(requeue_after=due, outcome=ends), found
