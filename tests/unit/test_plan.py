@@ -296,6 +296,9 @@ def test_a_node_that_fails_after_the_last_step_is_not_counted_and_fails_no_job()
         " (the job completes once a node exits 0)",
     )
     assert p.delete == ["j-node-0"] and "c" in p.status["handledFailures"]
+    assert created_pods(p) == []  # node-1 will exit 0: a replacement would wait for nobody
+    alone = plan(job(), {**trained, **p.status}, [STORE], NOW, RULES)
+    assert created_pods(alone) == ["j-node-0", "j-node-1"]  # none left to finish: they do
     # Before the last step it is a failure like any other: with no budget, the job fails.
     stepping = {**RUNNING, "progress": {"step": 65, "totalSteps": 66}}
     q = plan(job(backoffLimit=0), stepping, [STORE, crashed, pod(1)], NOW, RULES)

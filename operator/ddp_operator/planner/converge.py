@@ -112,7 +112,10 @@ def _create_and_scale(
     has_server = server["metadata"]["name"] in st.pending or any(x.role == role for x in st.pods)
     if not has_server and (wait <= 0 or s.per_step):  # PerStep: the live groups need it now
         create.append(server)
-    if wait <= 0:
+    # Training finished and a node still runs: it will exit 0 and complete the job; a
+    # replacement would only wait for a rendezvous (or a quorum) that never comes.
+    finishing = st.trained() and any(not x.done and not x.deleting for x in workers)
+    if wait <= 0 and not finishing:
         create += [
             render.render_worker(st.job, i, st.restarts, cfg)
             for i in range(s.nodes)
