@@ -66,9 +66,6 @@ class Cache(Generic[T]):
     def get(self, key: Key) -> list[T]:
         return list(self.by_job.get(key, {}).values())
 
-    def names(self, key: Key) -> set[str]:
-        return set(self.by_job.get(key, {}))
-
     def kept(self, key: Key) -> dict[str, T]:
         """What is kept of each object of the job, by name."""
         return dict(self.by_job.get(key, {}))

@@ -64,10 +64,10 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
         task = asyncio.create_task(w.run())
         try:
             await asyncio.wait_for(w.synced.wait(), 20)
-            assert cache.names((ns, "a")) == {"early"} and changed == [(ns, "a")]
+            assert set(cache.kept((ns, "a"))) == {"early"} and changed == [(ns, "a")]
 
             await asyncio.to_thread(cp.kubectl, "apply", "-n", ns, "-f", "-", input=pod("x", "b"))
-            await until("the created pod", lambda: cache.names((ns, "b")) == {"x"})
+            await until("the created pod", lambda: set(cache.kept((ns, "b"))) == {"x"})
             assert changed[-1] == (ns, "b")
 
             # The server ends each watch after 2 s; it is resumed from where it was, not listed.
@@ -90,7 +90,7 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
             monkeypatch.setattr(w, "watch", expired_once)
             await until("a second LIST", lambda: w.lists == 2, timeout_s=15)
             assert (ns, "g") not in cache.by_job and changed[-1] == (ns, "g")
-            assert cache.names((ns, "b")) == {"x"}
+            assert set(cache.kept((ns, "b"))) == {"x"}
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -38,7 +38,7 @@ def test_a_pod_relabelled_to_another_job_or_to_none_leaves_its_old_job() -> None
     c = cache()
     c.apply("ADDED", pod("p"))
     assert c.apply("MODIFIED", pod("p", job="b")) == {("ns", "a"), ("ns", "b")}
-    assert c.names(("ns", "a")) == set() and c.names(("ns", "b")) == {"p"}
+    assert set(c.kept(("ns", "a"))) == set() and set(c.kept(("ns", "b"))) == {"p"}
     assert c.apply("MODIFIED", pod("p", job=None)) == {("ns", "b")}
     assert len(c) == 0
 

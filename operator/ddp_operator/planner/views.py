@@ -17,7 +17,8 @@ from .. import render, reports
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes sets before a disruption
 # The job's server pod: the rendezvous store (Restart mode) or the lighthouse (PerStep mode).
 SERVER_ROLES = (render.ROLE_STORE, render.ROLE_LIGHTHOUSE)
-CONTAINERS = (render.CONTAINER, render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
+SERVER_CONTAINERS = (render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
+CONTAINERS = (render.CONTAINER, *SERVER_CONTAINERS)
 
 # The kubelet's and the runtime's reasons that :func:`problem` reads, beside
 # ddp_api.pods.IMAGE_PULL_REASONS (what they mean for the job: :mod:`ddp_operator.diagnosis`).
@@ -26,7 +27,6 @@ CONFIG_REASONS = frozenset(
 )
 START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
 CRASH_LOOP = "CrashLoopBackOff"  # the kubelet's back-off after a container exited again
-SERVER_CONTAINERS = (render.STORE_CONTAINER, render.LIGHTHOUSE_CONTAINER)
 SERVER_RESTARTS_SAID = 2  # a server that crashed once mid-run is back before anyone must know
 OOM = "OOMKilled"
 UNSCHEDULABLE = "Unschedulable"
@@ -70,8 +70,7 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
         # A server that keeps exiting: restarted twice or more and not ready since (its state
         # flips between ended and backing off, which would each say it anew; the store has no
-        # readiness probe, a kubelet's TCP probe of its TCPStore coincided with trainers
-        # crashing on exit on kind, so its moment's run between crashes may clear it).
+        # readiness probe, so its moment's run between crashes may clear it).
         # Its last words are its log's tail (the servers' terminationMessagePolicy is
         # FallbackToLogsOnError), of which the last line says why.
         again = (cs.get("restartCount") or 0) >= SERVER_RESTARTS_SAID and not cs.get("ready")
