@@ -133,6 +133,49 @@ def test_a_worker_exits_with_its_code_though_a_library_thread_never_ends() -> No
         subprocess.run([*run, "plain"], env=env, capture_output=True, timeout=3)
 
 
+# The node supervisor's entry, with torchrun's run replaced by what its store watch does: a
+# thread that reads the store's id again and again, from a store that has published none yet
+# (a new store pod's first moment): each read a TCPStore client's get that times out.
+PROBING = """
+import runpy, sys, threading
+import torch.distributed.run  # as the supervisor imports it before any probe
+from ddp_trainer.launch import store_probe, supervisor
+
+tried = threading.Event()
+
+def probe():
+    while True:
+        try:  # read_store_id's store calls
+            store = store_probe.open_store("127.0.0.1", int(sys.argv[1]), 0.05, serve=False)
+            store.get(store_probe.STORE_ID_KEY)
+        except Exception:
+            tried.set()
+
+def supervise(args, kept):
+    threading.Thread(target=probe, daemon=True).start()
+    tried.wait()
+    return 3
+
+supervisor.supervise = supervise
+runpy.run_module("ddp_trainer.node", run_name="__main__")
+"""
+
+
+def test_the_node_exits_with_its_code_though_a_store_probe_is_still_waiting() -> None:
+    """A node pod's process ended with SIGABRT or SIGSEGV (exit code 134 or 139, on kind as on
+    loopback) now and then after training or a store's replacement: Python's teardown with a
+    store probe's thread inside a TCPStore call aborts (``terminate called without an active
+    exception``). The node exits as its workers do, at once with its code."""
+    port = free_port()
+    _serving = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    run = [sys.executable, "-c", PROBING, str(port)]
+    for _ in range(3):  # each aborted (-6) before the node exited as its workers do
+        done = subprocess.run(
+            run, env=subprocess_env(), capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 3, done.stderr[-2000:]
+
+
 def test_a_failed_worker_says_why_once_per_start_in_the_termination_message(tmp_path) -> None:
     """The first failure of a start is kept (later ones in the pod are mostly its
     consequences); the supervisor clears it before the next start. Outside a pod, where the

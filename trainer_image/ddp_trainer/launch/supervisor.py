@@ -384,4 +384,4 @@ def supervise(args: list[str], kept: KeptLog | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)  # as ddp_trainer.node does (see there)
