@@ -83,8 +83,17 @@ def restart_mode_batch(step: int, total: int = TOTAL) -> list[int]:
 class Groups:
     """The run's groups: which incarnation of each is current, and what happened to each."""
 
-    def __init__(self, launcher: Launcher, zygote: Zygote, url: str, ckpt: Path, samples: Path):
+    def __init__(
+        self,
+        launcher: Launcher,
+        zygote: Zygote,
+        url: str,
+        ckpt: Path,
+        samples: Path,
+        settings: dict[str, Any] = SETTINGS,
+    ):
         self.launcher, self.zygote, self.url = launcher, zygote, url
+        self.settings = settings
         self.ckpt, self.samples = ckpt, samples
         self.current: dict[int, Proc | Warm] = {}
         self.stop_files: dict[int, Path] = {}
@@ -113,7 +122,7 @@ class Groups:
             self.launcher,
             f"pod-{group}-{self.count}",
             env=env,
-            settings=SETTINGS,
+            settings=self.settings,
             checkpoint_dir=self.ckpt,
         )
         self.current[group] = proc
@@ -123,7 +132,7 @@ class Groups:
     def start_warm(self, group: int, stop_at: str | None = None) -> Warm:
         env = self.env(group, 3, stop_at)
         warm = self.zygote.fork(
-            f"warm-{group}-{self.count}", env=env, settings=SETTINGS, checkpoint_dir=self.ckpt
+            f"warm-{group}-{self.count}", env=env, settings=self.settings, checkpoint_dir=self.ckpt
         )
         self.current[group] = warm
         self.started[id(warm)] = time.time()
@@ -499,6 +508,53 @@ def test_a_new_lighthouse_after_groups_came_and_went_stalls_no_group_for_long(
         zygote.close()
     print(f"a step of every group after each new lighthouse, s: {stalls}")
     assert max(stalls) < STALL_BOUND_S, stalls
+
+
+WRITER_STEPS = 40
+
+
+@pytest.mark.timeout(300)
+def test_a_writer_lost_after_the_others_committed_its_step_leaves_no_step_without_a_line(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Groups differ on a step's commit when the writer is lost mid-step: here it is SIGKILLed
+    where it would vote on a step whose all-reduce had completed, so the two others commit that
+    step and it does not. It wrote no line for the step; the next writer, the first of the groups
+    at the quorum's step, writes its own line of it as it takes over, so the run log has one
+    line for every step (before, that step had none, and on kind a powered-off writer's machine
+    left the run log a step short)."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    settings = {**SETTINGS, "maxSteps": WRITER_STEPS, "logEverySteps": 1}
+    groups = Groups(launcher, zygote, url, ckpt, samples, settings)
+    try:
+        for group in range(3):
+            groups.start_warm(group)
+        wait_until(
+            lambda: len(groups.live()) == 3 and committed_step(samples) >= 10,
+            180,
+            "three groups past step 10",
+        )
+        groups.stop_files[0].write_text("commit")
+        assert groups.reached(0, 30), "the writer at its commit vote"
+        groups.kill(0)
+        for group in (1, 2):
+            member = groups.current[group]
+            wait_until(lambda m=member: groups.code(m) is not None, 120, f"group {group} to end")
+        assert not groups.crashed(), "\n".join(groups.crashed())
+    finally:
+        zygote.close()
+    rows = sample_lines(samples)
+    last = max(r["step"] for r in rows if r["event"] == "fed" and r["file"].startswith("job-0-"))
+    committers = {r["file"][:5] for r in rows if r["event"] == "committed" and r["step"] == last}
+    assert committers == {"job-1", "job-2"}, committers  # the others committed it, not the writer
+    lines = events(ckpt, "step")
+    logged = [line["step"] for line in lines]
+    assert logged == list(range(1, WRITER_STEPS + 1)), f"step {last + 1} lost: {logged}"
+    writers = [(line["step"], line["group"]) for line in lines]
+    assert dict(writers)[last] == 0, writers  # group 0 wrote the step before the lost one
+    assert {g for s, g in writers if s > last} == {1}, writers  # then group 1, that one too
 
 
 @pytest.mark.timeout(300)

@@ -16,7 +16,7 @@ from ddp_trainer.reporting.progress import (
     reporting_target,
     should_report,
 )
-from ddp_trainer.reporting.run_log import RunLog, read_run_log
+from ddp_trainer.reporting.run_log import TAIL_BYTES, RunLog, read_run_log
 
 
 def test_the_record_has_the_status_progress_fields() -> None:
@@ -80,6 +80,24 @@ def test_metrics_lines_survive_a_torn_tail(tmp_path: Path) -> None:
         f.write('{"event": "st')
     (line,) = read_run_log(tmp_path)
     assert line["step"] == 1 and line["event"] == "step"
+
+
+def test_a_new_writer_reads_the_newest_step_line_from_the_run_logs_tail(tmp_path: Path) -> None:
+    """What PerStep mode's next writer reads back (``Tally.catch_up``): the newest step line's
+    step, whoever wrote it (another process's lines after its own), only the file's tail read,
+    a torn line or other events between them skipped."""
+    mine, other = RunLog(tmp_path), RunLog(tmp_path)
+    assert mine.last_step() is None  # a new run: no step yet
+    for step in range(1, 3000):  # more than TAIL_BYTES of lines
+        mine.write("step", step=step, loss=1.0, group=0)
+    other.write("step", step=3000, loss=1.0, group=1)
+    other.write("checkpoint", step=3000)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"event": "step", "st')
+    assert (tmp_path / "metrics.jsonl").stat().st_size > TAIL_BYTES
+    assert mine.last_step() == 3000
+    mine.close()
+    other.close()
 
 
 def test_reporting_without_a_cluster_never_blocks(monkeypatch) -> None:

@@ -106,6 +106,7 @@ class JobQuorumIds:
 
     def __init__(self, client: Any) -> None:
         self._client, self._ids = client, QuorumIds()
+        self.last: Any = None  # the last quorum's answer, as the Manager got it
 
     def forget(self) -> None:
         self._ids.forget()
@@ -116,7 +117,8 @@ class JobQuorumIds:
         fields["quorum_id"] = self._ids.id_for(
             quorum.quorum_id, quorum.replica_ids, quorum.max_step
         )
-        return SimpleNamespace(**fields)
+        self.last = SimpleNamespace(**fields)
+        return self.last
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -247,6 +249,14 @@ class ReplicaGroup:
         if self.manager.errored() is not None:
             log.warning("quorum of %d groups: %s", members, self.manager.errored())
         return True
+
+    def writes(self) -> bool:
+        """Whether this group is the writer of the last quorum: the first, by replica rank, of
+        its groups at the quorum's step (torchft's ``max_replica_rank`` 0). Never a group that
+        healed in it: groups differ on a step's commit (a peer lost mid-step), and one that did
+        not commit the step the others did is no witness of it."""
+        answer = self.quorum_ids.last if self.quorum_ids is not None else None
+        return answer is not None and answer.max_replica_rank == 0
 
     def reduce(
         self,

@@ -44,13 +44,19 @@ of that id; the ids it is given are the job's own
 (:class:`~ddp_trainer.per_step.replicas.QuorumIds`), since a replaced lighthouse numbers its
 quorums from 1 again.
 
-**Checkpoints** are written by the writer: participating rank 0 of the last quorum, local rank
-0, with torchft's own state (``torchft``). A group loads one only when its first quorum's max step
-is 0 (:func:`~ddp_trainer.per_step.replicas.loads_checkpoint`: a new job, or every group was lost);
-else it heals from a live peer. Progress reports and the run log come from the writer, with
-``groups``: the groups that trained the last committed step. At the last step the writer saves
-and marks the run complete; the others wait for that record (if the writer dies first, they
-quorum again and one of them is the writer).
+**The writer** of a quorum is its first group, by replica rank, among those at the quorum's
+step (:meth:`~ddp_trainer.per_step.group.ReplicaGroup.writes`), local rank 0: never a group that
+healed in it. It writes the checkpoints, with torchft's own state (``torchft``), the progress
+reports and the run log, whose step lines carry ``groups`` (the groups that trained the step),
+the writer's ``group`` and its ``quorum``. Groups can differ on a step's commit: a writer lost
+mid-step, or failing a step the others committed, logs no line for it. So every group keeps its
+last step line, and a group that becomes the writer writes it first (with its own time) when
+the run log's last step line is older; each committed step then has one line, whoever wrote it.
+A group loads a checkpoint only when its first quorum's max step is 0
+(:func:`~ddp_trainer.per_step.replicas.loads_checkpoint`: a new job, or every group was lost);
+else it heals from a live peer. At the last step the writer saves and marks the run complete;
+the others wait for that record (if the writer dies first, they quorum again and one of them is
+the writer).
 
 **Hangs and the end.** After each committed step a worker arms the stack dump
 (:mod:`ddp_trainer.reporting.stacks`), as in Restart mode: no committed step for three quarters of
@@ -146,10 +152,14 @@ class PerStepTrainer(Trainer):
         return state
 
     def _quorum(self) -> bool:
-        """One quorum (:meth:`ReplicaGroup.quorum`); its participating rank 0 is the writer."""
+        """One quorum (:meth:`ReplicaGroup.quorum`) and its writer (:meth:`ReplicaGroup.writes`).
+        A group that becomes the writer first logs its last logged step if the run log lacks it:
+        the writer before it did not commit that step (it was lost mid-step, or failed it)."""
         if not self.replicas.quorum():
             return False
-        writer = self.replicas.manager.participating_rank() == 0
+        writer = self.replicas.writes()
+        if writer and not self.tally.speaks:
+            self.tally.catch_up()
         self.is_main = writer and self.env.local_rank == 0
         self.tally.speaks = writer
         return True
@@ -280,6 +290,7 @@ class PerStepTrainer(Trainer):
             if global_terms:
                 self.tally.add_loss(flat[Tail.LOSS] / global_terms, int(global_terms))
             self.tally.world, self.tally.groups = groups * e.world_size, groups
+            self.tally.writer = {"group": self.group.group, "quorum": quorum}
             self.tally.share = (len(indices), len(micro))
         else:
             p.optimizer.zero_grad(set_to_none=True)

@@ -47,6 +47,10 @@ class Tally:
         self.speaks = main
         self.world = env.world_size  # processes that trained the last step
         self.groups: int | None = None  # PerStep mode: replica groups that trained it
+        # PerStep mode: the writer's group and the quorum of the last step, on its step line
+        # (whose view of the run a line is, when groups disagree on a step's commit)
+        self.writer: dict[str, int] = {}
+        self.last_step_line: dict[str, Any] | None = None  # written or not (catch_up)
         # PerStep mode: this process's (samples, micro-batches) of the last step (its share
         # changes with the groups); else the fixed share of ``parts.batches``.
         self.share: tuple[int, int] | None = None
@@ -129,8 +133,8 @@ class Tally:
         self.last_loss = self._mean_loss()
         self.last_rate = self._rate()
         self.metrics.progress(loss=self.last_loss, samples_per_second=self.last_rate)
+        self._write_step_line()
         if self.speaks:
-            self._write_step_line()
             self.report(final=False)
 
     def _mean_loss(self) -> float:
@@ -152,10 +156,10 @@ class Tally:
         return (step - steps_then) * self.config.global_batch_size / max(now - since, 1e-9)
 
     def _write_step_line(self) -> None:
-        """Rank 0's `step` line in metrics.jsonl and its log line."""
+        """Rank 0's `step` line in metrics.jsonl and its log line; kept, written or not."""
         p = self.parts.state.position
-        self.line(
-            "step",
+        self.last_step_line = dict(
+            time=round(time.time(), 3),
             step=p.step,
             epoch=p.epoch,
             samplesInEpoch=p.samples_in_epoch,
@@ -167,9 +171,24 @@ class Tally:
             **self._shape(),
             rank=self.env.rank,
             attempt=self.env.restart_count,
+            **self.writer,
         )
+        if not self.speaks:
+            return
+        self.line("step", **self.last_step_line)
         total, loss, rate = self.parts.total_steps, self.last_loss, self.last_rate
         log.info(STEP_LINE, p.step, total, p.epoch, loss, self.lr, rate, self.world)
+
+    def catch_up(self) -> None:
+        """PerStep mode, as this group becomes the writer: writes its last step line (with
+        the time it was made) when the run log's newest step line is of an earlier step (the
+        writer before did not commit it; :mod:`ddp_trainer.per_step.trainer`)."""
+        kept = self.last_step_line
+        if self.run_log is None or kept is None:
+            return
+        logged = self.run_log.last_step()
+        if logged is None or logged < kept["step"]:
+            self.run_log.write("step", **kept)
 
     def report(self, final: bool, urgent: bool = False) -> None:
         """Offers the progress record to the DDPJob's reporter (rank 0, in a cluster)."""
