@@ -66,6 +66,23 @@ def joining(cluster: Cluster, ns: str, pod: str, before: dict[str, str]) -> bool
     return replaced(cluster, ns, pod, before) and started(cluster, ns, pod)
 
 
+def anomalies(rows: list[dict[str, Any]], last: int) -> str:
+    """The run log's steps lost or written twice, each with the lines around it (which group
+    wrote what, in which quorum, when)."""
+    steps = [r["step"] for r in rows if r.get("event") == "step"]
+    lost = sorted(set(range(1, last + 1)) - set(steps))
+    twice = sorted({s for s in steps if steps.count(s) > 1})
+    keys = ("event", "time", "step", "group", "quorum", "groups", "attempt", "loss")
+    around = [
+        {k: r[k] for k in keys if k in r}
+        for r in rows
+        if r.get("event") != "step"  # starts, holds, checkpoints: every one
+        or any(abs(r["step"] - s) <= 1 for s in lost + twice)
+    ]
+    lines = "\n".join(map(str, around))
+    return f"steps lost {lost}, written twice {twice}; the run log there:\n{lines}"
+
+
 def scene(
     cluster: Cluster, ns: str, what: str, over: Callable[[], bool], ceiling: int,
     may_go: Callable[[], bool],
@@ -191,7 +208,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     assert "LighthouseLost" in kinds, kinds
     rows = read_run_log(kind.claim_folder(cluster, CLAIM, ns=ns))
     steps = [r["step"] for r in rows if r.get("event") == "step"]
-    assert steps == list(range(1, LAST_STEP + 1)), "a step was lost or trained twice"
+    assert steps == list(range(1, LAST_STEP + 1)), anomalies(rows, LAST_STEP)
     figures = goodput.summary(rows, incidents)
     held = [r["step"] for r in rows if r.get("event") == "hold"]
     print(f"survivors' stalls {figures['stalls_s']} s, goodput {figures['goodput']}, held {held}")
