@@ -156,7 +156,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         # Scene 2: the machine of a group alone on it, the lighthouse elsewhere (one group lost,
         # as the stall bound assumes), powered off: node-0's, the writer's group (the first of
         # the groups at the step), when it is so placed, else the next one's (node-0 was beside
-        # the lighthouse in 4 of 7 runs on 2026-11-28). The pod is replaced once the operator
+        # the lighthouse in 3 of 7 runs on 2026-11-28). The pod is replaced once the operator
         # sees the machine lost; it waits Pending (one group a machine) until the machine is
         # powered on again.
         where = machines(cluster, ns, JOB)
