@@ -38,7 +38,7 @@ def completion(st: Draft, grace_s: float) -> Decision:
     ]
     # Not failures: the job is complete; recorded so they never count later.
     handled = tuple(x.uid for x in lost)
-    running = [x for x in workers if not x.done and not x.deleting]
+    running = st.running
     done_at = parse_rfc3339(first.finished or first.created) or st.now
     left = (done_at - st.now).total_seconds() + grace_s
     if running and left > 0:

@@ -114,14 +114,14 @@ def _create_and_scale(
         create.append(server)
     # Training finished and a node still runs: it will exit 0 and complete the job; a
     # replacement would only wait for a rendezvous (or a quorum) that never comes.
-    finishing = st.trained() and any(not x.done and not x.deleting for x in workers)
+    finishing = st.trained() and bool(st.running)
     if wait <= 0 and not finishing:
         create += [
             render.render_worker(st.job, i, st.restarts, cfg)
             for i in range(s.nodes)
             if i not in present
         ]
-    extra = [x for x in workers if x.index >= s.nodes and not x.deleting and not x.done]
+    extra = [x for x in st.running if x.index >= s.nodes]
     return create, wait, extra
 
 

@@ -119,6 +119,11 @@ class Draft:
         return [x for x in self.pods if not x.deleting]
 
     @property
+    def running(self) -> list[PodView]:
+        """The node pods that have not ended and are not being deleted."""
+        return [x for x in self.workers if not x.deleting and not x.done]
+
+    @property
     def progress(self) -> Mapping[str, Any] | None:
         """rank 0's newest report: the one written now, else the one shown."""
         return self.new.get("progress") or self.status.get("progress")
@@ -198,7 +203,7 @@ class Draft:
             previous = self.status.get("conditions") or []
             now = rfc3339(self.now)
             new["conditions"] = job_conditions(previous, self.admitted, phase, reason, message, now)
-        alive = [x for x in self.workers if not x.deleting and not x.done]
+        alive = self.running
         ready = [x for x in alive if x.ready]
         new["nodes"] = len(alive)
         new["readyNodes"] = len(ready)

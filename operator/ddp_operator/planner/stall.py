@@ -62,7 +62,7 @@ def stall(st: Draft, prev_phase: str) -> Decision:
         step is not None and total is not None and step >= total
     ):
         return NOTHING
-    workers = [x for x in st.workers if not x.deleting and not x.done]
+    workers = st.running
     if len([x for x in workers if x.ready and x.index < s.nodes]) < (
         ft.groups_min if ft else s.nodes
     ):
