@@ -120,6 +120,10 @@ def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         "command": lighthouse_command(job),
         "env": [{"name": "RUST_LOG", "value": lighthouse_log_level(job)}],
         "ports": [{"name": LIGHTHOUSE_PORT_NAME, "containerPort": port}],
+        # Ready once it listens (its Service publishes it before: publishNotReadyAddresses); a
+        # lighthouse that keeps failing is one restarted and not ready since (ServerFailing).
+        # The store has none since node crashes at exit were blamed on its probe; their cause
+        # was the node supervisor's exit, so it could have one again.
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
     }
     # restartPolicy Always: the groups heartbeat to a restarted one at once
