@@ -69,8 +69,8 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
         if kind in SYNTAX_ERRORS and term.get("exitCode"):
             return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
         # A server that keeps exiting: restarted twice or more and not ready since (its state
-        # flips between ended and backing off, which would each say it anew; the store has no
-        # readiness probe, so its moment's run between crashes may clear it).
+        # flips between ended, backing off and a moment's run, which would each say it anew;
+        # both servers have a TCP readiness probe, so that run is not ready).
         # Its last words are its log's tail (the servers' terminationMessagePolicy is
         # FallbackToLogsOnError), of which the last line says why.
         again = (cs.get("restartCount") or 0) >= SERVER_RESTARTS_SAID and not cs.get("ready")

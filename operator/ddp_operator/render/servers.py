@@ -120,11 +120,6 @@ def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         "command": lighthouse_command(job),
         "env": [{"name": "RUST_LOG", "value": lighthouse_log_level(job)}],
         "ports": [{"name": LIGHTHOUSE_PORT_NAME, "containerPort": port}],
-        # Ready once it listens (its Service publishes it before: publishNotReadyAddresses); a
-        # lighthouse that keeps failing is one restarted and not ready since (ServerFailing).
-        # The store has none since node crashes at exit were blamed on its probe; their cause
-        # was the node supervisor's exit, so it could have one again.
-        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
     }
     # restartPolicy Always: the groups heartbeat to a restarted one at once
     return _server_pod(job, cfg, contract.lighthouse_name(name), ROLE_LIGHTHOUSE, container)
@@ -136,9 +131,15 @@ def _server_pod(
     """A job's small server pod (the rendezvous store or the lighthouse) around ``container``:
     the job's image, a small request, restricted, no credential, restarted in place."""
     s = job.spec
+    port = container["ports"][0]["containerPort"]
     container = {
         **container,
         "image": s.image or cfg.default_image,
+        # Ready once it listens (its Service publishes it before: publishNotReadyAddresses). A
+        # server that keeps failing is one restarted and not ready since (ServerFailing): with
+        # no probe a container is ready while it runs, so each moment's run between crashes
+        # would clear the problem and a new start of it would say it again.
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": dict(RESTRICTED_CONTAINER),
         # Its log's tail as the message of a failed start: the job then says why it fails.
