@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 STORE_ID_KEY = "ddp.dev/store-id"
 
@@ -44,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> int:
-    """Serve until ``stop`` is set; returns the exit code."""
+def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> NoReturn:
+    """Serve until ``stop`` is set, then end the process at once (exit code 0)."""
     from torch.distributed import TCPStore
 
     # wait_for_workers=False: torchrun's agents come and go; none is awaited.
@@ -57,11 +58,17 @@ def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> int:
     log.info("rendezvous store listening on %s:%d (id %s)", host, store.port, store_id)
     stop.wait()
     log.info("rendezvous store stopping")
-    del store
-    return 0
+    # Out at once, listening to the end: closing the store first and then tearing torch down
+    # (0.7 s) left a moment in which the kubelet's readiness probe was refused (a Warning
+    # event for nearly every store stopped), and Python's teardown can abort while a TCPStore
+    # thread runs (as it did the node supervisor's). A store's state is never kept.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
@@ -71,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)  # PID 1 in its pod: no default action
     signal.signal(signal.SIGINT, on_signal)
-    return serve(args.host, args.port, args.timeout_s, stop)
+    serve(args.host, args.port, args.timeout_s, stop)
 
 
 @functools.cache
@@ -82,4 +89,4 @@ def program() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
