@@ -24,6 +24,8 @@ from .common import (
     store_name,
 )
 
+SERVER_READY_AFTER_S = 5  # a server's first readiness probe, after it started
+
 
 def render_services(job: DDPJob) -> list[dict[str, Any]]:
     """The rendezvous Service (published before any pod is ready), or a PerStep job's
@@ -138,8 +140,14 @@ def _server_pod(
         # Ready once it listens (its Service publishes it before: publishNotReadyAddresses). A
         # server that keeps failing is one restarted and not ready since (ServerFailing): with
         # no probe a container is ready while it runs, so each moment's run between crashes
-        # would clear the problem and a new start of it would say it again.
-        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        # would clear the problem and a new start of it would say it again. First probed after
+        # 5 s: a store imports torch first (2.6 s on kind), and each refused probe is a Warning
+        # event (Unhealthy) on a healthy pod.
+        "readinessProbe": {
+            "tcpSocket": {"port": port},
+            "initialDelaySeconds": SERVER_READY_AFTER_S,
+            "periodSeconds": 2,
+        },
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": dict(RESTRICTED_CONTAINER),
         # Its log's tail as the message of a failed start: the job then says why it fails.
