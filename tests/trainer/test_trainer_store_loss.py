@@ -7,10 +7,6 @@ torchrun again, and training resumes from the newest checkpoint.
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-
 import pytest
 from trainer_harness import Launcher, events, last_step, wait_until
 
@@ -73,26 +69,3 @@ def test_a_training_failure_is_passed_on_not_retried(launcher: Launcher) -> None
     assert node.wait(150) != 0, node.output()
     assert "torchrun failed with exit code" in node.output()
     assert "starting torchrun again" not in node.output()
-
-
-@pytest.mark.timeout(120)
-def test_a_stopped_store_listens_until_its_process_ends(launcher: Launcher) -> None:
-    """SIGTERM (its pod deleted): the store leaves at once, answering until its process ends.
-    It closed its listener and then tore torch down, 0.7 s in which the kubelet's readiness
-    probe was refused: a Warning event for nearly every store stopped."""
-    for attempt in range(3):
-        store, endpoint = launcher.store(name=f"rdzv-store-{attempt}")
-        address = split_endpoint(endpoint)
-        store.signal(signal.SIGTERM)
-        while True:
-            try:
-                socket.create_connection(address, timeout=5).close()
-            except OSError:  # refused, or reset from the backlog of a closed listener
-                break
-        # Not answering: its files are closed, which an exiting process does last but for telling
-        # its parent (microseconds); a Python tearing down torch takes a good part of a second.
-        try:
-            code = store.popen.wait(timeout=0.25)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"refused while still running\n{store.tail()}") from None
-        assert code == 0 and "rendezvous store stopping" in store.output()
