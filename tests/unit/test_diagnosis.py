@@ -463,14 +463,16 @@ def test_a_server_that_keeps_exiting_is_said_with_its_last_words_and_fails_nothi
     # and fails nothing by itself (a store that crashed once mid-run comes back).
     tail = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'torch'\n"
 
-    def store(restarts: int, ready: bool, state: dict[str, Any]) -> views.PodView:
+    def store(
+        restarts: int, ready: bool, state: dict[str, Any], last: dict[str, Any] | None = None
+    ) -> views.PodView:
         container = {
             "name": render.STORE_CONTAINER,
             "image": IMAGE,
             "restartCount": restarts,
             "ready": ready,
             "state": state,
-            "lastState": ended("Error", 1, tail),
+            "lastState": {"terminated": last} if last else ended("Error", 1, tail),
         }
         meta = {
             "name": "j-rdzv",
@@ -507,3 +509,11 @@ def test_a_server_that_keeps_exiting_is_said_with_its_last_words_and_fails_nothi
     assert said(seen(store(3, True, {"running": {}}), shown))[1] != "ServerFailing"  # back
     once = seen(store(1, False, waiting("CrashLoopBackOff", "back-off 10s")), status)
     assert said(once)[1] != "ServerFailing"  # one crash mid-run is not yet said
+    # A third crash after hours of running: the store is starting again, not looping.
+    crash = ended("Error", 1, tail)["terminated"]
+    hours = {**crash, "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T03:00:00Z"}
+    for state in (waiting("CrashLoopBackOff", "back-off 10s"), {"running": {}}):
+        assert said(seen(store(3, False, state, hours), status))[1] != "ServerFailing"
+    assert said(seen(store(3, False, {"terminated": hours}), status))[1] != "ServerFailing"
+    minute = {**hours, "finishedAt": "2026-01-01T00:01:00Z"}  # a loop whose runs are longer
+    assert said(seen(store(3, False, {"running": {}}, minute), status))[1] == "ServerFailing"

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_api.contract import REFUSALS, SYNTAX_ERRORS, termination_kind
+from ddp_api.contract import REFUSALS, SYNTAX_ERRORS, parse_rfc3339, termination_kind
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus, ProblemReason
 from ddp_api.metav1 import controller_uid
 from ddp_api.pods import IMAGE_PULL_REASONS, PodPhase, trainer_image
@@ -28,6 +28,9 @@ CONFIG_REASONS = frozenset(
 START_REASONS = frozenset({"StartError", "ContainerCannotRun"})
 CRASH_LOOP = "CrashLoopBackOff"  # the kubelet's back-off after a container exited again
 SERVER_RESTARTS_SAID = 2  # a server that crashed once mid-run is back before anyone must know
+# A server run that ended sooner belongs to a crash loop; the kubelet too forgets a container's
+# back-off once it ran 10 minutes.
+SERVER_LOOP_RUN_S = 600
 OOM = "OOMKilled"
 UNSCHEDULABLE = "Unschedulable"
 COMMAND_EXIT_CODES = (126, 127)  # a shell's "not executable" and "command not found"
@@ -68,12 +71,18 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             return PodProblem(kind, words, image)
         if kind in SYNTAX_ERRORS and term.get("exitCode"):
             return PodProblem(ProblemReason.SYNTAX_ERROR, f"{kind}: {words}", image)
-        # A server that keeps exiting: restarted twice or more and not ready since (its state
+        # A server that keeps exiting: restarted twice or more, not ready since (its state
         # flips between ended, backing off and a moment's run, which would each say it anew;
-        # both servers have a TCP readiness probe, so that run is not ready).
+        # both servers have a TCP readiness probe, so that run is not ready), and its last run
+        # was short (one that ran for hours and crashed is starting again, not looping).
         # Its last words are its log's tail (the servers' terminationMessagePolicy is
         # FallbackToLogsOnError), of which the last line says why.
-        again = (cs.get("restartCount") or 0) >= SERVER_RESTARTS_SAID and not cs.get("ready")
+        ran = run_seconds(term)
+        again = (
+            (cs.get("restartCount") or 0) >= SERVER_RESTARTS_SAID
+            and not cs.get("ready")
+            and (ran is None or ran < SERVER_LOOP_RUN_S)
+        )
         if cs["name"] in SERVER_CONTAINERS and again and term.get("exitCode"):
             said = [line for line in (term.get("message") or "").splitlines() if line.strip()]
             last = f": {said[-1].strip()[:300]}" if said else ""
@@ -84,6 +93,15 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
             reason = c.get("reason") or UNSCHEDULABLE
             return PodProblem(reason, c.get("message") or "", scheduler=True)
     return None
+
+
+def run_seconds(term: Mapping[str, Any]) -> float | None:
+    """How long an ended container ran, from its ``terminated`` state; None when unsaid."""
+    try:
+        start, end = parse_rfc3339(term.get("startedAt")), parse_rfc3339(term.get("finishedAt"))
+    except ValueError:
+        return None
+    return (end - start).total_seconds() if start and end else None
 
 
 @dataclass(frozen=True)
