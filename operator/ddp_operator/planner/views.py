@@ -97,10 +97,7 @@ def problem(pod: Mapping[str, Any]) -> PodProblem | None:
 
 def run_seconds(term: Mapping[str, Any]) -> float | None:
     """How long an ended container ran, from its ``terminated`` state; None when unsaid."""
-    try:
-        start, end = parse_rfc3339(term.get("startedAt")), parse_rfc3339(term.get("finishedAt"))
-    except ValueError:
-        return None
+    start, end = parse_rfc3339(term.get("startedAt")), parse_rfc3339(term.get("finishedAt"))
     return (end - start).total_seconds() if start and end else None
 
 
