@@ -161,9 +161,10 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         # powered on again.
         where = machines(cluster, ns, JOB)
         beacon = where[f"{JOB}-lighthouse"]
+        pods_on = Counter(where.values())
         alone = [
             p for p in sorted(where)
-            if "-node-" in p and where[p] != beacon and list(where.values()).count(where[p]) == 1
+            if "-node-" in p and where[p] != beacon and pods_on[where[p]] == 1
         ]  # fmt: skip
         assert alone, f"no group alone on a machine without the lighthouse: {where}"
         victim = alone[0]
