@@ -6,8 +6,9 @@ on the ranks in ``HANG_RANKS`` (the others wait for them in the step's collectiv
 `padded_workload:wait_in_evaluation`, the spirals plugin whose evaluation writes its pid to
 ``EVAL_MARKER`` and waits until the file ``EVAL_RELEASE`` exists;
 `padded_workload:wait_in_build`, the spirals plugin that, on the first process of rank
-``BUILD_RANK`` to build it, writes that process's pid to ``BUILD_MARKER`` and waits forever (the
-test freezes or kills it there: its peers wait for it at the run's start)."""
+``BUILD_RANK`` to build it in a world of ``BUILD_WORLD_SIZE``, writes that process's pid to
+``BUILD_MARKER`` and waits forever (the test freezes or kills it there: its peers wait for it at
+the run's start)."""
 
 from __future__ import annotations
 
@@ -113,12 +114,19 @@ def wait_in_evaluation(config) -> Workload:
 
 
 def wait_in_build(config) -> Workload:
-    """The first process of rank ``BUILD_RANK`` to build the workload claims ``BUILD_MARKER``
-    (its pid) and never returns: every other process builds it as the spirals plugin does."""
+    """The first process of rank ``BUILD_RANK`` to build the workload in a world of
+    ``BUILD_WORLD_SIZE`` processes claims ``BUILD_MARKER`` (its pid) and never returns: every
+    other process builds it as the spirals plugin does. Until it is claimed, a smaller world (a
+    rendezvous round that closed before every node joined: a slow start) waits too, until
+    torchrun replaces that round with the full one; a smaller world after the claim (the
+    survivors of the lost node) builds and trains."""
+    marker = Path(os.environ["BUILD_MARKER"])
+    if int(os.environ["WORLD_SIZE"]) < int(os.environ["BUILD_WORLD_SIZE"]) and not marker.exists():
+        threading.Event().wait()
     if os.environ.get("RANK") == os.environ["BUILD_RANK"]:
         try:
-            with open(os.environ["BUILD_MARKER"], "x") as marker:
-                marker.write(str(os.getpid()))
+            with open(marker, "x") as claim:
+                claim.write(str(os.getpid()))
         except FileExistsError:
             return spirals(config)  # a later process of that rank: the run goes on
         threading.Event().wait()

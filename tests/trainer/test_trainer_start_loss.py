@@ -28,7 +28,9 @@ def test_a_machine_lost_while_the_run_starts_holds_the_others_for_the_step_timeo
     launcher: Launcher, lost_rank: int
 ) -> None:
     marker = launcher.workdir / "building"
-    env = {"BUILD_RANK": str(lost_rank), "BUILD_MARKER": str(marker)}
+    # Both nodes in the world that builds: a round the first node formed alone (the second
+    # slow to start) waits for the full one instead of training.
+    env = {"BUILD_RANK": str(lost_rank), "BUILD_MARKER": str(marker), "BUILD_WORLD_SIZE": "2"}
     _, ckpt, nodes = launcher.elastic_pair(
         ("node-0", "node-1"), SETTINGS, supervised=True, extra_env=env
     )
