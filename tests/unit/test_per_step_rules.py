@@ -319,3 +319,18 @@ def test_a_job_whose_training_finished_never_fails() -> None:
     late = NOW + dt.timedelta(seconds=completion.COMPLETION_GRACE_S)
     r = plan(job(PER_STEP), done, [LIGHTHOUSE, finished, pod(2)], late, RULES)
     assert r.status["phase"] == "Succeeded" and sorted(r.delete) == ["j-lighthouse", "j-node-2"]
+
+
+def test_a_group_lost_after_the_last_step_is_replaced_while_too_few_are_left_to_quorum() -> None:
+    # The writer saves and marks the run complete after one more quorum, which needs minGroups
+    # groups: with fewer left, the lost ones are replaced (they heal at the last step).
+    done = {**RUNNING, "progress": {"step": 100, "totalSteps": 100}}
+    left = [LIGHTHOUSE, pod(0), pod(2)]
+    two = job({**PER_STEP, "minGroups": 2})
+    assert created(plan(two, done, left, NOW, RULES)) == []  # two can quorum: none waits
+    three = job({**PER_STEP, "minGroups": 3})
+    assert created(plan(three, done, left, NOW, RULES)) == ["j-node-1"]
+    # Restart mode and minGroups 1: a node left exits 0 and completes the job alone.
+    assert created(plan(job(PER_STEP), done, left, NOW, RULES)) == []
+    store = pod(-1, role=render.ROLE_STORE, uid="s")
+    assert created(plan(job(), done, [store, pod(0), pod(2)], NOW, RULES)) == []

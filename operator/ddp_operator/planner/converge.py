@@ -112,9 +112,7 @@ def _create_and_scale(
     has_server = server["metadata"]["name"] in st.pending or any(x.role == role for x in st.pods)
     if not has_server and (wait <= 0 or s.per_step):  # PerStep: the live groups need it now
         create.append(server)
-    # Training finished and a node still runs: it will exit 0 and complete the job; a
-    # replacement would only wait for a rendezvous (or a quorum) that never comes.
-    finishing = st.trained() and bool(st.running)
+    finishing = _finishing(st)
     if wait <= 0 and not finishing:
         create += [
             render.render_worker(st.job, i, st.restarts, cfg)
@@ -123,6 +121,19 @@ def _create_and_scale(
         ]
     extra = [x for x in st.running if x.index >= s.nodes]
     return create, wait, extra
+
+
+def _finishing(st: Draft) -> bool:
+    """Training finished and a node still runs: it will exit 0 and complete the job, and a
+    replacement would only wait for a rendezvous that never comes. A PerStep group needs one
+    more quorum after the last step (the writer saves and marks the run complete, the others
+    wait for that): with fewer than ``minGroups`` groups left it never forms, so the missing
+    ones are replaced, heal at the last step and let it form."""
+    s = st.job.spec
+    if not st.trained() or not st.running:
+        return False
+    ft = s.fault_tolerance
+    return ft is None or not ft.per_step or len(st.running) >= ft.groups_min
 
 
 def job_config(cfg: render.OperatorConfig, status: Mapping[str, Any]) -> render.OperatorConfig:
