@@ -32,10 +32,15 @@ LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
 
 
 def lighthouse(
-    launcher: Launcher, heartbeat_ms: int, join_ms: int, port: int | None = None
+    launcher: Launcher,
+    heartbeat_ms: int,
+    join_ms: int,
+    port: int | None = None,
+    min_groups: int = 1,
 ) -> tuple[Proc, str]:
-    """A lighthouse on loopback that forms a quorum of any one group; returns it and its URL.
-    ``port``: the port of a lighthouse it replaces (its log is then lighthouse-<port>-<n>.log)."""
+    """A lighthouse on loopback that forms a quorum of ``min_groups`` or more groups; returns it
+    and its URL. ``port``: the port of a lighthouse it replaces (its log is then
+    lighthouse-<port>-<n>.log)."""
     log = launcher.workdir / "lighthouse.log"
     if port is not None:
         log = launcher.workdir / f"lighthouse-{port}-{len(launcher.procs)}.log"
@@ -46,7 +51,7 @@ def lighthouse(
             [
                 str(LIGHTHOUSE),
                 f"--bind=127.0.0.1:{port}",
-                "--min_replicas=1",
+                f"--min_replicas={min_groups}",
                 f"--heartbeat_timeout_ms={heartbeat_ms}",
                 f"--join_timeout_ms={join_ms}",
                 "--quorum_tick_ms=20",

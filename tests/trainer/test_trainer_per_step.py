@@ -671,3 +671,62 @@ def _accepts(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+END_STEPS = 12
+
+
+@pytest.mark.timeout(300)
+def test_with_min_groups_2_a_group_lost_at_the_last_quorum_is_replaced_and_a_late_one_exits_0(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """minGroups 2, two groups. After the last step the writer needs one more quorum (it saves
+    and marks the run complete there): group 1 is SIGKILLed at that quorum, so the writer waits.
+    The operator replaces a group lost after the last step while fewer than minGroups are left
+    (``ddp_operator.planner.converge``); here the replacement heals at the last step, the
+    quorum forms, the writer completes the run and the replacement exits 0 on the record. Then
+    a third group, started after the end (as a replacement made a moment too late is), gets no
+    quorum and, seeing the record after its failed try, exits 0 rather than trying forever."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300, min_groups=2)
+    zygote = Zygote.start(launcher)
+    pace = launcher.workdir / "pace"
+    pace.write_text("0.5")  # time enough to stop group 1 at the quorum after the last step
+    settings = {**SETTINGS, "maxSteps": END_STEPS, "checkpointEverySteps": 0}
+    stop = launcher.workdir / "stop-1"
+
+    def start(group: int, name: str) -> Warm:
+        env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        env |= {"DDPJOB_MIN_GROUPS": "2", "DDPJOB_TEST_STEP_S": str(pace)}
+        env["DDPJOB_TEST_STOP_AT"] = str(stop)
+        return zygote.fork(name, env=env, settings=settings, checkpoint_dir=ckpt)
+
+    def last_step_committed_by_1() -> bool:
+        return any(
+            r["event"] == "committed" and r["step"] == END_STEPS - 1 and r["file"][:5] == "job-1"
+            for r in sample_lines(samples)
+        )
+
+    try:
+        writer, lost = start(0, "writer"), start(1, "lost")
+        wait_until(last_step_committed_by_1, 120, "group 1 to commit the last step")
+        stop.write_text("quorum")
+        wait_until(lambda: Path(f"{stop}.reached").exists(), 10, "group 1 at its last quorum")
+        zygote.kill(lost)
+        stop.unlink()
+        replacement = start(1, "replacement")
+        for member in (writer, replacement):
+            wait_until(lambda m=member: m.code is not None, 120, f"{member.name} to end")
+            assert member.code == 0, member.output()[-3000:]
+        assert "healed from a live peer" in replacement.output()
+        assert "the final checkpoint is another group's" in replacement.output()
+        done = read_completion(ckpt)
+        assert done is not None and done.step == END_STEPS
+        late = start(2, "late")
+        wait_until(lambda: late.code is not None, 120, "the late group to end")
+        assert late.code == 0, late.output()[-3000:]
+        assert "no quorum" in late.output() and "another group's" in late.output()
+    finally:
+        zygote.close()
+    (end,) = events(ckpt, "end")
+    assert end["step"] == END_STEPS and [s["group"] for s in events(ckpt, "step")][-1] == 0

@@ -198,6 +198,8 @@ class PerStepTrainer(Trainer):
             if not self._quorum():
                 if self.stop_requested.is_set():  # while waiting for peers or the lighthouse
                     raise Interrupted("SIGTERM")
+                if done():  # a group that came after the end: no quorum forms again
+                    return self._done_elsewhere()
                 redo = True
                 continue
             step = m.manager.current_step()
