@@ -280,7 +280,8 @@ def test_a_lost_lighthouse_is_recreated_and_no_group_is_touched() -> None:
     assert created(q) == ["j-lighthouse"] and q.delete == []
     # Even while a failed group's backoff runs: the others need it.
     backing_off = {**after, "restarts": 2, "lastFailureTime": "2026-01-01T11:59:59Z"}
-    r = plan(job(PER_STEP), backing_off, [pod(0), pod(1)], NOW, RULES)
+    failed = pod(2, "Failed", uid="f", exit_code=1)
+    r = plan(job(PER_STEP), backing_off, [pod(0), pod(1), failed], NOW, RULES)
     assert created(r) == ["j-lighthouse"]
 
 
@@ -334,3 +335,34 @@ def test_a_group_lost_after_the_last_step_is_replaced_while_too_few_are_left_to_
     assert created(plan(job(PER_STEP), done, left, NOW, RULES)) == []
     store = pod(-1, role=render.ROLE_STORE, uid="s")
     assert created(plan(job(), done, [store, pod(0), pod(2)], NOW, RULES)) == []
+
+
+def test_the_backoff_holds_only_the_failed_group_which_keeps_its_failed_pod_until_it_is_over() -> (
+    None
+):
+    # A second failure: 10 s of backoff. The failed group's pod stays (its index held, its logs
+    # readable); the group deleted meanwhile (a disruption) and the one a scale-up adds are
+    # created at once: the backoff is no reason to keep them from training.
+    elastic = {"minNodes": 1, "maxNodes": 4, "nodes": 4}
+    moved = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1", "generation": 2}}
+    up = job(PER_STEP, **elastic).model_copy(update=moved)
+    after_one = {**RUNNING, "restarts": 1, "lastFailureTime": EARLIER}
+    failed = pod(2, "Failed", uid="f", exit_code=1)
+    gone = [LIGHTHOUSE, pod(0), failed]  # node-1 deleted and gone, node-3 added
+    p = plan(up, after_one, gone, NOW, RULES)
+    said = p.status["conditions"][-1]["message"]
+    assert p.status["restarts"] == 2 and "recreating in 10s" in said
+    assert p.delete == [] and created(p) == ["j-node-1", "j-node-3"]
+    assert p.requeue_after == 10.0
+    # Backoff over: the failed pod goes, and then its group is created again.
+    counted = {**after_one, **p.status}
+    late = NOW + dt.timedelta(seconds=10)
+    q = plan(up, counted, [*gone, pod(1), pod(3)], late, RULES)
+    assert q.delete == ["j-node-2"] and created(q) == []
+    r = plan(up, counted, [LIGHTHOUSE, pod(0), pod(1), pod(3)], late, RULES)
+    assert created(r) == ["j-node-2"]
+    # Restart mode: the backoff holds every node pod, as before.
+    store = pod(-1, role=render.ROLE_STORE, uid="s")
+    restart = job(**elastic).model_copy(update=moved)
+    s = plan(restart, after_one, [store, pod(0), failed], NOW, RULES)
+    assert created(s) == [] and s.delete == ["j-node-2"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from ddp_api.contract import parse_rfc3339
 from ddp_api.ddpjob import DDPJobPhase, EventType, IncidentKind, Reason
+from ddp_api.pods import PodPhase
 
 from .. import diagnosis, render
 from .conditions import condition
@@ -45,7 +46,7 @@ def converge(
     is beyond spec.nodes; says what ``found`` is while pods show it, and ``lost``, what lost
     machines took now ("" none). Reads ``st`` only."""
     s = st.job.spec
-    create, wait, extra = _create_and_scale(st, cfg, backoff_base_s)
+    create, wait, extra, keep = _create_and_scale(st, cfg, backoff_base_s)
     create = avoid_silent(create, machines)
     creating = set(pod_names(create))
     taken = [x for x in st.foreign if x.name in creating]  # their names wait
@@ -80,6 +81,7 @@ def converge(
     return Decision(
         create=tuple(create),
         delete=tuple(extra),
+        keep=keep,
         incidents=kinds,
         events=tuple(events),
         requeue_after=wait if wait > 0 else None,
@@ -89,11 +91,15 @@ def converge(
 
 def _create_and_scale(
     st: Draft, cfg: render.OperatorConfig, backoff_base_s: float
-) -> tuple[list[dict[str, Any]], float, list[PodView]]:
+) -> tuple[list[dict[str, Any]], float, list[PodView], tuple[str, ...]]:
     """The Services, the store and the missing node pods to create once the backoff after the
-    last failure is over, the seconds still to wait (else 0), and the node pods beyond
-    spec.nodes to delete (the highest indices go). A PerStep job's lighthouse, in place of the
-    store, is recreated at once, backoff or not: the groups still training need it."""
+    last failure is over, the seconds still to wait (else 0), the node pods beyond spec.nodes
+    to delete (the highest indices go), and the failed pods kept while the backoff runs.
+
+    PerStep: the backoff is the failed groups' alone. The lighthouse, in place of the store, is
+    recreated at once (the groups still training need it), and so is a group that was
+    disrupted, deleted or added by a scale-up; a group that failed keeps its failed pod, which
+    holds its index (and shows its logs), until the backoff is over, then is recreated."""
     s, workers = st.job.spec, st.workers
     cfg = job_config(cfg, st.status)
     create = list(render.render_services(st.job))
@@ -112,15 +118,18 @@ def _create_and_scale(
     has_server = server["metadata"]["name"] in st.pending or any(x.role == role for x in st.pods)
     if not has_server and (wait <= 0 or s.per_step):  # PerStep: the live groups need it now
         create.append(server)
-    finishing = _finishing(st)
-    if wait <= 0 and not finishing:
+    keep: tuple[str, ...] = ()
+    if s.per_step and wait > 0:
+        failed = (x for x in workers if x.phase == PodPhase.FAILED and not x.deleting)
+        keep = tuple(x.name for x in failed if x.index < s.nodes)
+    if (wait <= 0 or s.per_step) and not _finishing(st):
         create += [
             render.render_worker(st.job, i, st.restarts, cfg)
             for i in range(s.nodes)
             if i not in present
         ]
     extra = [x for x in st.running if x.index >= s.nodes]
-    return create, wait, extra
+    return create, wait, extra, keep
 
 
 def _finishing(st: Draft) -> bool:

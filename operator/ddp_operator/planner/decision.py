@@ -35,6 +35,9 @@ class Decision:
     handled: tuple[str, ...] = ()  # pod uids counted (or known gone) now
     delete: tuple[PodView, ...] = ()  # our own deletions: recorded as handled too
     force: tuple[str, ...] = ()  # pod names to delete with grace period 0
+    # pod names an earlier policy deletes that stay after all (a failed PerStep group waiting
+    # out its backoff holds its index, and its logs, until the backoff is over)
+    keep: tuple[str, ...] = ()
     incidents: tuple[IncidentKind, ...] = ()  # opened, in this order
     disruptions: int = 0  # counted now: status.disruptions, lastDisruptionTime
     failures: int = 0  # restarts counted now against backoffLimit: lastFailureTime

@@ -153,6 +153,7 @@ class Draft:
         self.plan.create.extend(d.create)
         self.handled.extend(uid for uid in d.handled if uid not in self.handled)
         self._delete(d.delete)
+        self.plan.delete = [name for name in self.plan.delete if name not in d.keep]
         self.plan.force.extend(d.force)
         for kind in d.incidents:
             self.new["incidents"] = incidents.open_incident(
