@@ -444,6 +444,80 @@ def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
     print(f"2 groups x 2 processes: {stats}, {time.monotonic() - began:.1f}s")
 
 
+@pytest.mark.timeout(300)
+def test_a_group_whose_heal_completed_on_one_local_rank_only_starts_again(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """nprocPerNode 2: each local rank heals from its peer rank of the source group. Group 2
+    joins while its source (torchft's pick of groups 0 and 1) holds rank 1 where it would serve
+    the heal; the source is SIGKILLed once group 2's rank 0 has healed, so group 2's rank 1
+    fails its heal. Its ranks are then at different steps: they agree on that and end at once,
+    named (torchrun's worker restart or the pod's replacement starts the group again); started
+    again, the group heals on both ranks from the other group, which trained on throughout, and
+    all end 0 with every step's batch used once. Before, rank 0 trained while rank 1 asked for
+    a quorum again: each waited on the other until the local process group's timeout."""
+    began = time.monotonic()
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    settings = {**SETTINGS, "maxSteps": NPROC_TOTAL + 20, "checkpointEverySteps": 0}
+    pace = launcher.workdir / "pace"
+    pace.write_text(str(STEP_S))
+
+    def start(group: int, name: str) -> list[Warm]:
+        env = group_env(group, url, groups=3, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        env["DDPJOB_TEST_STEP_S"] = str(pace)
+        port = free_port()
+        return [
+            zygote.fork(
+                f"{name}-rank{rank}",
+                env={**env, "DDPJOB_TEST_STOP_AT": str(launcher.workdir / f"stop-{name}-{rank}")},
+                settings=settings,
+                checkpoint_dir=ckpt,
+                rank=rank,
+                nproc=2,
+                port=port,
+            )
+            for rank in range(2)
+        ]
+
+    try:
+        groups = {"a": start(0, "a"), "b": start(1, "b")}
+        wait_until(lambda: committed_step(samples) >= 10, 120, "step 10")
+        stops = {name: launcher.workdir / f"stop-{name}-1" for name in groups}
+        for stop in stops.values():
+            stop.write_text("serve")
+        joiner = start(2, "c")
+        # torchft picks the source: the group whose rank 1 is asked to serve
+        source_name = wait_until(
+            lambda: next((n for n, f in stops.items() if Path(f"{f}.reached").exists()), None),
+            60,
+            "the source's rank 1 serving",
+        )
+        for stop in stops.values():
+            if not Path(f"{stop}.reached").exists():
+                stop.unlink()
+        source = groups.pop(source_name)
+        (survivor,) = groups.values()
+        wait_until(lambda: "healed from a live peer" in joiner[0].output(), 60, "rank 0's heal")
+        for worker in source:
+            zygote.kill(worker)
+        for worker in joiner:
+            wait_until(lambda w=worker: w.code is not None, 60, f"{worker.name} to end")
+            assert worker.code not in (None, 0)
+            assert "came out of one quorum at different steps" in worker.output(), worker.name
+        again = start(2, "c-again")
+        for worker in survivor + again:
+            wait_until(lambda w=worker: w.code is not None, 200, f"{worker.name} to end")
+            assert worker.code == 0, worker.output()[-3000:]
+        assert "healed from a live peer" in again[0].output()
+    finally:
+        zygote.close()
+    stats = check_exactly_once(samples, total=NPROC_TOTAL + 20, nproc=2)
+    assert read_completion(ckpt) is not None
+    print(f"a heal that completed on one rank of two: {stats}, {time.monotonic() - began:.1f}s")
+
+
 LIGHTHOUSE_ROUNDS = 3
 STALL_BOUND_S = 10.0  # the issue's bound for a lost machine; a new lighthouse's first step ~1 s
 

@@ -155,6 +155,7 @@ class ReplicaGroup:
         self.manager: Any = None
         self.quorum_ids: JobQuorumIds | None = None
         self.healed_from: str | None = None  # the last heal: "step N from <address>"
+        self.errored = False  # the last quorum left an error on a local rank (a failed heal)
         self._state_dict: Callable[[], dict[str, Any]] = dict
 
     def start(self, state_dict: Callable[[], dict[str, Any]]) -> None:
@@ -233,11 +234,49 @@ class ReplicaGroup:
 
     def quorum(self) -> bool:
         """One quorum (healing this group if it is behind); False when it failed: the
-        lighthouse is away, too few groups, a peer vanished while it formed."""
+        lighthouse is away, too few groups, a peer vanished while it formed. The group's local
+        ranks agree on it (:meth:`_agree`); ``errored`` then says whether any of them holds an
+        error from it (a heal that failed)."""
+        ok = self._start_quorum()
+        errored = ok and self.manager.errored() is not None
+        if not self.distributed:
+            self.errored = errored
+            return ok
+        return self._agree(ok, errored)
+
+    def _agree(self, ok: bool, errored: bool) -> bool:
+        """The local ranks' one answer to a quorum: each heals on its own (from its peer rank
+        of a live group), so they can come out of one differently, and each then steps alone
+        (one trains, one asks for a quorum again: both wait on the other until the local
+        process group times out). Failed if it failed on any rank; errored if any rank holds an
+        error. Ranks at different steps (a heal that completed on some ranks only: its source
+        was lost mid-transfer) cannot go on as one group: that is a local failure, and the
+        group starts again (torchrun's worker restart, else the pod's replacement), healing
+        every rank anew."""
+        step = float(self.manager.current_step()) if ok else 0.0
+        said = torch.tensor([float(not ok), float(errored), step, -step], device=self.device)
+        dist.all_reduce(said, op=dist.ReduceOp.MAX)
+        failed, self.errored = bool(said[0]), bool(said[1])
+        if failed:
+            return False
+        high, low = int(said[2]), -int(said[3])
+        if high != low:
+            raise RuntimeError(
+                f"the local ranks of replica group {self.settings.replica_id} came out of one"
+                f" quorum at different steps ({low} to {high}; a heal failed on some ranks):"
+                " the group starts again"
+            )
+        return True
+
+    def _start_quorum(self) -> bool:
+        """torchft's quorum, with the heal it asks for; False when it failed. A live peer's
+        state that does not load here is a local failure: raised."""
         self.healed_from = None
         try:
             self.manager.start_quorum(timeout=timedelta(seconds=self.settings.quorum_timeout_s))
         except Exception as error:
+            if self.manager._healing:  # raised applying a heal's state (_load_from_peer)
+                raise
             log.warning("no quorum (%s); trying again", str(error).splitlines()[0][:300])
             # torchft 0.2.0 keeps the failed future and raises it again at the next
             # start_quorum: drop it, so the next try is a new quorum.

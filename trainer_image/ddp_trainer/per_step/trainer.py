@@ -204,7 +204,7 @@ class PerStepTrainer(Trainer):
                 continue
             step = m.manager.current_step()
             if first:
-                if m.manager.errored() is not None:
+                if m.errored:
                     redo = True  # the heal failed: a live group was there, quorum again
                     continue
                 first = False
