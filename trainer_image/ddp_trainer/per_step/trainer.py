@@ -8,7 +8,10 @@ hosts the group's manager server, which talks to the lighthouse), so local rank 
 is rank r's cross-group ring: torchft's reconfigurable process group of the quorum's members
 (gloo on CPU, NCCL on CUDA). A step's gradients go: each local rank's share -> a sum over the
 group's local ranks (default process group) -> local rank r sums chunk r of that vector across
-the groups (``Manager.allreduce``) -> the chunks are gathered back inside the group.
+the groups (``Manager.allreduce``) -> the chunks are gathered back inside the group. Each local
+rank heals from its peer rank, so a group's ranks agree on every quorum before they step
+(:meth:`~ddp_trainer.per_step.group.ReplicaGroup.quorum`): ranks at different steps after it (a
+heal that completed on some of them only) end the group, which starts again.
 
 **Not torchft's DistributedDataParallel.** Its comm hook crashes survivors when a peer dies
 mid-all-reduce (``assert fut._fut`` in ``torchft/ddp.py``, upstream issues #295 and #304; a probe
