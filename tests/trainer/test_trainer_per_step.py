@@ -518,6 +518,67 @@ def test_a_group_whose_heal_completed_on_one_local_rank_only_starts_again(
     print(f"a heal that completed on one rank of two: {stats}, {time.monotonic() - began:.1f}s")
 
 
+LIVE_STEPS = 40
+
+
+@pytest.mark.timeout(300)
+def test_groups_that_join_while_the_only_live_one_is_mid_step_wait_for_it_and_heal(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Groups 1 and 2 are SIGKILLed and started again while group 0, the only live one, is held
+    mid-step (at its forward pass: alive, heartbeating). The two are a majority of the groups
+    that heartbeat, so once its join timeout has passed the lighthouse gives them a quorum of
+    their own, at max step 0, which alone reads as "every group was lost". Group 0's beat
+    (``ddp_trainer.per_step.beats``: it has trained, and beat a moment ago) says otherwise: they
+    quorum again until group 0, let go, is in a quorum with them, and heal from it. Before,
+    they loaded the checkpoint and trained a second history beside group 0's."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    settings = {**SETTINGS, "maxSteps": LIVE_STEPS, "checkpointEverySteps": 5}
+    groups = Groups(launcher, zygote, url, ckpt, samples, settings)
+    try:
+        for group in range(3):
+            groups.start_warm(group)
+        wait_until(
+            lambda: len(groups.live()) == 3 and committed_step(samples) >= 10,
+            180,
+            "three groups past step 10",
+        )
+        groups.stop_files[0].write_text("forward")
+        assert groups.reached(0, 30), "group 0 mid-step"
+        held_at = committed_step(samples)
+        groups.kill(1)
+        groups.kill(2)
+        joiners = [groups.start_warm(1), groups.start_warm(2)]
+        # their quorum without group 0: they wait for it (before: loaded the checkpoint)
+        outcomes = ("waiting for that group", "resumed from checkpoint")
+        wait_until(
+            lambda: any(o in j.output() for j in joiners for o in outcomes),
+            60,
+            "the joiners' quorum of step 0",
+        )
+        groups.disarm(0)
+        groups.pace.unlink()
+        for group in range(3):
+            member = groups.current[group]
+            wait_until(lambda m=member: groups.code(m) is not None, 120, f"group {group} to end")
+            assert groups.code(member) == 0, member.output()[-3000:]
+    finally:
+        zygote.close()
+    for joiner in joiners:
+        said = joiner.output()
+        assert "healed from a live peer" in said and "resumed from checkpoint" not in said, said
+    files = tuple(f"-{j.pid}.jsonl" for j in joiners)
+    theirs = [
+        r["step"]
+        for r in sample_lines(samples)
+        if r["event"] == "committed" and r["file"].endswith(files)
+    ]
+    assert theirs and min(theirs) >= held_at, (held_at, theirs[:5])
+    check_exactly_once(samples, total=LIVE_STEPS)
+
+
 LIGHTHOUSE_ROUNDS = 3
 STALL_BOUND_S = 10.0  # the issue's bound for a lost machine; a new lighthouse's first step ~1 s
 

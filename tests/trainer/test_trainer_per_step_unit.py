@@ -6,21 +6,27 @@ the quorum ids torchft is given."""
 from __future__ import annotations
 
 import itertools
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from ddp_trainer.data.batching import Position, batch_share, position_after
 from ddp_trainer.data.sampler import global_order, step_indices
+from ddp_trainer.per_step.beats import Beats, read_beats
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
     QuorumIds,
+    beat_window_s,
     loads_checkpoint,
     mean_divisor,
     micro_split,
     participant_share,
     per_step,
     run_id,
+    trained_elsewhere,
     url_host,
     whole_batch,
 )
@@ -203,3 +209,41 @@ def test_a_per_step_pod_of_a_completed_job_exits_0_without_torchrun(tmp_path, mo
     monkeypatch.setattr(supervisor, "wait_for_store", lambda *a, **k: pytest.fail("store awaited"))
     args = ["--nproc-per-node=1", "-m", "ddp_trainer", "--checkpoint-dir", str(tmp_path)]
     assert supervisor.supervise(args, None) == 0
+
+
+def test_a_first_quorum_at_step_0_waits_for_another_group_that_trained_and_beat_lately() -> None:
+    window = beat_window_s(2.0)
+    assert window == 5.0 and beat_window_s(5.0) == 10.0
+    now = 1000.0
+    # group 0 trained 40 steps and beat 1 s ago: alive, mid-step
+    assert trained_elsewhere({0: (40, now - 1), 1: (0, now)}, 1, now, window) == (40, 1.0)
+    # none trained (a new job: every group at step 0), or the beat is old (every group lost)
+    assert trained_elsewhere({0: (0, now), 2: (0, now)}, 1, now, window) is None
+    assert trained_elsewhere({0: (40, now - 6)}, 1, now, window) is None
+    # this group's own beat is its lost incarnation's
+    assert trained_elsewhere({1: (40, now)}, 1, now, window) is None
+
+
+def test_a_groups_beat_is_written_every_second_and_read_back(tmp_path: Path) -> None:
+    step = [7]
+    beats = Beats(tmp_path, 3, lambda: step[0])
+    beats.start()
+    try:
+        got = wait_for(lambda: read_beats(tmp_path).get(3))
+        assert got[0] == 7 and abs(got[1] - time.time()) < 5
+        step[0] = 8
+        assert wait_for(lambda: (read_beats(tmp_path).get(3) or (0, 0))[0] == 8)
+    finally:
+        beats.stop()
+    (tmp_path / "groups" / "x.json").write_text("not a beat")
+    assert set(read_beats(tmp_path)) == {3}
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")

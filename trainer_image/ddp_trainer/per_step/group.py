@@ -268,6 +268,14 @@ class ReplicaGroup:
             )
         return True
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any of the group's local ranks (all of them call this)."""
+        if not self.distributed:
+            return flag
+        said = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(said, op=dist.ReduceOp.MAX)
+        return bool(said.item())
+
     def _start_quorum(self) -> bool:
         """torchft's quorum, with the heal it asks for; False when it failed. A live peer's
         state that does not load here is a local failure: raised."""

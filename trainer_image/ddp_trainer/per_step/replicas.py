@@ -149,6 +149,27 @@ def loads_checkpoint(first_quorum_max_step: int) -> bool:
     return first_quorum_max_step == 0
 
 
+def trained_elsewhere(
+    beats: Mapping[int, tuple[int, float]], group: int, now: float, window_s: float
+) -> tuple[int, float] | None:
+    """A first quorum at max step 0 means "every group was lost" only when no other group that
+    has trained a step beat within ``window_s`` (:mod:`ddp_trainer.per_step.beats`); returns
+    that group's (steps, seconds since its beat) when one did (the newest step), else None.
+    This group's own index is left out: its beats are its lost incarnation's."""
+    live = [
+        (step, now - at)
+        for index, (step, at) in beats.items()
+        if index != group and step > 0 and now - at <= window_s
+    ]
+    return max(live, default=None)
+
+
+def beat_window_s(group_timeout_s: float) -> float:
+    """How recent a group's beat must be for it to count as alive: twice the group timeout (the
+    lighthouse's heartbeat timeout), at least 5 s, for clocks of machines that differ a little."""
+    return max(5.0, 2 * group_timeout_s)
+
+
 class QuorumIds:
     """The quorum id this process gives torchft's Manager for each quorum: unique for the job's
     life, where the lighthouse's own ids are unique only for the lighthouse's.

@@ -56,10 +56,11 @@ mid-step, or failing a step the others committed, logs no line for it. So every 
 last step line, and a group that becomes the writer writes it first (with its own time) when
 the run log's last step line is older; each committed step then has one line, whoever wrote it.
 A group loads a checkpoint only when its first quorum's max step is 0
-(:func:`~ddp_trainer.per_step.replicas.loads_checkpoint`: a new job, or every group was lost);
-else it heals from a live peer. At the last step the writer saves and marks the run complete;
-the others wait for that record (if the writer dies first, they quorum again and one of them is
-the writer).
+(:func:`~ddp_trainer.per_step.replicas.loads_checkpoint`: a new job, or every group was lost)
+and no other group that has trained beat lately (:mod:`~ddp_trainer.per_step.beats`: a live
+group mid-step, left out of a quorum of joiners); else it heals from a live peer. At the last
+step the writer saves and marks the run complete; the others wait for that record (if the writer
+dies first, they quorum again and one of them is the writer).
 
 **Hangs and the end.** After each committed step a worker arms the stack dump
 (:mod:`ddp_trainer.reporting.stacks`), as in Restart mode: no committed step for three quarters of
@@ -95,6 +96,7 @@ from ddp_trainer import ending, hold
 from ddp_trainer.data.batching import position_after, step_seed
 from ddp_trainer.distributed import DistEnv, Interrupted, init_distributed
 from ddp_trainer.parts import Parts, build_parts, compiled
+from ddp_trainer.per_step.beats import Beats, read_beats
 from ddp_trainer.per_step.completion import completed, wait_for_completion
 from ddp_trainer.per_step.group import ReplicaGroup, Tail, quiet_torchft
 from ddp_trainer.per_step.hooks import (
@@ -107,9 +109,11 @@ from ddp_trainer.per_step.hooks import (
 )
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
+    beat_window_s,
     loads_checkpoint,
     participant_share,
     run_id,
+    trained_elsewhere,
 )
 from ddp_trainer.per_step.share import Shares, aligned, forward_backward
 from ddp_trainer.reporting.prometheus import TrainerMetrics, listen_address, process_metrics, serve
@@ -117,6 +121,7 @@ from ddp_trainer.step import set_lr
 from ddp_trainer.trainer import Trainer
 
 log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people and tests grep them
+LIVE_RETRY_S = 0.2  # between the quorums of a group waiting for a live one
 
 
 class PerStepTrainer(Trainer):
@@ -145,6 +150,11 @@ class PerStepTrainer(Trainer):
         self.pace = StepPace(os.environ.get(ENV_STEP_S))
         self.replicas = ReplicaGroup(group, env, parts, self.distributed, self.phase)
         self.shares = Shares(parts.state.num_samples, config.seed)
+        self.beats = None  # local rank 0's (ddp_trainer.per_step.beats)
+        if env.local_rank == 0:
+            folder = self.checkpoints.store.directory
+            self.beats = Beats(folder, group.group, lambda: self.position.step)
+        self.waited_for_live = False
 
     def state_dict(self) -> dict[str, Any]:
         """A checkpoint's contents, with torchft's own state (its step count)."""
@@ -175,10 +185,14 @@ class PerStepTrainer(Trainer):
             signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_requested.set())
         self.phase("start")
         self.replicas.start(self.state_dict)
+        if self.beats is not None:
+            self.beats.start()
         try:
             return self._run_to_end(self._run)
         finally:
             self.stacks.disarm()
+            if self.beats is not None:
+                self.beats.stop()
             self.replicas.close()
 
     def _run(self) -> int:
@@ -209,6 +223,13 @@ class PerStepTrainer(Trainer):
             if first:
                 if m.errored:
                     redo = True  # the heal failed: a live group was there, quorum again
+                    continue
+                if loads_checkpoint(step) and self._live_elsewhere():
+                    if done():
+                        return self._done_elsewhere()
+                    if self.stop_requested.is_set():
+                        raise Interrupted("SIGTERM")
+                    redo = True  # a live group is mid-step: wait for it in a quorum
                     continue
                 first = False
                 if self._begin(step):
@@ -243,6 +264,29 @@ class PerStepTrainer(Trainer):
                 if hold.holds_at(step, c.hold_at_steps, total):
                     self.holds.wait(step)
                     started = time.perf_counter()
+
+    def _live_elsewhere(self) -> bool:
+        """Whether another group that has trained beat lately (:mod:`ddp_trainer.per_step.beats`)
+        while this group's first quorum has max step 0: then that group is mid-step,
+        not lost, and this one quorums again (a moment later) until it is in a quorum with it
+        and heals, rather than loading the checkpoint and training a second history beside it.
+        Local rank 0 reads the beats; the group's ranks agree."""
+        seen = None
+        if self.env.local_rank == 0:
+            folder = self.checkpoints.store.directory
+            window = beat_window_s(self.group.timeout_s)
+            seen = trained_elsewhere(read_beats(folder), self.group.group, time.time(), window)
+        live = self.replicas.any_rank(seen is not None)
+        if live:
+            if seen is not None and not self.waited_for_live:
+                log.info(
+                    "a quorum at step 0, but a group that trained %d steps beat %.1fs ago: not"
+                    " loading the checkpoint, waiting for that group in a quorum",
+                    *seen,
+                )
+            self.waited_for_live = True
+            time.sleep(LIVE_RETRY_S)
+        return live
 
     def _begin(self, step: int) -> bool:
         """After the first quorum: load the newest checkpoint when no live group has trained a
