@@ -167,6 +167,7 @@ NprocPerNode = Annotated[
 # Bounds that keep the cost of the CEL rules (which compare whole sub-objects) within the
 # API server's budget; generous for any real job.
 MAX_LIST = 64
+MAX_HANDLED = 4096  # status.handledFailures: a job's pods that are going, and then some
 MAX_ARGS = 256
 MAX_STRING = 4096
 MAX_MAP = 64
@@ -1129,9 +1130,10 @@ class DDPJobStatus(_Model):
     )
     handled_failures: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None,
-        max_length=64,
-        description="uids of the newest pods already counted as failures or deleted by the"
-        " operator, so that none is counted twice (bookkeeping of the operator).",
+        max_length=MAX_HANDLED,
+        description="uids of the pods already counted as failures or deleted by the operator"
+        " that are still there, and of the newest that are gone, so that none is counted"
+        " twice (bookkeeping of the operator).",
     )
 
 

@@ -366,3 +366,26 @@ def test_the_backoff_holds_only_the_failed_group_which_keeps_its_failed_pod_unti
     restart = job(**elastic).model_copy(update=moved)
     s = plan(restart, after_one, [store, pod(0), failed], NOW, RULES)
     assert created(s) == [] and s.delete == ["j-node-2"]
+
+
+def test_a_job_of_many_groups_resumed_at_once_counts_none_of_its_old_pods_going() -> None:
+    # Suspended, a job deletes all its pods: each is recorded as handled. Resumed before they
+    # are gone, none of them counts as a disruption: the handled pods still there are all kept
+    # (the list was cut to its newest 64, and the others then counted).
+    many = 80
+    olds = [pod(i) for i in range(many)]
+    batch = {"trainer": {"globalBatchSize": 128}}
+    held = job(PER_STEP, nodes=many, suspend=True, **batch)
+    p = plan(held, RUNNING, [LIGHTHOUSE, *olds], NOW, RULES)
+    assert len(p.delete) == many + 1 and p.status["phase"] == "Suspended"
+    going = [dataclasses.replace(x, deleting=True) for x in [LIGHTHOUSE, *olds]]
+    q = plan(job(PER_STEP, nodes=many, **batch), {**RUNNING, **p.status}, going, NOW, RULES)
+    assert "disruptions" not in q.status and q.status["restarts"] == 0
+    assert [r for _, r, _ in q.events if r == "Disruption"] == []
+    # Restart mode counted them as failures: with backoffLimit spent, a resume failed the job.
+    store = pod(-1, role=render.ROLE_STORE, uid="s")
+    held = job(nodes=many, suspend=True, backoffLimit=0, **batch)
+    r = plan(held, RUNNING, [store, *olds], NOW, RULES)
+    going = [dataclasses.replace(x, deleting=True) for x in [store, *olds]]
+    t = plan(job(nodes=many, backoffLimit=0, **batch), {**RUNNING, **r.status}, going, NOW, RULES)
+    assert t.status["restarts"] == 0 and t.status["phase"] != "Failed"

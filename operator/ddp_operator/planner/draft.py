@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_api.contract import rfc3339
-from ddp_api.ddpjob import DDPJob, DDPJobPhase, EventType
+from ddp_api.ddpjob import MAX_HANDLED, DDPJob, DDPJobPhase, EventType
 from ddp_api.pods import PodPhase, selector
 from ddp_api.status import StatusFields
 
@@ -20,6 +20,14 @@ from .decision import Decision, EventNote
 from .views import PodView
 
 HANDLED_KEPT = 64
+
+
+def kept_handled(handled: list[str], present: set[str]) -> list[str]:
+    """The handled uids the status keeps, in order: every one whose pod is still seen (a pod
+    being deleted that would otherwise count again: a suspended job of many pods resumed
+    before they are gone), and the newest :data:`HANDLED_KEPT` of the others."""
+    gone = set([uid for uid in handled if uid not in present][-HANDLED_KEPT:])
+    return [uid for uid in handled if uid in present or uid in gone][-MAX_HANDLED:]
 
 
 @dataclass
@@ -210,7 +218,7 @@ class Draft:
         new["readyNodes"] = len(ready)
         new["ready"] = f"{len(ready)}/{desired}"
         new["restarts"] = self.restarts
-        new["handledFailures"] = self.handled[-HANDLED_KEPT:]
+        new["handledFailures"] = kept_handled(self.handled, {x.uid for x in self.pods})
         progress = self.progress or {}
         world = progress.get("worldSize")
         if world:
