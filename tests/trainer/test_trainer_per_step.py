@@ -208,6 +208,29 @@ class Groups:
         return out
 
 
+def three_groups_past_step_10(
+    launcher: Launcher, tmp_path: Path, settings: dict[str, Any]
+) -> tuple[Groups, Zygote, Path, Path]:
+    """A lighthouse and three warm groups, returned once all three train past step 10: the
+    groups, their zygote (the caller closes it), the checkpoint and sample-log folders."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    zygote = Zygote.start(launcher)
+    groups = Groups(launcher, zygote, url, ckpt, samples, settings)
+    try:
+        for group in range(3):
+            groups.start_warm(group)
+        wait_until(
+            lambda: len(groups.live()) == 3 and committed_step(samples) >= 10,
+            180,
+            "three groups past step 10",
+        )
+    except BaseException:
+        zygote.close()
+        raise
+    return groups, zygote, ckpt, samples
+
+
 def kill_loop(groups: Groups, rng: random.Random) -> Counter[str]:
     """KILLS SIGKILLs of random live groups at random phases, each group started again at
     once; at least one group always lives. Returns the kills by phase."""
@@ -384,6 +407,37 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
 NPROC_TOTAL = 40
 
 
+def two_process_group(
+    zygote: Zygote,
+    name: str,
+    env: dict[str, str],
+    settings: dict[str, Any],
+    ckpt: Path,
+    pace: Path,
+    stops: bool = False,
+) -> list[Warm]:
+    """A group of two processes (local ranks 0 and 1 of one pod), paced by ``pace``; with
+    ``stops`` each rank's stop file is ``stop-<name>-<rank>`` in the zygote's folder."""
+    port = free_port()
+    workers = []
+    for rank in range(2):
+        mine = {**env, "DDPJOB_TEST_STEP_S": str(pace)}
+        if stops:
+            mine["DDPJOB_TEST_STOP_AT"] = str(zygote.workdir / f"stop-{name}-{rank}")
+        workers.append(
+            zygote.fork(
+                f"{name}-rank{rank}",
+                env=mine,
+                settings=settings,
+                checkpoint_dir=ckpt,
+                rank=rank,
+                nproc=2,
+                port=port,
+            )
+        )
+    return workers
+
+
 @pytest.mark.timeout(300)
 def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
     launcher: Launcher, tmp_path: Path
@@ -404,20 +458,7 @@ def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
 
     def start(group: int, name: str) -> list[Warm]:
         env = group_env(group, url, groups=2, timeout_s=GROUP_TIMEOUT_S, samples=samples)
-        env["DDPJOB_TEST_STEP_S"] = str(pace)
-        port = free_port()
-        return [
-            zygote.fork(
-                f"{name}-rank{rank}",
-                env=env,
-                settings=settings,
-                checkpoint_dir=ckpt,
-                rank=rank,
-                nproc=2,
-                port=port,
-            )
-            for rank in range(2)
-        ]
+        return two_process_group(zygote, name, env, settings, ckpt, pace)
 
     try:
         first, second = start(0, "a"), start(1, "b")
@@ -466,20 +507,7 @@ def test_a_group_whose_heal_completed_on_one_local_rank_only_starts_again(
 
     def start(group: int, name: str) -> list[Warm]:
         env = group_env(group, url, groups=3, timeout_s=GROUP_TIMEOUT_S, samples=samples)
-        env["DDPJOB_TEST_STEP_S"] = str(pace)
-        port = free_port()
-        return [
-            zygote.fork(
-                f"{name}-rank{rank}",
-                env={**env, "DDPJOB_TEST_STOP_AT": str(launcher.workdir / f"stop-{name}-{rank}")},
-                settings=settings,
-                checkpoint_dir=ckpt,
-                rank=rank,
-                nproc=2,
-                port=port,
-            )
-            for rank in range(2)
-        ]
+        return two_process_group(zygote, name, env, settings, ckpt, pace, stops=True)
 
     try:
         groups = {"a": start(0, "a"), "b": start(1, "b")}
@@ -532,19 +560,9 @@ def test_groups_that_join_while_the_only_live_one_is_mid_step_wait_for_it_and_he
     (``ddp_trainer.per_step.beats``: it has trained, and beat a moment ago) says otherwise: they
     quorum again until group 0, let go, is in a quorum with them, and heal from it. Before,
     they loaded the checkpoint and trained a second history beside group 0's."""
-    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
-    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
-    zygote = Zygote.start(launcher)
     settings = {**SETTINGS, "maxSteps": LIVE_STEPS, "checkpointEverySteps": 5}
-    groups = Groups(launcher, zygote, url, ckpt, samples, settings)
+    groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
-        for group in range(3):
-            groups.start_warm(group)
-        wait_until(
-            lambda: len(groups.live()) == 3 and committed_step(samples) >= 10,
-            180,
-            "three groups past step 10",
-        )
         groups.stop_files[0].write_text("forward")
         assert groups.reached(0, 30), "group 0 mid-step"
         held_at = committed_step(samples)
@@ -658,19 +676,9 @@ def test_a_writer_lost_after_the_others_committed_its_step_leaves_no_step_withou
     at the quorum's step, writes its own line of it as it takes over, so the run log has one
     line for every step (before, that step had none, and on kind a powered-off writer's machine
     left the run log a step short)."""
-    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
-    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
-    zygote = Zygote.start(launcher)
     settings = {**SETTINGS, "maxSteps": WRITER_STEPS, "logEverySteps": 1}
-    groups = Groups(launcher, zygote, url, ckpt, samples, settings)
+    groups, zygote, ckpt, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
-        for group in range(3):
-            groups.start_warm(group)
-        wait_until(
-            lambda: len(groups.live()) == 3 and committed_step(samples) >= 10,
-            180,
-            "three groups past step 10",
-        )
         groups.stop_files[0].write_text("commit")
         assert groups.reached(0, 30), "the writer at its commit vote"
         groups.kill(0)
