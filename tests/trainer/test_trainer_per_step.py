@@ -2,8 +2,10 @@
 heals from a live peer; a loop of SIGKILLs of random groups at chosen phases, each group started
 again at once, crashes no survivor; a fourth group joins and one leaves on SIGTERM without any
 other restarting; and the committed steps used exactly Restart mode's samples, each step's whole
-global batch once. Apart: groups of two processes each, a new lighthouse that stalls no group
-for long, and a suspended job whose writer saves the step training stopped at.
+global batch once. Apart: groups of two processes each (and one whose heal completed on one
+rank only), a new lighthouse that stalls no group for long, groups that join while the only live
+one is mid-step, a writer lost after the others committed, a suspended job whose writer saves the
+step training stopped at, and with minGroups 2 a group lost at the last quorum and one too late.
 ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
 
 from __future__ import annotations
