@@ -6,16 +6,19 @@ the quorum ids torchft is given."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from trainer_harness import wait_until
 
 from ddp_trainer.data.batching import Position, batch_share, position_after
 from ddp_trainer.data.sampler import global_order, step_indices
 from ddp_trainer.per_step.beats import Beats, read_beats
+from ddp_trainer.per_step.hooks import StopAt
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
     QuorumIds,
@@ -247,3 +250,22 @@ def wait_for(predicate: Any, timeout: float = 5.0) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def test_a_stop_at_a_phase_and_step_holds_only_once_that_many_steps_are_trained(
+    tmp_path: Path,
+) -> None:
+    stop, steps = tmp_path / "stop", [2]
+    stop.write_text("quorum@3")
+    hold = StopAt(str(stop), lambda: steps[0])
+    hold("quorum")  # 2 steps trained: goes on
+    hold("forward")
+    assert not Path(f"{stop}.reached").exists()
+    steps[0] = 3
+    waiter = threading.Thread(target=hold, args=("quorum",))
+    waiter.start()
+    wait_until(lambda: Path(f"{stop}.reached").exists(), 5, "the hold")
+    assert waiter.is_alive()  # held while the file names it
+    stop.write_text("go")
+    waiter.join(5)
+    assert not waiter.is_alive()

@@ -1,7 +1,8 @@
 """PerStep mode's test hooks (off unless set): ``DDPJOB_SAMPLE_LOG`` (a folder: each process
 appends the sample indices it fed and the steps it committed), ``DDPJOB_TEST_STOP_AT`` (a file
 naming a phase: ``start``, ``quorum``, ``serve``, ``heal``, ``forward``, ``allreduce``,
-``commit``; the process writes ``<file>.reached`` there and waits while the file names it) and
+``commit``, or ``<phase>@<n>``: that phase once the process has trained n steps; the process
+writes ``<file>.reached`` there and waits while the file names it) and
 ``DDPJOB_TEST_STEP_S`` (a file holding seconds: while it does, the process starts a step at most
 that often, so that a test's scene takes about as many steps on a fast machine as on a slow
 one)."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +40,11 @@ class SampleLog:
 class StopAt:
     """``DDPJOB_TEST_STOP_AT``: while its file names a phase the process reaches, say so
     (``<file>.reached``) and wait: a test kills the group there, or lets it go on by changing
-    the file."""
+    the file. ``steps`` gives the steps the process has trained, which ``<phase>@<n>`` waits
+    for: a test holds a group at a chosen step without racing it."""
 
-    def __init__(self, path: str | None):
-        self.path = path
+    def __init__(self, path: str | None, steps: Callable[[], int] = lambda: 0):
+        self.path, self.steps = path, steps
 
     def __call__(self, name: str) -> None:
         if self.path is None or self._names(name) is False:
@@ -52,9 +55,11 @@ class StopAt:
 
     def _names(self, phase: str) -> bool:
         try:
-            return Path(str(self.path)).read_text().strip() == phase
+            said = Path(str(self.path)).read_text().strip()
         except OSError:
             return False
+        name, at, steps = said.partition("@")
+        return name == phase and (not at or steps == str(self.steps()))
 
 
 class StepPace:

@@ -146,7 +146,7 @@ class PerStepTrainer(Trainer):
         self.samples = SampleLog(
             os.environ.get(ENV_SAMPLE_LOG), f"{group.replica_id}-{env.local_rank}"
         )
-        self.phase = StopAt(os.environ.get(ENV_STOP_AT))
+        self.phase = StopAt(os.environ.get(ENV_STOP_AT), lambda: self.position.step)
         self.pace = StepPace(os.environ.get(ENV_STEP_S))
         self.replicas = ReplicaGroup(group, env, parts, self.distributed, self.phase)
         self.shares = Shares(parts.state.num_samples, config.seed)
