@@ -9,7 +9,6 @@ import itertools
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -232,24 +231,14 @@ def test_a_groups_beat_is_written_every_second_and_read_back(tmp_path: Path) -> 
     beats = Beats(tmp_path, 3, lambda: step[0])
     beats.start()
     try:
-        got = wait_for(lambda: read_beats(tmp_path).get(3))
+        got = wait_until(lambda: read_beats(tmp_path).get(3), 5, "the first beat")
         assert got[0] == 7 and abs(got[1] - time.time()) < 5
         step[0] = 8
-        assert wait_for(lambda: (read_beats(tmp_path).get(3) or (0, 0))[0] == 8)
+        wait_until(lambda: (read_beats(tmp_path).get(3) or (0, 0))[0] == 8, 5, "a beat of step 8")
     finally:
         beats.stop()
     (tmp_path / "groups" / "x.json").write_text("not a beat")
     assert set(read_beats(tmp_path)) == {3}
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_a_stop_at_a_phase_and_step_holds_only_once_that_many_steps_are_trained(
