@@ -55,10 +55,12 @@ class Beats:
 
     def _run(self) -> None:
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        said = False
+        said = made = False
         while not self._stop.is_set():
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if not made:  # once: not a round trip to the volume every second
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    made = True
                 temp.write_text(json.dumps({"step": self.step(), "time": time.time()}))
                 os.replace(temp, self.path)
             except OSError as error:  # a volume that fails: the folder's writes say more

@@ -212,7 +212,10 @@ class PerStepTrainer(Trainer):
                 self.samples.write(event="paced", waited_s=round(waited, 4))
                 started += waited  # the test's wait is no step time
             self.phase("quorum")
-            if not self._quorum():
+            ready = self._quorum()
+            if ready and first and not m.errored and loads_checkpoint(m.manager.current_step()):
+                ready = not self._live_elsewhere()  # a live group mid-step: wait for it
+            if not ready:
                 if self.stop_requested.is_set():  # while waiting for peers or the lighthouse
                     raise Interrupted("SIGTERM")
                 if done():  # a group that came after the end: no quorum forms again
@@ -223,13 +226,6 @@ class PerStepTrainer(Trainer):
             if first:
                 if m.errored:
                     redo = True  # the heal failed: a live group was there, quorum again
-                    continue
-                if loads_checkpoint(step) and self._live_elsewhere():
-                    if done():
-                        return self._done_elsewhere()
-                    if self.stop_requested.is_set():
-                        raise Interrupted("SIGTERM")
-                    redo = True  # a live group is mid-step: wait for it in a quorum
                     continue
                 first = False
                 if self._begin(step):
