@@ -81,10 +81,14 @@ def test_workers_default_to_none_on_cpu() -> None:
 
 
 # Reads every step after its process group got SIGTERM, as a trainer that stops later than the
-# signal (its ranks agree on a step) does; exits 0 only if no worker died of it.
+# signal (its ranks agree on a step) does; exits 0 only if no worker died of it. It looks for the
+# signal between short sleeps, as the trainer does between steps, not in one long Event.wait: a
+# signal the kernel hands to another thread trips Python's flag but wakes no main thread asleep
+# in a lock (the likeliest cause of one CI run's miss). If it still sees no signal, it prints
+# each thread's blocked and pending signal masks.
 READER = textwrap.dedent(
     """
-    import signal, threading, torch
+    import os, signal, threading, time, torch
     from torch.utils.data import TensorDataset
     from ddp_trainer.data.batching import Position, batch_share
     from ddp_trainer.data.loader import steps_from
@@ -96,7 +100,15 @@ READER = textwrap.dedent(
                        torch.device("cpu"), 2, 2)
     next(steps)
     print("reading", flush=True)
-    assert stopped.wait(60)
+    deadline = time.monotonic() + 60
+    while not stopped.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not stopped.is_set():
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/status") as status:
+                masks = [line.strip() for line in status if line.startswith(("Sig", "Shd"))]
+            print("no SIGTERM seen in 60s; thread", task, *masks, flush=True)
+        raise SystemExit(1)
     print("read after SIGTERM:", sum(1 for _ in steps), flush=True)
     """
 )
