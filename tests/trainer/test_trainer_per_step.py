@@ -4,8 +4,9 @@ again at once, crashes no survivor; a fourth group joins and one leaves on SIGTE
 other restarting; and the committed steps used exactly Restart mode's samples, each step's whole
 global batch once. Apart: groups of two processes each (and one whose heal completed on one
 rank only), a new lighthouse that stalls no group for long, groups that join while the only live
-one is mid-step, a writer lost after the others committed, a suspended job whose writer saves the
-step training stopped at, and with minGroups 2 a group lost at the last quorum and one too late.
+one is mid-step, fp16 groups whose GradScalers step alike and only on committed steps (on the
+CPU), a writer lost after the others committed, a suspended job whose writer saves the step
+training stopped at, and with minGroups 2 a group lost at the last quorum and one too late.
 ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
 
 from __future__ import annotations
@@ -597,6 +598,51 @@ def test_groups_that_join_while_the_only_live_one_is_mid_step_wait_for_it_and_he
     ]
     assert theirs and min(theirs) >= held_at, (held_at, theirs[:5])
     check_exactly_once(samples, total=LIVE_STEPS)
+
+
+@pytest.mark.timeout(300)
+def test_fp16_groups_step_their_grad_scaler_alike_on_committed_steps_and_a_healed_one_takes_it(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """fp16 autocast with a GradScaler (the CUDA path of GPUs without bf16), here on the CPU over
+    gloo. Its first steps overflow: the scaler skips them and halves its scale (65536 to 8192
+    here), on every group alike. Group 1 is SIGKILLed mid-step (at its forward pass), so the
+    others' all-reduce of that step fails and they redo it without it; group 1 is started again
+    and heals. Every group commits each step with the same scale and growth count (the new group
+    1 goes on from those it healed to), and from each step to the next the scaler makes exactly
+    one update: the count grows by one at the same scale, or the scale halves and the count
+    starts again. A scaler also updated on the failed try would be a count ahead."""
+    settings = {**SETTINGS, "amp": "fp16", "maxSteps": LIVE_STEPS}
+    groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
+    try:
+        groups.stop_files[1].write_text("forward")
+        assert groups.reached(1, 30), "group 1 mid-step"
+        failed_at = committed_step(samples)
+        groups.kill(1)
+        again = groups.start_warm(1)
+        wait_until(lambda: 1 in groups.live(), 120, "the new group 1 to commit a step")
+        groups.pace.unlink()
+        for group in range(3):
+            member = groups.current[group]
+            wait_until(lambda m=member: groups.code(m) is not None, 120, f"group {group} to end")
+        assert not groups.crashed(), "\n".join(groups.crashed())
+    finally:
+        zygote.close()
+    assert "healed from a live peer" in again.output(), again.output()[-3000:]
+    check_exactly_once(samples, total=LIVE_STEPS)  # every step committed, each sample once
+    committed = [r for r in sample_lines(samples) if r["event"] == "committed"]
+    by_step: dict[int, set[tuple[float, int]]] = defaultdict(set)
+    for row in committed:
+        by_step[row["step"]].add((row["scale"], row["growth"]))
+    assert all(len(seen) == 1 for seen in by_step.values()), by_step  # every group alike
+    scaler = [by_step[step].pop() for step in range(LIVE_STEPS)]
+    assert scaler[0][0] < 65536.0, scaler  # the first step overflowed: skipped, scale halved
+    for step, ((scale, growth), after) in enumerate(itertools.pairwise(scaler), start=1):
+        assert after in {(scale, growth + 1), (scale / 2, 0)}, (step, scaler)  # one update
+    fed = Counter((r["file"], r["step"]) for r in sample_lines(samples) if r["event"] == "fed")
+    assert any(n > 1 for n in fed.values()), "no group tried a step twice"  # the failed step
+    new = [r["step"] for r in committed if r["file"].endswith(f"-{again.pid}.jsonl")]
+    assert new and new[0] >= failed_at, (failed_at, new[:3])  # it healed past the failed step
 
 
 LIGHTHOUSE_ROUNDS = 3

@@ -330,7 +330,7 @@ class PerStepTrainer(Trainer):
         grad_norm = float("nan")
         if committed:
             grad_norm = self.update.apply(step + 1)
-            self.samples.write(event="committed", **fed)
+            self.samples.write(event="committed", **fed, **self._scaler_seen())
             global_terms = float(flat[Tail.TERMS])
             if global_terms:
                 self.tally.add_loss(flat[Tail.LOSS] / global_terms, int(global_terms))
@@ -341,6 +341,16 @@ class PerStepTrainer(Trainer):
             p.optimizer.zero_grad(set_to_none=True)
         self.consistent = True
         return committed, stop, lr, grad_norm
+
+    def _scaler_seen(self) -> dict[str, Any]:
+        """The fp16 GradScaler's scale and growth tracker after a committed step, for the sample
+        log (a test's check that every group steps it alike, on committed steps only); nothing
+        when the log or the scaler is off (reading them syncs with the GPU)."""
+        scaler = self.parts.scaler
+        if self.samples.file is None or not scaler.is_enabled():
+            return {}
+        saved = scaler.state_dict()
+        return {"scale": saved["scale"], "growth": saved["_growth_tracker"]}
 
     def _after_step(self, step_s: float, lr: float, grad_norm: float) -> None:
         """The data position after a committed step, its metrics and (when due) its line."""
