@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from replica_groups import committed_step, group_env, lighthouse, pod, sample_lines
+from replica_groups import (
+    committed_step,
+    group_env,
+    lighthouse,
+    pod,
+    sample_lines,
+    scaler_by_step,
+)
 from trainer_harness import Launcher, Proc, events, wait_until
 
 from ddp_devcluster.recipes import digits
@@ -98,7 +105,9 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
     """Two replica groups on the GPU (torchft's ProcessGroupNCCL across them): group 1 is
     SIGKILLed at step 40 and started again at once; group 0 never stops or crashes, group 1
     heals from it (not from the checkpoint volume), both end 0, every step 1..total was
-    committed, and the fp16 GradScaler's state was saved after stepping on passed votes.
+    committed, every group's fp16 GradScaler had the same scale and growth count at each step
+    (one update per committed step: ``replica_groups.scaler_by_step``), and the last step's is
+    the one saved.
 
     Hold points keep the GPU's speed from outrunning the scene: the run waits at step UP until
     both groups are up, and the survivor waits at CEILING until the new group 1 has started
@@ -158,6 +167,8 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
     assert read_completion(ckpt) is not None
     step, scaler = _scaler_state(ckpt)
     assert step == total and 0 < scaler["scale"] <= INITIAL_SCALE, scaler
+    agreed = scaler_by_step(samples, total)  # every group's scaler alike, one update a step
+    assert (scaler["scale"], scaler["_growth_tracker"]) == agreed[-1], (scaler, agreed[-1])
     print(
         f"PerStep on CUDA: group 1 killed at step {killed_at}; group 0 trained on alone to step"
         f" {alone} and lived {time.monotonic() - killed:.0f}s past the kill; the new group 1"

@@ -11,6 +11,7 @@ costs no interpreter start: starting ~50 fresh ones on two cores would take minu
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -239,6 +240,24 @@ def committed_step(folder: Path) -> int:
     """The highest step any group has committed (+1: the steps done)."""
     steps = [r["step"] + 1 for r in sample_lines(folder) if r["event"] == "committed"]
     return max(steps, default=0)
+
+
+def scaler_by_step(folder: Path, total: int) -> list[tuple[float, int]]:
+    """The fp16 GradScaler's (scale, growth count) after each step 0..total-1, checked: every
+    group committed the step with the same ones, and from each step to the next the scaler made
+    exactly one update (the count one more at the same scale, or the scale halved after an
+    overflow and the count from 0). A scaler also updated on a try that was not committed would
+    be a count ahead; one that a heal left out would differ from its peers'."""
+    by_step: dict[int, set[tuple[float, int]]] = {}
+    for row in sample_lines(folder):
+        if row["event"] == "committed":
+            by_step.setdefault(row["step"], set()).add((row["scale"], row["growth"]))
+    assert sorted(by_step) == list(range(total)), "steps never committed"
+    assert all(len(seen) == 1 for seen in by_step.values()), by_step  # every group alike
+    scaler = [by_step[step].pop() for step in range(total)]
+    for step, ((scale, growth), after) in enumerate(itertools.pairwise(scaler), start=1):
+        assert after in {(scale, growth + 1), (scale / 2, 0)}, (step, scaler)  # one update
+    return scaler
 
 
 # the zygote itself -------------------------------------------------------------------------
