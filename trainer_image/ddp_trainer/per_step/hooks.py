@@ -22,8 +22,9 @@ ENV_STEP_S = "DDPJOB_TEST_STEP_S"
 
 
 class SampleLog:
-    """``DDPJOB_SAMPLE_LOG``: one JSON line per step this process fed and per step it committed,
-    in a file of its own (appended, flushed per line: a SIGKILL loses nothing written)."""
+    """``DDPJOB_SAMPLE_LOG``: one JSON line per step this process fed and per step it committed
+    (with fp16, the GradScaler's scale and growth count after it), in a file of its own
+    (appended, flushed per line: a SIGKILL loses nothing written)."""
 
     def __init__(self, folder: str | None, name: str):
         self.file = None
