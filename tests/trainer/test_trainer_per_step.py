@@ -192,6 +192,12 @@ class Groups:
             time.sleep(0.01)
         return False
 
+    def wait_ended(self, which: tuple[int, ...] | range, timeout: float) -> None:
+        """Waits for the current incarnation of each group in ``which`` to end."""
+        for group in which:
+            member = self.current[group]
+            wait_until(lambda m=member: self.code(m) is not None, timeout, f"group {group} to end")
+
     def disarm(self, group: int) -> None:
         self.stop_files[group].unlink(missing_ok=True)
 
@@ -384,9 +390,7 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
         assert groups.code(leaving) == 143 or isinstance(leaving, Proc), groups.code(leaving)
 
         # the end: every group that is left finishes
-        for group in (0, 2, 3):
-            member = groups.current[group]
-            wait_until(lambda m=member: groups.code(m) is not None, 240, f"group {group} to end")
+        groups.wait_ended((0, 2, 3), 240)
         assert not groups.crashed(), "\n".join(groups.crashed())
         assert fourth.popen.returncode == 0
         for group in (0, 2, 3):
@@ -582,9 +586,8 @@ def test_groups_that_join_while_the_only_live_one_is_mid_step_wait_for_it_and_he
         )
         groups.disarm(0)
         groups.pace.unlink()
-        for group in range(3):
-            member = groups.current[group]
-            wait_until(lambda m=member: groups.code(m) is not None, 120, f"group {group} to end")
+        groups.wait_ended(range(3), 120)
+        for member in groups.current.values():
             assert groups.code(member) == 0, member.output()[-3000:]
     finally:
         zygote.close()
@@ -623,9 +626,7 @@ def test_fp16_groups_step_their_grad_scaler_alike_on_committed_steps_and_a_heale
         again = groups.start_warm(1)
         wait_until(lambda: 1 in groups.live(), 120, "the new group 1 to commit a step")
         groups.pace.unlink()
-        for group in range(3):
-            member = groups.current[group]
-            wait_until(lambda m=member: groups.code(m) is not None, 120, f"group {group} to end")
+        groups.wait_ended(range(3), 120)
         assert not groups.crashed(), "\n".join(groups.crashed())
     finally:
         zygote.close()
@@ -726,9 +727,7 @@ def test_a_writer_lost_after_the_others_committed_its_step_leaves_no_step_withou
         groups.stop_files[0].write_text("commit")
         assert groups.reached(0, 30), "the writer at its commit vote"
         groups.kill(0)
-        for group in (1, 2):
-            member = groups.current[group]
-            wait_until(lambda m=member: groups.code(m) is not None, 120, f"group {group} to end")
+        groups.wait_ended((1, 2), 120)
         assert not groups.crashed(), "\n".join(groups.crashed())
     finally:
         zygote.close()
