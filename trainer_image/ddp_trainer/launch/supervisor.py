@@ -80,6 +80,7 @@ STORE_WATCH_S = 5.0  # while torchrun runs: how often to look whether its store 
 STOP_GRACE_S = 45.0  # torchrun stopped for a replaced store: SIGTERM, then SIGKILL after this
 WORKER_STOP_S = 10.0  # how long workers stopped for a restart get before SIGKILL (torchrun: 30)
 RELAY_DRAIN_S = 2.0  # once torchrun exited: how long its last lines may take to pass through
+REAP_POLL_S = 0.05  # while torchrun runs: how often to look whether it exited (and at signals)
 
 
 @dataclass(frozen=True)
@@ -244,9 +245,18 @@ class Torchrun:
             self.relays.append(Relay(read, target, kept, heard))
 
     def wait(self) -> int:
+        """torchrun's exit code, once it exited. Looked for between short sleeps, not in one
+        blocking ``waitpid``: a SIGTERM that the kernel hands to one of this process's other
+        threads (its relays, the kept log's writer, the store watch) trips Python's flag but
+        does not wake a main thread blocked in a system call, so the handler that passes it on
+        to torchrun would wait for torchrun to end by itself, and the pod's grace period would
+        run out with no worker told to checkpoint. Between sleeps the handler runs."""
         while self.code is None:
-            _, status = os.waitpid(self.pid, 0)  # PEP 475: retried after our handler ran
-            self.code = os.waitstatus_to_exitcode(status)
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.code = os.waitstatus_to_exitcode(status)
+            else:
+                time.sleep(REAP_POLL_S)
         # Its last lines; not longer: a worker left behind may hold the pipe open.
         deadline = time.monotonic() + RELAY_DRAIN_S
         for relay in self.relays:
