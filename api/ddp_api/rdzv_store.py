@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 STORE_ID_KEY = "ddp.dev/store-id"
+STOP_POLL_S = 0.1  # how often the main thread looks whether SIGTERM came (see serve)
 
 log = logging.getLogger("ddp_store")
 
@@ -56,7 +57,10 @@ def serve(host: str, port: int, timeout_s: int, stop: threading.Event) -> NoRetu
     store_id = uuid.uuid4().hex
     store.set(STORE_ID_KEY, store_id)
     log.info("rendezvous store listening on %s:%d (id %s)", host, store.port, store_id)
-    stop.wait()
+    # In slices, not one wait: a SIGTERM taken by one of the TCPStore's threads trips Python's
+    # flag but does not wake a main thread asleep in a lock; between slices the handler runs.
+    while not stop.wait(STOP_POLL_S):
+        pass
     log.info("rendezvous store stopping")
     # Out at once, listening to the end: closing the store first and then tearing torch down
     # (0.7 s) left a moment in which the kubelet's readiness probe was refused (a Warning
