@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from torch.distributed import TCPStore
-from trainer_harness import Launcher, subprocess_env
+from trainer_harness import Launcher, subprocess_env, wait_until
 
 from ddp_api import rdzv_store
 from ddp_devcluster.procs import free_port
@@ -72,13 +72,32 @@ def test_the_probe_reads_the_store_id_and_says_none_when_nothing_listens() -> No
     assert read_store_id(f"127.0.0.1:{port}", 1.0) is None  # the store went
 
 
-def test_the_store_pods_program_needs_only_torch_and_stops_on_sigterm() -> None:
+# Before the store's program: a thread that sends SIGTERM to itself once the trigger exists
+# (a signal taken by a thread other than the main one, as by one of the TCPStore's threads).
+SIGTERM_ELSEWHERE = """
+import os, signal, threading, time
+def sigterm_here(trigger):
+    while not os.path.exists(trigger):
+        time.sleep(0.05)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+threading.Thread(target=sigterm_here, args=({trigger!r},), daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize("taken_by", ["main", "other"], ids=["sigterm", "sigterm-elsewhere"])
+def test_the_store_pods_program_needs_only_torch_and_stops_on_sigterm(
+    tmp_path: Path, taken_by: str
+) -> None:
     # The store pod runs in the job's image, which may be the user's (no ddp_* there): a
     # program that imports one of ours must fail here, as it would in such a pod (seen on kind
     # with the trainer's old `python -m ddp_trainer.rdzv_store`: ModuleNotFoundError, the
-    # store crash-looping, the job Running with no rendezvous).
+    # store crash-looping, the job Running with no rendezvous). It stops on SIGTERM also when
+    # another thread took the signal (before, its main thread slept on in one Event.wait).
     port = free_port()
     ours = "import sys; sys.modules.update(ddp_api=None, ddp_trainer=None, ddp_operator=None)"
+    trigger = tmp_path / "sigterm"
+    if taken_by == "other":
+        ours += SIGTERM_ELSEWHERE.format(trigger=str(trigger))
     program = rdzv_store.program()
     run = f"{ours}\nexec(compile({program!r}, 'store', 'exec'))"
     proc = subprocess.Popen(
@@ -94,14 +113,20 @@ def test_the_store_pods_program_needs_only_torch_and_stops_on_sigterm() -> None:
             assert time.monotonic() < deadline, "the store never answered"
             time.sleep(0.2)
         assert len(store_id) == 32  # a new random id per start
-        proc.send_signal(signal.SIGTERM)
+        if taken_by == "other":
+            trigger.touch()
+        else:
+            proc.send_signal(signal.SIGTERM)
         # It answers until its process ends. It closed the store and then tore torch down, 0.7 s
         # in which the kubelet's readiness probe was refused: a Warning event on the pod.
+        stopping = time.monotonic() + 10
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=5).close()
             except OSError:  # refused, or reset from the backlog of a closed listener
                 break
+            assert time.monotonic() < stopping, "the store still answers 10 s after SIGTERM"
+            time.sleep(0.01)
         # An ending process closes its files last but for telling its parent (microseconds).
         try:
             code = proc.wait(timeout=0.25)
@@ -336,6 +361,55 @@ def test_a_supervised_script_that_does_not_compile_says_where(launcher: Launcher
     node = launcher.start("syntax", args, subprocess_env(DDPJOB_TERMINATION_LOG=str(why)))
     assert node.wait(120) == 1, node.tail()
     assert why.read_text() == f"SyntaxError: invalid syntax ({script}, line 2)"
+
+
+# The node wrapper, with one more thread, which sends SIGTERM to itself once the trigger file
+# exists: the pod's SIGTERM taken by a thread other than the main one, as the kernel may hand it
+# to any thread of the process that does not block it (the supervisor has relays, a kept-log
+# writer and a store watch). Python runs the handler in the main thread, once that thread runs.
+ELSEWHERE = """
+import os, signal, sys, threading, time
+from ddp_trainer.launch.exits import leave
+from ddp_trainer.launch.supervisor import main
+
+
+def sigterm_here(trigger):
+    while not os.path.exists(trigger):
+        time.sleep(0.05)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+
+threading.Thread(target=sigterm_here, args=(sys.argv.pop(1),), daemon=True).start()
+leave(main)
+"""
+
+WAITING_WORKER = """
+import signal, sys, time
+def stop(signum, frame):
+    print("worker stopped by SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("worker ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigterm_taken_by_another_thread_of_the_wrapper_still_reaches_the_workers(
+    launcher: Launcher,
+) -> None:
+    """The wrapper passes SIGTERM on to torchrun, which tells the workers (they checkpoint),
+    whichever of its threads took the signal: it looks for torchrun's exit between short
+    sleeps. Blocked in one waitpid, its main thread never ran the handler: the workers went on
+    until the kubelet's SIGKILL, with nothing saved."""
+    trigger, script = launcher.workdir / "sigterm", launcher.workdir / "worker.py"
+    script.write_text(WAITING_WORKER)
+    args = ["-c", ELSEWHERE, str(trigger), "--standalone", "--nproc-per-node=1"]
+    args += ["--max-restarts=0", "--monitor-interval=0.5", str(script)]
+    node = launcher.start("elsewhere", args, subprocess_env())
+    wait_until(lambda: "worker ready" in node.output(), 60, "the worker to start")
+    trigger.touch()
+    node.wait(30)
+    assert "worker stopped by SIGTERM" in node.output(), node.tail()
 
 
 def test_a_node_of_a_completed_run_knows_it_from_the_completion_record(tmp_path) -> None:
