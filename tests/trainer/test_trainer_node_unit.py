@@ -72,8 +72,9 @@ def test_the_probe_reads_the_store_id_and_says_none_when_nothing_listens() -> No
     assert read_store_id(f"127.0.0.1:{port}", 1.0) is None  # the store went
 
 
-# Before the store's program: a thread that sends SIGTERM to itself once the trigger exists
-# (a signal taken by a thread other than the main one, as by one of the TCPStore's threads).
+# Before the store's program or the node wrapper: a thread that sends SIGTERM to itself once the
+# trigger exists (a signal taken by a thread other than the main one, as by one of the TCPStore's
+# threads or the wrapper's).
 SIGTERM_ELSEWHERE = """
 import os, signal, threading, time
 def sigterm_here(trigger):
@@ -363,23 +364,13 @@ def test_a_supervised_script_that_does_not_compile_says_where(launcher: Launcher
     assert why.read_text() == f"SyntaxError: invalid syntax ({script}, line 2)"
 
 
-# The node wrapper, with one more thread, which sends SIGTERM to itself once the trigger file
-# exists: the pod's SIGTERM taken by a thread other than the main one, as the kernel may hand it
-# to any thread of the process that does not block it (the supervisor has relays, a kept-log
-# writer and a store watch). Python runs the handler in the main thread, once that thread runs.
-ELSEWHERE = """
-import os, signal, sys, threading, time
+# The node wrapper, after SIGTERM_ELSEWHERE's thread: the pod's SIGTERM taken by a thread other
+# than the main one, as the kernel may hand it to any thread of the process that does not block
+# it (the wrapper has relays, a kept-log writer and a store watch). Python runs the handler in
+# the main thread, once that thread runs.
+WRAPPER = """
 from ddp_trainer.launch.exits import leave
 from ddp_trainer.launch.supervisor import main
-
-
-def sigterm_here(trigger):
-    while not os.path.exists(trigger):
-        time.sleep(0.05)
-    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
-
-
-threading.Thread(target=sigterm_here, args=(sys.argv.pop(1),), daemon=True).start()
 leave(main)
 """
 
@@ -403,7 +394,8 @@ def test_a_sigterm_taken_by_another_thread_of_the_wrapper_still_reaches_the_work
     until the kubelet's SIGKILL, with nothing saved."""
     trigger, script = launcher.workdir / "sigterm", launcher.workdir / "worker.py"
     script.write_text(WAITING_WORKER)
-    args = ["-c", ELSEWHERE, str(trigger), "--standalone", "--nproc-per-node=1"]
+    wrapper = SIGTERM_ELSEWHERE.format(trigger=str(trigger)) + WRAPPER
+    args = ["-c", wrapper, "--standalone", "--nproc-per-node=1"]
     args += ["--max-restarts=0", "--monitor-interval=0.5", str(script)]
     node = launcher.start("elsewhere", args, subprocess_env())
     wait_until(lambda: "worker ready" in node.output(), 60, "the worker to start")
