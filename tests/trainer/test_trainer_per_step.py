@@ -198,6 +198,11 @@ class Groups:
             member = self.current[group]
             wait_until(lambda m=member: self.code(m) is not None, timeout, f"group {group} to end")
 
+    def hold(self, group: int, phase: str) -> None:
+        """Holds a group at ``phase`` of the step it is on, once it gets there (waited for)."""
+        self.stop_files[group].write_text(phase)
+        assert self.reached(group, 30), f"group {group} never reached {phase}"
+
     def disarm(self, group: int) -> None:
         self.stop_files[group].unlink(missing_ok=True)
 
@@ -571,8 +576,7 @@ def test_groups_that_join_while_the_only_live_one_is_mid_step_wait_for_it_and_he
     settings = {**SETTINGS, "maxSteps": LIVE_STEPS, "checkpointEverySteps": 5}
     groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
-        groups.stop_files[0].write_text("forward")
-        assert groups.reached(0, 30), "group 0 mid-step"
+        groups.hold(0, "forward")  # mid-step
         held_at = committed_step(samples)
         groups.kill(1)
         groups.kill(2)
@@ -619,8 +623,7 @@ def test_fp16_groups_step_their_grad_scaler_alike_on_committed_steps_and_a_heale
     settings = {**SETTINGS, "amp": "fp16", "maxSteps": LIVE_STEPS}
     groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
-        groups.stop_files[1].write_text("forward")
-        assert groups.reached(1, 30), "group 1 mid-step"
+        groups.hold(1, "forward")  # mid-step
         failed_at = committed_step(samples)
         groups.kill(1)
         again = groups.start_warm(1)
@@ -724,8 +727,7 @@ def test_a_writer_lost_after_the_others_committed_its_step_leaves_no_step_withou
     settings = {**SETTINGS, "maxSteps": WRITER_STEPS, "logEverySteps": 1}
     groups, zygote, ckpt, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
-        groups.stop_files[0].write_text("commit")
-        assert groups.reached(0, 30), "the writer at its commit vote"
+        groups.hold(0, "commit")  # the writer at its commit vote
         groups.kill(0)
         groups.wait_ended((1, 2), 120)
         assert not groups.crashed(), "\n".join(groups.crashed())
