@@ -613,13 +613,15 @@ def test_fp16_groups_step_their_grad_scaler_alike_on_committed_steps_and_a_heale
     launcher: Launcher, tmp_path: Path
 ) -> None:
     """fp16 autocast with a GradScaler (the CUDA path of GPUs without bf16), here on the CPU over
-    gloo. Its first steps overflow: the scaler skips them and halves its scale (65536 to 8192
-    here), on every group alike. Group 1 is SIGKILLed mid-step (at its forward pass), so the
-    others' all-reduce of that step fails and they redo it without it; group 1 is started again
-    and heals. Every group commits each step with the same scale and growth count (the new group
-    1 goes on from those it healed to), and from each step to the next the scaler makes exactly
-    one update: the count grows by one at the same scale, or the scale halves and the count
-    starts again. A scaler also updated on the failed try would be a count ahead."""
+    gloo. Group 1 is SIGKILLed mid-step (at its forward pass), so the others' all-reduce of that
+    step fails and they redo it without it; group 1 is started again and heals. Every group
+    commits each step with the same scale and growth count (the new group 1 goes on from those
+    it healed to), and from each step to the next the scaler makes exactly one update: the count
+    grows by one at the same scale, or the scale halves after an overflow and the count starts
+    again. A scaler also updated on the failed try would be a count ahead. And the groups'
+    scaler ends where Restart mode's three ranks' does on the same run: the same overflows (one,
+    near step 20, here), no more; a share's backward of its loss terms times its mean (not of
+    its mean, as Restart's ranks) overflowed the first three steps' scales and skipped them."""
     settings = {**SETTINGS, "amp": "fp16", "maxSteps": LIVE_STEPS}
     groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
@@ -636,7 +638,13 @@ def test_fp16_groups_step_their_grad_scaler_alike_on_committed_steps_and_a_heale
     assert "healed from a live peer" in again.output(), again.output()[-3000:]
     check_exactly_once(samples, total=LIVE_STEPS)  # every step committed, each sample once
     scaler = scaler_by_step(samples, LIVE_STEPS)  # every group alike, one update per step
-    assert scaler[0][0] < 65536.0, scaler  # the first step overflowed: skipped, scale halved
+    restart = launcher.standalone(
+        "restart", nproc=3, settings=settings, checkpoint_dir=tmp_path / "restart"
+    )
+    assert restart.wait(120) == 0, restart.tail()
+    _, saved = CheckpointStore(tmp_path / "restart").latest() or (None, {})
+    restart_end = (saved["scaler"]["scale"], saved["scaler"]["_growth_tracker"])
+    assert scaler[-1] == restart_end, (scaler, restart_end)  # Restart's overflows, no more
     rows = sample_lines(samples)
     fed = Counter((r["file"], r["step"]) for r in rows if r["event"] == "fed")
     assert any(n > 1 for n in fed.values()), "no group tried a step twice"  # the failed step

@@ -28,6 +28,7 @@ from ddp_trainer.per_step.replicas import (
     participant_share,
     per_step,
     run_id,
+    share_weights,
     trained_elsewhere,
     url_host,
     whole_batch,
@@ -130,8 +131,11 @@ def test_micro_batches_of_a_share_stay_under_the_cap() -> None:
 
 
 def test_summed_weighted_gradients_over_any_split_are_the_full_batch_mean() -> None:
-    """Each micro-batch's mean loss times its terms, summed over every share, divided by the
-    summed terms: the gradient of the whole batch's mean loss, whatever the split."""
+    """Each share backpropagates its micro-batches' mean losses weighted by their part of its
+    loss terms (``share_weights``): the gradient of the share's mean loss, the size Restart
+    mode's ranks backpropagate (not its terms times that, which overflowed fp16's scales). Times
+    its ``mean_divisor``, summed over every share, divided by the summed terms: the gradient of
+    the whole batch's mean loss, whatever the split."""
     torch.manual_seed(0)
     x, y = torch.randn(60, 5), torch.randn(60)
     w = torch.randn(5, requires_grad=True)
@@ -144,12 +148,19 @@ def test_summed_weighted_gradients_over_any_split_are_the_full_batch_mean() -> N
         total, terms = torch.zeros(5), 0
         for g in range(groups):
             start, count = participant_share(60, groups, g, 1, 0)
-            for part in torch.arange(start, start + count).split(list(micro_split(count, 7))):
-                (grad,) = torch.autograd.grad(loss(part) * len(part), w)
-                total += grad
-                terms += len(part)
+            mine = torch.arange(start, start + count)
+            parts = mine.split(list(micro_split(count, 7)))
+            weights = share_weights([len(part) for part in parts])
+            (grad,) = torch.autograd.grad(
+                sum(loss(part) * weight for part, weight in zip(parts, weights, strict=True)), w
+            )
+            (its_mean,) = torch.autograd.grad(loss(mine), w)
+            torch.testing.assert_close(grad, its_mean)
+            total += grad * mean_divisor(count)
+            terms += count
         assert whole_batch(float(terms), 60)
         torch.testing.assert_close(total / mean_divisor(terms), full)
+    assert share_weights([3, 0, 1]) == [0.75, 0.0, 0.25] and share_weights([0, 0]) == [0.0, 0.0]
 
 
 def test_a_step_missing_a_share_or_holding_one_twice_is_not_whole() -> None:

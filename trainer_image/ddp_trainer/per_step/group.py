@@ -315,7 +315,10 @@ class ReplicaGroup:
     ) -> torch.Tensor:
         """The step's gradients, summed over every participant and divided by the global
         batch's loss terms, put back into ``.grad``; returns the all-reduced vector (gradients,
-        then the counters of :class:`Tail`). Errors of other groups are torchft's to record."""
+        then the counters of :class:`Tail`). Errors of other groups are torchft's to record.
+        ``.grad`` comes in as the gradient of this process's share's mean loss over its
+        ``terms`` (:func:`~ddp_trainer.per_step.replicas.share_weights`): times the share's
+        :func:`~ddp_trainer.per_step.replicas.mean_divisor` it is the share's part of the sum."""
         e, m, device = self.env, self.manager, self.device
         params = [q for q in model.parameters() if q.requires_grad]
         zeros = torch.zeros((), device=device)
@@ -338,6 +341,7 @@ class ReplicaGroup:
                 tail,
             ]
         )
+        flat[: Tail.SAMPLES].mul_(mean_divisor(terms))  # the share's mean -> its part of the sum
         if self.distributed:
             dist.all_reduce(flat)  # the group's sum, and whether a local rank was asked to stop
         cross = flat[: Tail.STOP]  # the stop flag stays in the group

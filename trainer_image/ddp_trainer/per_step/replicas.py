@@ -135,6 +135,17 @@ def whole_batch(samples: float, global_batch: int) -> bool:
     return round(samples) == global_batch
 
 
+def share_weights(terms: Sequence[int]) -> list[float]:
+    """The backward weight of each micro-batch's mean loss in a share of ``terms`` loss terms per
+    micro-batch: ``n / T`` over the share's ``T`` terms, so the share's gradient is that of its
+    mean loss, of the size Restart mode's ranks backpropagate (with fp16, the sum of (mean loss x
+    terms), ``T`` times larger, overflowed the GradScaler's first scales: digits' first three
+    steps in three groups were skipped, none in Restart mode). Times ``mean_divisor(T)`` it is
+    that sum again, which the groups add up whatever each share's size (:func:`mean_divisor`)."""
+    total = sum(terms)
+    return [n / total if total else 0.0 for n in terms]
+
+
 def mean_divisor(terms: float) -> float:
     """What the all-reduced sum of (each micro-batch's mean loss x its loss terms) gradients
     is divided by to be the gradient of the whole global batch's mean loss: its loss terms

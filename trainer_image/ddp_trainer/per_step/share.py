@@ -1,6 +1,7 @@
 """This process's share of a PerStep step: its sample indices (its part of the step's global batch,
 in Restart mode's order: :mod:`ddp_trainer.data.sampler`) and the forward and backward over
-them, each micro-batch's mean loss weighted by its loss terms."""
+them, the gradient of the share's mean loss (each micro-batch's mean loss weighted by its part
+of the share's loss terms)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ddp_trainer.data.sampler import global_order
 from ddp_trainer.data.weighting import empty_loss, loss_terms
 from ddp_trainer.data.workloads import fetch_batch
 from ddp_trainer.parts import Parts
-from ddp_trainer.per_step.replicas import micro_split
+from ddp_trainer.per_step.replicas import micro_split, share_weights
 from ddp_trainer.state.train_state import TrainState
 from ddp_trainer.step import autocast
 
@@ -54,23 +55,24 @@ class Shares:
 def forward_backward(
     parts: Parts, indices: torch.Tensor
 ) -> tuple[torch.Tensor, int, tuple[int, ...]]:
-    """Forward and backward over ``indices`` in micro-batches (no all-reduce here); returns the
-    summed loss over their loss terms, the loss terms, and the micro-batch sizes."""
+    """Forward and backward over ``indices`` in micro-batches (no all-reduce here), each
+    micro-batch's mean loss weighted by its share of the loss terms
+    (:func:`~ddp_trainer.per_step.replicas.share_weights`: ``.grad`` is then the share's mean
+    loss's); returns the summed loss over their loss terms, the loss terms, and the micro-batch
+    sizes."""
     p = parts
     loss_sum = torch.zeros((), device=p.device)
-    terms = 0
     micro = micro_split(len(indices), p.state.micro_batch_cap)
-    for part in indices.split(list(micro)):
-        inputs, targets = fetch_batch(p.train_set, part)
+    batches = [fetch_batch(p.train_set, part) for part in indices.split(list(micro))]
+    terms = [loss_terms(p.count_targets, targets) for _, targets in batches]
+    for (inputs, targets), count, weight in zip(batches, terms, share_weights(terms), strict=True):
         inputs = inputs.to(p.device, non_blocking=True)
         targets = targets.to(p.device, non_blocking=True)
-        count = loss_terms(p.count_targets, targets)
         with autocast(p):
             outputs = p.net(inputs)
             loss = p.loss_fn(outputs, targets)
-        weighted = loss * count if count else empty_loss(outputs, loss)
+        weighted = loss * weight if count else empty_loss(outputs, loss)
         p.scaler.scale(weighted).backward()
         if count:
             loss_sum += loss.detach().float() * count
-            terms += count
-    return loss_sum, terms, micro
+    return loss_sum, sum(terms), micro
