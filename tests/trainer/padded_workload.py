@@ -1,10 +1,11 @@
-"""Test plugins: `padded_workload:build`, a tiny next-token model on sequences padded with -100
-in varying amounts (token-weighted loss); `padded_workload:nan_at_steps`, the spirals plugin
-whose loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS``;
-`padded_workload:hang_at_step`, the spirals plugin whose loss never returns at step ``HANG_STEP``
-on the ranks in ``HANG_RANKS`` (the others wait for them in the step's collectives);
-`padded_workload:wait_in_evaluation`, the spirals plugin whose evaluation writes its pid to
-``EVAL_MARKER`` and waits until the file ``EVAL_RELEASE`` exists;
+"""Test plugins: `padded_workload:build`, a tiny next-token model on sequences padded with -100 in
+varying amounts (token-weighted loss); `padded_workload:nan_at_steps`, the spirals plugin whose
+loss is NaN at the steps in env ``NAN_STEPS`` on the ranks in ``NAN_RANKS``;
+`padded_workload:nan_while_flagged`, the spirals plugin whose loss is NaN while the file
+``NAN_FLAG`` exists; `padded_workload:hang_at_step`, the spirals plugin whose loss never returns
+at step ``HANG_STEP`` on the ranks in ``HANG_RANKS`` (the others wait for them in the step's
+collectives); `padded_workload:wait_in_evaluation`, the spirals plugin whose evaluation writes
+its pid to ``EVAL_MARKER`` and waits until the file ``EVAL_RELEASE`` exists;
 `padded_workload:wait_in_build`, the spirals plugin that, on the first process of rank
 ``BUILD_RANK`` to build it in a world of ``BUILD_WORLD_SIZE``, writes that process's pid to
 ``BUILD_MARKER`` and waits forever (the test freezes or kills it there: its peers wait for it at
@@ -76,6 +77,18 @@ def nan_at_steps(config) -> Workload:
         calls[0] += 1
         loss = F.cross_entropy(outputs, targets)
         return loss * float("nan") if poisoned and calls[0] in steps else loss
+
+    return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)
+
+
+def nan_while_flagged(config) -> Workload:
+    """Every loss NaN while the file ``NAN_FLAG`` exists (looked for at each loss)."""
+    workload = spirals(config)
+    flag = Path(os.environ["NAN_FLAG"])
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(outputs, targets)
+        return loss * float("nan") if flag.exists() else loss
 
     return Workload(workload.model, workload.train_set, workload.test_set, loss_fn)
 

@@ -5,8 +5,9 @@ other restarting; and the committed steps used exactly Restart mode's samples, e
 global batch once. Apart: groups of two processes each (and one whose heal completed on one
 rank only), a new lighthouse that stalls no group for long, groups that join while the only live
 one is mid-step, fp16 groups whose GradScalers step alike and only on committed steps (on the
-CPU), a writer lost after the others committed, a suspended job whose writer saves the step
-training stopped at, and with minGroups 2 a group lost at the last quorum and one too late.
+CPU), a healed group that fails a streak of non-finite steps together with its peers, a writer
+lost after the others committed, a suspended job whose writer saves the step training stopped
+at, and with minGroups 2 a group lost at the last quorum and one too late.
 ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
 
 from __future__ import annotations
@@ -653,6 +654,60 @@ def test_fp16_groups_step_their_grad_scaler_alike_on_committed_steps_and_a_heale
     theirs = f"-{again.pid}.jsonl"
     new = [r["step"] for r in rows if r["event"] == "committed" and r["file"].endswith(theirs)]
     assert new and new[0] >= failed_at, (failed_at, new[:3])  # it healed past the failed step
+
+
+NON_FINITE_LIMIT = 20  # trainer.maxNonFiniteSteps of the test below
+NON_FINITE_RE = re.compile(
+    r"training failed: (\d+) consecutive steps with a non-finite loss or gradient at step (\d+)"
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_healed_group_counts_non_finite_steps_in_a_row_on_from_its_peers(
+    launcher: Launcher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trainer.maxNonFiniteSteps with every loss NaN from some step on (while a flag file
+    exists): each non-finite step is skipped and counted alike on every group (the all-reduce
+    spreads one share's NaN to all). Group 1 is SIGKILLed after a few of them and started again;
+    groups 0 and 2 are held before their next quorum until it has started, so it heals from one
+    of them mid-streak. Then every group, the healed one too, fails the run at the same step,
+    with exit code 3 and the setting named. A healed group that counted from 0 failed that many
+    steps later, training on alone after its peers had failed the run."""
+    flag = tmp_path / "nan"
+    monkeypatch.setenv("NAN_FLAG", str(flag))  # the groups' environment
+    settings = {
+        **SETTINGS,
+        "workload": "padded_workload:nan_while_flagged",
+        "maxSteps": 200,
+        "maxNonFiniteSteps": NON_FINITE_LIMIT,
+    }
+    groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
+    try:
+        flag.touch()
+        flagged = committed_step(samples)
+        wait_until(lambda: committed_step(samples) >= flagged + 3, 60, "non-finite steps")
+        groups.kill(1)
+        groups.hold(0, "quorum")
+        groups.hold(2, "quorum")
+        again = groups.start_warm(1)
+        groups.disarm(0)
+        groups.disarm(2)
+        groups.wait_ended(range(3), 120)
+    finally:
+        zygote.close()
+    assert "healed from a live peer" in again.output(), again.output()[-3000:]
+    ends = {}
+    for group in range(3):
+        member = groups.current[group]
+        found = NON_FINITE_RE.findall(member.output())
+        assert groups.code(member) == 3 and found, member.output()[-3000:]
+        ends[group] = tuple(int(n) for n in found[-1])
+    assert len(set(ends.values())) == 1, ends  # the same step on every group
+    (in_row, step), *_ = ends.values()
+    # the first non-finite step: the one after the last committed one seen, or one of the next
+    # two (their loss may have been computed before the flag was written)
+    first = range(flagged + 1, flagged + 4)
+    assert in_row == NON_FINITE_LIMIT and step - in_row + 1 in first, (ends, flagged)
 
 
 LIGHTHOUSE_ROUNDS = 3

@@ -157,12 +157,17 @@ class ReplicaGroup:
         self.healed_from: str | None = None  # the last heal: "step N from <address>"
         self.errored = False  # the last quorum left an error on a local rank (a failed heal)
         self._state_dict: Callable[[], dict[str, Any]] = dict
+        self._healed: Callable[[dict[str, Any]], None] = lambda state: None
 
-    def start(self, state_dict: Callable[[], dict[str, Any]]) -> None:
+    def start(
+        self,
+        state_dict: Callable[[], dict[str, Any]],
+        healed: Callable[[dict[str, Any]], None],
+    ) -> None:
         """Starts this process's torchft Manager: a heal loads a live peer's state into the
-        parts, and a peer that heals from this group gets ``state_dict()`` (a checkpoint's
-        contents)."""
-        self._state_dict = state_dict
+        parts and passes it to ``healed`` (the trainer's own counters), and a peer that heals
+        from this group gets ``state_dict()`` (a checkpoint's contents)."""
+        self._state_dict, self._healed = state_dict, healed
         from torchft import Manager
 
         g, e = self.settings, self.env
@@ -226,6 +231,7 @@ class ReplicaGroup:
         received, and an optimizer keeps the tensors it loads, which training writes into."""
         self.phase("heal")
         scatter(owned(state), self.parts.stateful())
+        self._healed(state)
         self.healed_from = f"step {state['step']}"
         log.info(
             "healed from a live peer: step %d (no checkpoint loaded)",

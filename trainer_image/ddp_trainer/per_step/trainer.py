@@ -158,12 +158,23 @@ class PerStepTrainer(Trainer):
         self.waited_for_live = False
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpoint's contents, with torchft's own state (its step count)."""
+        """A checkpoint's contents, with torchft's own state (its step count) and the steps in a
+        row whose gradient was not finite (a healing group goes on counting from its peer's:
+        :meth:`_healed`)."""
         state = super().state_dict()
         state["worldSize"] = self.tally.world  # every group's processes, not this group's
+        state["nonFiniteInRow"] = self.update.non_finite_in_row
         if self.replicas.manager is not None:
             state["torchft"] = self.replicas.manager.state_dict()
         return state
+
+    def _healed(self, state: dict[str, Any]) -> None:
+        """After a heal: the peer's count of non-finite steps in a row, so that every group
+        reaches trainer.maxNonFiniteSteps at the same step (a count from 0 would leave the
+        healed group training alone after its peers failed the run). Not taken from a
+        checkpoint: every group loads one only when all were lost, and all count from 0 then,
+        as Restart mode's ranks do after a restart."""
+        self.update.non_finite_in_row = int(state.get("nonFiniteInRow", 0))
 
     def _quorum(self) -> bool:
         """One quorum (:meth:`ReplicaGroup.quorum`) and its writer (:meth:`ReplicaGroup.writes`).
@@ -185,7 +196,7 @@ class PerStepTrainer(Trainer):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_requested.set())
         self.phase("start")
-        self.replicas.start(self.state_dict)
+        self.replicas.start(self.state_dict, self._healed)
         if self.beats is not None:
             self.beats.start()
         try:
