@@ -7,7 +7,8 @@ rank only), a new lighthouse that stalls no group for long, groups that join whi
 one is mid-step, fp16 groups whose GradScalers step alike and only on committed steps (on the
 CPU), a healed group that fails a streak of non-finite steps together with its peers, a writer
 lost after the others committed, a suspended job whose writer saves the step training stopped
-at, and with minGroups 2 a group lost at the last quorum and one too late.
+at, a group resumed while the old writer still saves, and with minGroups 2 a group lost at the
+last quorum and one too late.
 ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
 
 from __future__ import annotations
@@ -881,6 +882,79 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
     said = "".join(group.output() for group in again)
     assert f"no live group to heal from: resumed from checkpoint step-{max(mine):08d}.pt" in said
     assert read_completion(ckpt) is not None
+
+
+@pytest.mark.timeout(300)
+def test_a_group_resumed_while_the_old_writer_still_saves_waits_for_its_checkpoint(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A job resumed while its old writer is still writing its SIGTERM checkpoint: Kubernetes
+    recreates pod i once the old pod i is gone, and the writer's pod may still be terminating.
+    Groups 1 and 2 go first; the writer, group 0, is held just before its save. New groups 1
+    and 2 start: they are a majority of the groups the lighthouse sees (the writer's Manager
+    still heartbeats), so they get a quorum of their own at step 0, with no live group in it.
+    But the writer beats until its save is over, so they wait for it instead of loading the
+    checkpoint that is there before the save (here none: they would train from step 0 again).
+    Once they say so the writer saves and exits, its beats age, and they load its checkpoint:
+    no step lost."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    pace = launcher.workdir / "pace"
+    pace.write_text(str(STEP_S))
+    hold_writer = launcher.workdir / "stop-writer"
+    settings = {**SETTINGS, "checkpointEverySteps": 0}  # only SIGTERM's checkpoint
+
+    def start(group: int, name: str) -> Proc:
+        env = group_env(group, url, groups=3, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        env["DDPJOB_TEST_STEP_S"] = str(pace)
+        env["DDPJOB_TEST_STOP_AT"] = str(hold_writer if group == 0 else tmp_path / "no-stop")
+        return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
+
+    writer, *peers = (start(group, f"pod-{group}") for group in range(3))
+    wait_until(
+        lambda: any(
+            r["event"] == "committed" and r["groups"] == 3 and r["step"] >= 10
+            for r in sample_lines(samples)
+        ),
+        240,
+        "three groups past step 10",
+    )
+    for peer in peers:  # pods 1 and 2 go first; the writer trains on alone
+        peer.signal(signal.SIGTERM)
+    for peer in peers:
+        peer.wait(60)
+    hold_writer.write_text("save")
+    writer.signal(signal.SIGTERM)
+    wait_until(lambda: Path(f"{hold_writer}.reached").exists(), 60, "the writer at its save")
+    assert CheckpointStore(ckpt).latest() is None  # nothing saved yet
+
+    pace.unlink()  # the rest at the machine's speed
+    resumed_at = time.time()
+    again = [start(group, f"pod-{group}-resumed") for group in (1, 2)]
+    wait_until(
+        lambda: any("not loading the checkpoint" in group.output() for group in again),
+        60,
+        "the new groups to wait for the writer",
+    )
+    hold_writer.unlink()  # the writer saves and exits
+    writer.wait(60)
+    mine = [
+        r["step"] + 1
+        for r in sample_lines(samples)
+        if r["event"] == "committed" and r["file"].startswith("job-0-")
+    ]
+    found = CheckpointStore(ckpt).latest()
+    assert found is not None and found[0].step == max(mine), (found and found[0], max(mine))
+    for group in again:
+        assert group.wait(240) == 0, group.tail()
+    after = [
+        r["step"]
+        for r in sample_lines(samples)
+        if r["event"] == "committed" and r["time"] > resumed_at
+    ]
+    assert min(after) == max(mine), (min(after), max(mine))  # the step after the saved one
+    said = "".join(group.output() for group in again)
+    assert f"resumed from checkpoint step-{max(mine):08d}.pt" in said, said[-3000:]
 
 
 def test_the_lighthouse_pod_logs_torchfts_warnings_not_its_lines_for_every_step(

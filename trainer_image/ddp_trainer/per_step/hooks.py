@@ -1,11 +1,11 @@
 """PerStep mode's test hooks (off unless set): ``DDPJOB_SAMPLE_LOG`` (a folder: each process
 appends the sample indices it fed and the steps it committed), ``DDPJOB_TEST_STOP_AT`` (a file
 naming a phase: ``start``, ``quorum``, ``serve``, ``heal``, ``forward``, ``allreduce``,
-``commit``, or ``<phase>@<n>``: that phase once the process has trained n steps; the process
-writes ``<file>.reached`` there and waits while the file names it) and
-``DDPJOB_TEST_STEP_S`` (a file holding seconds: while it does, the process starts a step at most
-that often, so that a test's scene takes about as many steps on a fast machine as on a slow
-one)."""
+``commit``, ``save`` (the writer's, before a checkpoint), or ``<phase>@<n>``: that phase once
+the process has trained n steps; the process writes ``<file>.reached`` there and waits while the
+file names it) and ``DDPJOB_TEST_STEP_S`` (a file holding seconds: while it does, the process
+starts a step at most that often, so that a test's scene takes about as many steps on a fast
+machine as on a slow one)."""
 
 from __future__ import annotations
 

@@ -379,6 +379,7 @@ class PerStepTrainer(Trainer):
     def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
         """Only the writer group saves (see the module docstring)."""
         if self.tally.speaks:
+            self.phase("save")
             super().save_checkpoint(wait, every_rank)
 
     def _done_elsewhere(self) -> int:
