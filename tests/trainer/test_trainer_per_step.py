@@ -7,8 +7,8 @@ rank only), a new lighthouse that stalls no group for long, groups that join whi
 one is mid-step, fp16 groups whose GradScalers step alike and only on committed steps (on the
 CPU), a healed group that fails a streak of non-finite steps together with its peers, a writer
 lost after the others committed, a suspended job whose writer saves the step training stopped
-at, a group resumed while the old writer still saves, and with minGroups 2 a group lost at the
-last quorum and one too late.
+at, a group resumed while the old writer still saves, a SIGTERM checkpoint slower than
+torchrun's own 30 s wait, and with minGroups 2 a group lost at the last quorum and one too late.
 ``DDPJOB_TEST_KILLS=<n>`` makes the kill loop a soak."""
 
 from __future__ import annotations
@@ -955,6 +955,63 @@ def test_a_group_resumed_while_the_old_writer_still_saves_waits_for_its_checkpoi
     assert min(after) == max(mine), (min(after), max(mine))  # the step after the saved one
     said = "".join(group.output() for group in again)
     assert f"resumed from checkpoint step-{max(mine):08d}.pt" in said, said[-3000:]
+
+
+SLOW_SAVE_S = 32.0  # longer than torchrun's own wait for its workers to stop (30 s)
+
+
+@pytest.mark.timeout(240)
+def test_a_sigterm_checkpoint_slower_than_torchruns_own_30_s_wait_is_written(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A pod's SIGTERM reaches torchrun (through the node wrapper), which passes it to its
+    workers and SIGKILLs them after ``PET_SHUTDOWN_TIMEOUT``: its own default is 30 s whatever
+    the pod's grace period, so a SIGTERM checkpoint slower than that (a large model, a slow
+    volume) was killed before it was complete. The operator sets it from the grace period
+    (``ddp_operator.render``). Here a node pod with the rendered value has its writer's save
+    take SLOW_SAVE_S (held before it): the worker is still there when the hold ends, and the
+    checkpoint of the step training stopped at is written. Without the variable the worker
+    was SIGKILLed 30 s after SIGTERM, nothing saved. (A PerStep group alone, for its hold
+    before the save; Restart pods get the same variable.)"""
+    meta = {"name": "job", "namespace": "ns", "uid": "job-uid"}
+    job = DDPJob.model_validate(
+        {"metadata": meta, "spec": {"nodes": 1, "faultTolerance": {"mode": "PerStep"}}}
+    )
+    rendered = render.render_worker(job, 0, 0, render.OperatorConfig(default_image="t"))
+    env_list = rendered["spec"]["containers"][0]["env"]
+    stop_s = next(e["value"] for e in env_list if e["name"] == "PET_SHUTDOWN_TIMEOUT")
+    assert float(stop_s) > SLOW_SAVE_S + 5, stop_s
+
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+    pace, hold = launcher.workdir / "pace", launcher.workdir / "stop"
+    pace.write_text(str(STEP_S))
+    env = group_env(0, url, groups=1, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+    env |= {
+        "DDPJOB_TEST_STEP_S": str(pace),
+        "DDPJOB_TEST_STOP_AT": str(hold),
+        "PET_SHUTDOWN_TIMEOUT": stop_s,
+    }
+    settings = {**SETTINGS, "checkpointEverySteps": 0}  # only SIGTERM's checkpoint
+    node = pod(launcher, "pod-0", env=env, settings=settings, checkpoint_dir=ckpt)
+    wait_until(lambda: committed_step(samples) >= 5, 120, "five steps")
+    hold.write_text("save")
+    node.signal(signal.SIGTERM)
+    wait_until(lambda: Path(f"{hold}.reached").exists(), 60, "the writer at its save")
+    held = time.monotonic()
+    wait_until(
+        lambda: time.monotonic() - held >= SLOW_SAVE_S or node.popen.poll() is not None,
+        SLOW_SAVE_S + 10,
+        "the slow save's end",
+    )
+    alive_after_s = time.monotonic() - held
+    killed = node.popen.poll() is not None
+    hold.unlink()  # the save goes on
+    node.wait(60)
+    assert not killed, f"the worker was gone {alive_after_s:.1f}s into its save\n{node.tail()}"
+    trained = committed_step(samples)
+    found = CheckpointStore(ckpt).latest()
+    assert found is not None and found[0].step == trained, (found and found[0], trained)
 
 
 def test_the_lighthouse_pod_logs_torchfts_warnings_not_its_lines_for_every_step(

@@ -132,16 +132,20 @@ def test_a_per_step_node_pod_is_a_replica_group_with_a_pod_local_rendezvous() ->
     rdzv = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_CONF"}
     assert not rdzv & per_step.keys() and rdzv <= restart.keys()
     assert per_step["PET_RDZV_ID"] == restart["PET_RDZV_ID"]  # the run's identity: the job's uid
-    # Everything else is what a Restart pod has.
+    # Everything else is what a Restart pod has, but for torchrun's wait for its workers to
+    # stop, which is the grace period's: a quorum try longer in PerStep mode.
     ft = {
         contract.ENV_FAULT_TOLERANCE, contract.ENV_LIGHTHOUSE, contract.ENV_REPLICA_GROUP,
         contract.ENV_GROUPS, contract.ENV_MIN_GROUPS, contract.ENV_GROUP_TIMEOUT,
-        "PET_NNODES", "PET_STANDALONE",
+        "PET_NNODES", "PET_STANDALONE", "PET_SHUTDOWN_TIMEOUT",
     }  # fmt: skip
     assert {k: v for k, v in per_step.items() if k not in ft} == {
         k: v for k, v in restart.items() if k not in rdzv | ft
     }
-    assert not ft - {"PET_NNODES"} & restart.keys()  # Restart pods: as before
+    assert not ft - {"PET_NNODES", "PET_SHUTDOWN_TIMEOUT"} & restart.keys()  # Restart: as before
+    assert (
+        int(str(per_step["PET_SHUTDOWN_TIMEOUT"])) == int(str(restart["PET_SHUTDOWN_TIMEOUT"])) + 15
+    )
 
 
 def test_a_node_pods_grace_period_is_the_jobs_or_the_operators_and_per_step_adds_a_try() -> None:

@@ -130,6 +130,28 @@ def test_every_worker_line_carries_its_global_rank_unless_the_user_says_otherwis
     assert names.count("PET_TEE") == 1 and env_of(pod)["PET_TEE"] == "0"
 
 
+def test_torchrun_gives_the_workers_the_pods_grace_period_to_stop() -> None:
+    """torchrun passes the pod's SIGTERM to its workers and SIGKILLs them after
+    ``PET_SHUTDOWN_TIMEOUT``, its own default 30 s whatever the grace period: a SIGTERM
+    checkpoint that took longer was killed before it was complete. It is the grace period now,
+    less two seconds for the wrapper's last lines."""
+
+    def stop_and_grace(**spec: object) -> tuple[int, int]:
+        pod = render.render_worker(job(**spec), 0, 0, CFG)
+        stop = int(str(env_of(pod)["PET_SHUTDOWN_TIMEOUT"]))
+        return stop, pod["spec"]["terminationGracePeriodSeconds"]
+
+    assert stop_and_grace() == (58, 60)
+    assert stop_and_grace(template={"terminationGracePeriodSeconds": 600}) == (598, 600)
+    assert stop_and_grace(template={"terminationGracePeriodSeconds": 2}) == (1, 2)
+    per_step = {"faultTolerance": {"mode": "PerStep"}}
+    assert stop_and_grace(**per_step) == (73, 75)  # a quorum try more (15 s by default)
+    own = {"env": [{"name": "PET_SHUTDOWN_TIMEOUT", "value": "5"}]}
+    pod = render.render_worker(job(template=own), 0, 0, CFG)
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.count("PET_SHUTDOWN_TIMEOUT") == 1 and env_of(pod)["PET_SHUTDOWN_TIMEOUT"] == "5"
+
+
 def test_the_bundled_trainer_declares_its_metrics_port() -> None:
     def ports(**spec: object) -> dict[str, int]:
         pod = render.render_worker(job(**spec), 0, 0, CFG)

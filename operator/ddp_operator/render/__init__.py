@@ -25,6 +25,9 @@ PET_LOCAL_ADDR                  the pod IP (fieldRef): pod hostnames may not res
 PET_MAX_RESTARTS                ``workerRestarts``: worker restarts inside one pod, and restarts
                                 of torchrun after losing the store (``ddp_trainer.node``)
 PET_MONITOR_INTERVAL            how often the agent checks its workers and the rendezvous
+PET_SHUTDOWN_TIMEOUT            how long torchrun waits for its workers after passing them the
+                                pod's SIGTERM, before its SIGKILL: the pod's grace period less
+                                2 s (torchrun's own: 30 s, which killed a slower SIGTERM save)
 DDPJOB_NAME/_NAMESPACE          whose progress rank 0 reports (see "Identity" below)
 DDPJOB_PROGRESS_INTO            ``pod``: rank 0 writes its record into its own pod's annotation
                                 ``ddp.dev/progress``; ``configmap``: into the ConfigMap
@@ -74,8 +77,8 @@ files keeps none). Only a pod that runs ``ddp_trainer.node`` keeps its log: the 
 or a user's command that runs it; a pod without a checkpoint volume keeps none.
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
-``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED`` and ``OMP_NUM_THREADS`` are left out
-when it sets them.
+``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED``, ``PET_SHUTDOWN_TIMEOUT`` and
+``OMP_NUM_THREADS`` are left out when it sets them.
 
 Identity: a pod of the bundled trainer runs as its namespace's ServiceAccount
 ``ddp-trainer-progress``, which may patch pods, narrowed by the chart's ValidatingAdmissionPolicy

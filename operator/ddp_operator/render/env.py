@@ -4,6 +4,7 @@ bundled trainer's configuration, PerStep's and the defaults the user's own may r
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from ddp_api import contract
@@ -11,6 +12,31 @@ from ddp_api.ddpjob import DDPJob
 from ddp_api.pods import LOG_LINE_PREFIX_TEMPLATE
 
 from .common import RDZV_CONF, OperatorConfig, job_key, rdzv_endpoint
+
+# What a node pod keeps of its grace period for its wrapper's last lines once torchrun has stopped
+# its workers (``ddp_trainer.node``: torchrun's exit code, the kept log's drain).
+WRAPPER_LAST_S = 2
+
+
+def termination_grace_s(job: DDPJob, cfg: OperatorConfig) -> int:
+    """A node pod's grace period: ``spec.template``'s, else the operator's; in PerStep mode one
+    quorum try more (:func:`ddp_api.contract.quorum_timeout_s`): a group that waits for a
+    quorum notices SIGTERM only when that try ends, and it may be the group that saves the
+    last step."""
+    t, ft = job.spec.template, job.spec.fault_tolerance
+    grace = (t and t.termination_grace_period_seconds) or cfg.termination_grace_s
+    if ft is None or not ft.per_step:
+        return grace
+    return grace + math.ceil(contract.quorum_timeout_s(ft.group_timeout_s))
+
+
+def workers_stop_s(grace_s: int) -> int:
+    """``PET_SHUTDOWN_TIMEOUT``: how long torchrun waits for its workers after passing them the
+    pod's SIGTERM, before its SIGKILL: the pod's grace period but for the wrapper's last lines
+    (:data:`WRAPPER_LAST_S`). torchrun's own is 30 s whatever the grace period, so a SIGTERM
+    checkpoint that took longer (a large model, a slow volume) was killed before it was
+    complete, and the steps since the last one were lost."""
+    return max(1, grace_s - WRAPPER_LAST_S)
 
 
 def trainer_config_json(job: DDPJob) -> str:
@@ -98,6 +124,7 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         # torchrun writes the relayed lines to a pipe without flushing: without this, they
         # reach the pod's log in blocks of 8 KiB, or when the pod ends.
         "PYTHONUNBUFFERED": "1",
+        "PET_SHUTDOWN_TIMEOUT": str(workers_stop_s(termination_grace_s(job, cfg))),
     }
     threads = cpu_threads_per_process(
         s.resources.model_dump(exclude_none=True) if s.resources else {}, s.nproc_per_node

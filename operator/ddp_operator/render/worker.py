@@ -3,7 +3,6 @@ to the API server."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ddp_api import contract
@@ -30,7 +29,7 @@ from .common import (
     role_meta,
     trainer_account,
 )
-from .env import metrics_port, worker_env
+from .env import metrics_port, termination_grace_s, worker_env
 from .identity import uses_trainer_account
 
 
@@ -145,15 +144,3 @@ def _identity(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         account = PROGRESS_ACCOUNT if cfg.progress_in_pod else trainer_account(job_key(job)[1])
         return {"serviceAccountName": account}
     return {"automountServiceAccountToken": False}
-
-
-def termination_grace_s(job: DDPJob, cfg: OperatorConfig) -> int:
-    """A node pod's grace period: ``spec.template``'s, else the operator's; in PerStep mode one
-    quorum try more (:func:`ddp_api.contract.quorum_timeout_s`): a group that waits for a
-    quorum notices SIGTERM only when that try ends, and it may be the group that saves the
-    last step."""
-    t, ft = job.spec.template, job.spec.fault_tolerance
-    grace = (t and t.termination_grace_period_seconds) or cfg.termination_grace_s
-    if ft is None or not ft.per_step:
-        return grace
-    return grace + math.ceil(contract.quorum_timeout_s(ft.group_timeout_s))
