@@ -33,9 +33,9 @@ def termination_grace_s(job: DDPJob, cfg: OperatorConfig) -> int:
 def workers_stop_s(grace_s: int) -> int:
     """``PET_SHUTDOWN_TIMEOUT``: how long torchrun waits for its workers after passing them the
     pod's SIGTERM, before its SIGKILL: the pod's grace period but for the wrapper's last lines
-    (:data:`WRAPPER_LAST_S`). torchrun's own is 30 s whatever the grace period, so a SIGTERM
-    checkpoint that took longer (a large model, a slow volume) was killed before it was
-    complete, and the steps since the last one were lost."""
+    (:data:`WRAPPER_LAST_S`). torchrun's own is 30 s whatever the grace period: a SIGTERM
+    checkpoint that takes longer (a large model, a slow volume) would be killed before it is
+    complete, losing the steps since the last one."""
     return max(1, grace_s - WRAPPER_LAST_S)
 
 

@@ -138,10 +138,10 @@ def whole_batch(samples: float, global_batch: int) -> bool:
 def share_weights(terms: Sequence[int]) -> list[float]:
     """The backward weight of each micro-batch's mean loss in a share of ``terms`` loss terms per
     micro-batch: ``n / T`` over the share's ``T`` terms, so the share's gradient is that of its
-    mean loss, of the size Restart mode's ranks backpropagate (with fp16, the sum of (mean loss x
-    terms), ``T`` times larger, overflowed the GradScaler's first scales: digits' first three
-    steps in three groups were skipped, none in Restart mode). Times ``mean_divisor(T)`` it is
-    that sum again, which the groups add up whatever each share's size (:func:`mean_divisor`)."""
+    mean loss, as large as a Restart rank's (with fp16, a backward ``T`` times larger overflows
+    the GradScaler's scale where Restart mode's does not, and those steps are skipped). Times
+    ``mean_divisor(T)`` it is the sum of (mean loss x terms) gradients that the groups add up,
+    whatever each share's size (:func:`mean_divisor`)."""
     total = sum(terms)
     return [n / total if total else 0.0 for n in terms]
 

@@ -30,14 +30,15 @@ the same step, ``manager.current_step()``.
 arithmetic, :mod:`ddp_trainer.data.sampler`, :func:`~ddp_trainer.data.batching.position_after`);
 the participants split it by (participating rank, local rank)
 (:func:`~ddp_trainer.per_step.replicas.participant_share`). Each process backpropagates its share's
-mean loss (:func:`~ddp_trainer.per_step.replicas.share_weights`: the size of a Restart rank's: fp16
-overflows alike) and turns it into the sum of (micro-batch mean loss x loss terms) in float32; the
-all-reduced vector carries the sample and term counts, and the summed gradient is divided by the
-terms: the update is the full batch's mean whoever took which share. A group commits step s only if
-its all-reduce completed (so every participant's share is in it) and the count is the whole batch
-(:func:`~ddp_trainer.per_step.replicas.whole_batch`); a step that fails (a peer died mid-step) is
-redone by the survivors in the next quorum with their new split. A group that failed a step which
-others committed is one step behind: its next quorum heals it.
+mean loss, as large as a Restart rank's backward, so that fp16 overflows where Restart mode's does
+(:func:`~ddp_trainer.per_step.replicas.share_weights`), and turns it into the sum of (micro-batch
+mean loss x loss terms) in float32; the all-reduced vector carries the sample and term counts, and
+the summed gradient is divided by the terms: the update is the full batch's mean whoever took which
+share. A group commits step s only if its all-reduce completed (so every participant's share is in
+it) and the count is the whole batch (:func:`~ddp_trainer.per_step.replicas.whole_batch`); a step
+that fails (a peer died mid-step) is redone by the survivors in the next quorum with their new
+split. A group that failed a step which others committed is one step behind: its next quorum heals
+it.
 
 **Errors.** A lost peer shows up as a gloo error or timeout in the all-reduce, a failed
 process-group configure or heal (torchft reports them: no commit), a failed quorum (a lighthouse
