@@ -242,6 +242,25 @@ def committed_step(folder: Path) -> int:
     return max(steps, default=0)
 
 
+def steps_committed(folder: Path, *, by: str = "", since: float = 0.0) -> list[int]:
+    """The steps trained after each committed line (1-based) of the processes whose sample log
+    names start with ``by`` (a group's replica id and "-", such as "job-0-"; "": every group),
+    written after ``since`` (a ``time.time()``)."""
+    return [
+        r["step"] + 1
+        for r in sample_lines(folder)
+        if r["event"] == "committed" and r["file"].startswith(by) and r["time"] > since
+    ]
+
+
+def trained_together(folder: Path, groups: int, steps: int) -> bool:
+    """Whether ``groups`` groups have committed a step together, past ``steps`` steps."""
+    return any(
+        r["event"] == "committed" and r["groups"] == groups and r["step"] >= steps
+        for r in sample_lines(folder)
+    )
+
+
 def scaler_by_step(folder: Path, total: int) -> list[tuple[float, int]]:
     """The fp16 GradScaler's (scale, growth count) after each step 0..total-1, checked: every
     group committed the step with the same ones, and from each step to the next the scaler made

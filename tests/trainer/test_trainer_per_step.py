@@ -38,6 +38,8 @@ from replica_groups import (
     pod,
     sample_lines,
     scaler_by_step,
+    steps_committed,
+    trained_together,
 )
 from torch.utils.data import TensorDataset
 from trainer_harness import Launcher, Proc, events, wait_until
@@ -363,11 +365,7 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
         assert "healed from a live peer" in late_log and "resumed from checkpoint" not in late_log
         assert "INFO torchft_commits" not in late_log  # torchft's empty line for every commit
         assert "buffer is not writable" not in late_log  # torch's warning at every heal
-        late_steps = [
-            r["step"]
-            for r in sample_lines(samples)
-            if r["event"] == "committed" and r["file"].startswith("job-2-")
-        ]
+        late_steps = [step - 1 for step in steps_committed(samples, by="job-2-")]
         assert min(late_steps) >= joined_at > 1, (joined_at, late_steps)
         started_kills = time.monotonic()
         print(f"late join at step {joined_at}: {time.monotonic() - began:.1f}s")
@@ -833,15 +831,9 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
         return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
 
     writer, peer = start(0, "pod-0"), start(1, "pod-1")
-
-    def together() -> bool:  # the first group up trains alone until the other has healed
-        return any(
-            r["event"] == "committed" and r["groups"] == 2 and r["step"] >= 10
-            for r in sample_lines(samples)
-        )
-
-    # Both in the quorum: the writer is its participating rank 0, the lowest replica id.
-    wait_until(together, 240, "both groups past step 10")
+    # Both in the quorum (the first group up trains alone until the other has healed): the
+    # writer is its participating rank 0, the lowest replica id.
+    wait_until(lambda: trained_together(samples, 2, 10), 240, "both groups past step 10")
     peer.signal(signal.SIGTERM)
     peer.wait(60)
     light.kill_tree()
@@ -850,11 +842,7 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
     writer.signal(signal.SIGTERM)
     writer.wait(contract.quorum_timeout_s(GROUP_TIMEOUT_S) + 30)
     stopped_s = time.monotonic() - signalled
-    mine = [
-        r["step"] + 1
-        for r in sample_lines(samples)
-        if r["event"] == "committed" and r["file"].startswith("job-0-")
-    ]
+    mine = steps_committed(samples, by="job-0-")
     assert "SIGTERM: stopping at step" in writer.output(), writer.tail()
     (saved,) = events(ckpt, "checkpoint")
     assert saved["synchronous"] and saved["step"] == max(mine), (saved, max(mine))
@@ -870,12 +858,8 @@ def test_a_suspended_jobs_writer_saves_the_last_committed_step_even_from_a_quoru
     again = [start(0, "pod-0-resumed"), start(1, "pod-1-resumed")]
     for group in again:
         assert group.wait(240) == 0, group.tail()
-    after = [
-        r["step"]
-        for r in sample_lines(samples)
-        if r["event"] == "committed" and r["time"] > resumed_at
-    ]
-    assert min(after) == max(mine) and max(after) == SETTINGS["maxSteps"] - 1, (
+    after = steps_committed(samples, since=resumed_at)
+    assert min(after) == max(mine) + 1 and max(after) == SETTINGS["maxSteps"], (
         min(after),
         max(mine),
     )
@@ -911,14 +895,7 @@ def test_a_group_resumed_while_the_old_writer_still_saves_waits_for_its_checkpoi
         return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
 
     writer, *peers = (start(group, f"pod-{group}") for group in range(3))
-    wait_until(
-        lambda: any(
-            r["event"] == "committed" and r["groups"] == 3 and r["step"] >= 10
-            for r in sample_lines(samples)
-        ),
-        240,
-        "three groups past step 10",
-    )
+    wait_until(lambda: trained_together(samples, 3, 10), 240, "three groups past step 10")
     for peer in peers:  # pods 1 and 2 go first; the writer trains on alone
         peer.signal(signal.SIGTERM)
     for peer in peers:
@@ -938,21 +915,13 @@ def test_a_group_resumed_while_the_old_writer_still_saves_waits_for_its_checkpoi
     )
     hold_writer.unlink()  # the writer saves and exits
     writer.wait(60)
-    mine = [
-        r["step"] + 1
-        for r in sample_lines(samples)
-        if r["event"] == "committed" and r["file"].startswith("job-0-")
-    ]
+    mine = steps_committed(samples, by="job-0-")
     found = CheckpointStore(ckpt).latest()
     assert found is not None and found[0].step == max(mine), (found and found[0], max(mine))
     for group in again:
         assert group.wait(240) == 0, group.tail()
-    after = [
-        r["step"]
-        for r in sample_lines(samples)
-        if r["event"] == "committed" and r["time"] > resumed_at
-    ]
-    assert min(after) == max(mine), (min(after), max(mine))  # the step after the saved one
+    after = steps_committed(samples, since=resumed_at)
+    assert min(after) == max(mine) + 1, (min(after), max(mine))  # the step after the saved one
     said = "".join(group.output() for group in again)
     assert f"resumed from checkpoint step-{max(mine):08d}.pt" in said, said[-3000:]
 
