@@ -77,7 +77,12 @@ log = logging.getLogger("ddp_trainer.node")
 STORE_WAIT_S = 900.0  # as long as torchrun's join_timeout: pods start minutes apart
 LOST_CHECK_S = 5.0  # after torchrun failed: how long to look for the store it joined
 STORE_WATCH_S = 5.0  # while torchrun runs: how often to look whether its store was replaced
-STOP_GRACE_S = 45.0  # torchrun stopped for a replaced store: SIGTERM, then SIGKILL after this
+# torchrun stopped for a replaced store: SIGTERM, then SIGKILL of it and its workers after this:
+# the 30 s torchrun's own wait gives its workers. A node pod's torchrun waits longer for them
+# (PET_SHUTDOWN_TIMEOUT, the pod's grace period: for the pod's own SIGTERM); a worker blocked in
+# a collective with a peer the store's machine took along cannot act on SIGTERM, and would hold
+# the restart that long.
+STOP_GRACE_S = 30.0
 WORKER_STOP_S = 10.0  # how long workers stopped for a restart get before SIGKILL (torchrun: 30)
 RELAY_DRAIN_S = 2.0  # once torchrun exited: how long its last lines may take to pass through
 REAP_POLL_S = 0.05  # while torchrun runs: how often to look whether it exited (and at signals)
