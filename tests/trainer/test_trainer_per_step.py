@@ -668,8 +668,8 @@ def test_a_healed_group_counts_non_finite_steps_in_a_row_on_from_its_peers(
     """trainer.maxNonFiniteSteps with every loss NaN from some step on (while a flag file
     exists): each non-finite step is skipped and counted alike on every group (the all-reduce
     spreads one share's NaN to all). Group 1 is SIGKILLed after a few of them and started again;
-    groups 0 and 2 are held before their next quorum until it has started, so it heals from one
-    of them mid-streak. Then every group, the healed one too, fails the run at the same step,
+    groups 0 and 2 are held before their next quorum until it is at its first, so it heals from
+    one of them mid-streak. Then every group, the healed one too, fails the run at the same step,
     with exit code 3 and the setting named. A healed group that counted from 0 failed that many
     steps later, training on alone after its peers had failed the run."""
     flag = tmp_path / "nan"
@@ -682,15 +682,18 @@ def test_a_healed_group_counts_non_finite_steps_in_a_row_on_from_its_peers(
     }
     groups, zygote, _, samples = three_groups_past_step_10(launcher, tmp_path, settings)
     try:
+        flagged = committed_step(samples)  # read first: every later step's loss may be NaN
         flag.touch()
-        flagged = committed_step(samples)
         wait_until(lambda: committed_step(samples) >= flagged + 3, 60, "non-finite steps")
         groups.kill(1)
         groups.hold(0, "quorum")
         groups.hold(2, "quorum")
-        again = groups.start_warm(1)
-        groups.disarm(0)
-        groups.disarm(2)
+        # the new group 1 is held at its first quorum too, its Manager up, so that the others
+        # take no step until it can join (else, slow to start, it could come after the end)
+        again = groups.start_warm(1, stop_at="quorum")
+        assert groups.reached(1, 120), "the new group 1 never reached its first quorum"
+        for group in (1, 0, 2):
+            groups.disarm(group)
         groups.wait_ended(range(3), 120)
     finally:
         zygote.close()
