@@ -238,8 +238,7 @@ def sample_lines(folder: Path) -> list[dict[str, Any]]:
 
 def committed_step(folder: Path) -> int:
     """The highest step any group has committed (+1: the steps done)."""
-    steps = [r["step"] + 1 for r in sample_lines(folder) if r["event"] == "committed"]
-    return max(steps, default=0)
+    return max(steps_committed(folder), default=0)
 
 
 def steps_committed(folder: Path, *, by: str = "", since: float = 0.0) -> list[int]:
