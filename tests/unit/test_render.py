@@ -22,6 +22,14 @@ def job(**spec: object) -> DDPJob:
     )
 
 
+def users_value_wins(name: str, value: str, **spec: object) -> None:
+    """The user's own ``name=value`` in spec.template.env is the pod's one ``name``."""
+    own = {"env": [{"name": name, "value": value}]}
+    pod = render.render_worker(job(**spec, template=own), 0, 0, CFG)
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.count(name) == 1 and env_of(pod)[name] == value
+
+
 def test_worker_pod_carries_the_env_contract() -> None:
     pod = render.render_worker(job(checkpoint={"volume": {"emptyDir": {}}}), 1, 0, CFG)
     env = env_of(pod)
@@ -106,28 +114,19 @@ def test_each_worker_process_gets_its_share_of_the_container_cpus() -> None:
     assert threads(nprocPerNode="auto", resources={"limits": {"cpu": 16}}) is None
     gpu = {"limits": {"cpu": 16, "nvidia.com/gpu": 4}}
     assert threads(nprocPerNode="auto", resources=gpu) == "4"
-    user = {"env": [{"name": "OMP_NUM_THREADS", "value": "7"}]}
-    pod = render.render_worker(job(resources={"limits": {"cpu": 8}}, template=user), 0, 0, CFG)
-    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
-    assert names.count("OMP_NUM_THREADS") == 1 and env_of(pod)["OMP_NUM_THREADS"] == "7"
+    users_value_wins("OMP_NUM_THREADS", "7", resources={"limits": {"cpu": 8}})
 
 
 def test_torchrun_logs_its_rendezvous_unless_the_user_says_otherwise() -> None:
     assert env_of(render.render_worker(job(), 0, 0, CFG))["LOGLEVEL"] == "INFO"
-    quiet = {"env": [{"name": "LOGLEVEL", "value": "WARNING"}]}
-    pod = render.render_worker(job(template=quiet), 0, 0, CFG)
-    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
-    assert names.count("LOGLEVEL") == 1 and env_of(pod)["LOGLEVEL"] == "WARNING"
+    users_value_wins("LOGLEVEL", "WARNING")
 
 
 def test_every_worker_line_carries_its_global_rank_unless_the_user_says_otherwise() -> None:
     env = env_of(render.render_worker(job(), 0, 0, CFG))
     assert env["PET_TEE"] == "3" and env["PET_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
     assert env["PYTHONUNBUFFERED"] == "1"  # torchrun relays the lines without flushing
-    plain = {"env": [{"name": "PET_TEE", "value": "0"}]}
-    pod = render.render_worker(job(template=plain), 0, 0, CFG)
-    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
-    assert names.count("PET_TEE") == 1 and env_of(pod)["PET_TEE"] == "0"
+    users_value_wins("PET_TEE", "0")
 
 
 def test_torchrun_gives_the_workers_the_pods_grace_period_to_stop() -> None:
@@ -146,10 +145,7 @@ def test_torchrun_gives_the_workers_the_pods_grace_period_to_stop() -> None:
     assert stop_and_grace(template={"terminationGracePeriodSeconds": 2}) == (1, 2)
     per_step = {"faultTolerance": {"mode": "PerStep"}}
     assert stop_and_grace(**per_step) == (73, 75)  # a quorum try more (15 s by default)
-    own = {"env": [{"name": "PET_SHUTDOWN_TIMEOUT", "value": "5"}]}
-    pod = render.render_worker(job(template=own), 0, 0, CFG)
-    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
-    assert names.count("PET_SHUTDOWN_TIMEOUT") == 1 and env_of(pod)["PET_SHUTDOWN_TIMEOUT"] == "5"
+    users_value_wins("PET_SHUTDOWN_TIMEOUT", "5")
 
 
 def test_the_bundled_trainer_declares_its_metrics_port() -> None:
