@@ -16,6 +16,13 @@ from ddp_operator.kube import group_path
 EXIT = "kwok.ddp.dev/exit-code"
 
 
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod's first container's environment: name -> value (or valueFrom)."""
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+
+
 class KwokNamespace(Harness):
     timeout_s = 30
     interval_s = 0.2

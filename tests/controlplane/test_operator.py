@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kwok_harness import KwokNamespace
+from kwok_harness import KwokNamespace, env_of
 
 from ddp_api.contract import PROGRESS_ANNOTATION, pod_path
 from ddp_api.ddpjob import DDPJob
@@ -185,12 +185,6 @@ class Cluster(KwokNamespace):
 @pytest.fixture
 def c(control_plane: ControlPlane, operator: OperatorProcess) -> Cluster:
     return Cluster(control_plane, operator)
-
-
-def env_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
-    }
 
 
 def test_a_job_gets_its_services_store_and_one_restricted_pod_per_node(c: Cluster) -> None:

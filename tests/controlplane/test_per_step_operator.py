@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from kwok_harness import KwokNamespace
+from kwok_harness import KwokNamespace, env_of
 
 from ddp_api import contract
 from ddp_devcluster.operator_process import OperatorProcess
@@ -23,12 +23,6 @@ PER_STEP = {"mode": "PerStep"}
 @pytest.fixture
 def c(control_plane: ControlPlane, operator: OperatorProcess) -> KwokNamespace:
     return KwokNamespace(control_plane, operator, prefix="ps")
-
-
-def env_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
-    }
 
 
 def lighthouse(c: KwokNamespace, job: str) -> dict[str, Any]:
