@@ -29,7 +29,7 @@ from ddp_trainer.launch.supervisor import descendants
 from ddp_trainer.state.store import CheckpointStore, checkpoint_name
 
 # Eight rounds in the suite (each a random moment per worker, 32 signals in all);
-# DDP_TEST_SIGTERM_ROUNDS=50 makes it a soak (rounds cost ~8 s each on this machine).
+# DDP_TEST_SIGTERM_ROUNDS=50 makes it a soak (50 rounds took 69 s here on 2026-11-29).
 ROUNDS = int(os.environ.get("DDP_TEST_SIGTERM_ROUNDS", "8"))
 SETTINGS = digits(
     epochs=100,  # never reached: every round is stopped by SIGTERM
