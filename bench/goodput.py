@@ -17,11 +17,14 @@ incident per minute"):
    (Pending: the other two machines hold a pod each), so that the pod can come back;
 4. node-1's pod deleted.
 
-Then the job runs to its end. The figures come from its run log alone
-(:mod:`ddp_devcluster.goodput`): each incident's stall (the longest time without a logged step
-until the next incident), the steps trained twice, and goodput (time in steps that were
-kept / wall time from the first step to the last). Keys of Restart mode end in
-``_restart``; ``..._pod`` and ``..._machine`` split the stalls by incident kind.
+The figures come from the job's run log alone (:mod:`ddp_devcluster.goodput`), over a window
+from its first step to one interval after the last incident, so that incidents come once an
+interval all through it, however fast this machine trains (a run that went on to its end would
+dilute them with a clean tail of any length); the job is deleted after it. Each incident's
+stall (the longest time without a logged step until the next incident), the steps trained
+twice, and goodput (time in steps that were kept / wall time). ``--steps`` only has to outlast
+the window: the bench stops with a clear error when the job ends first. Keys of Restart mode
+end in ``_restart``; ``..._pod`` and ``..._machine`` split the stalls by incident kind.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def start_job(cl: Cluster, mode: str, steps: int) -> None:
         spec.update(nodes=3, minNodes=1, maxNodes=3, spread="Required", backoffLimit=20)
         if mode != "PerStep":  # the example's knobs are PerStep's: Restart takes none
             spec["faultTolerance"] = {"mode": mode}
-        spec["trainer"].update(maxSteps=steps, epochs=100, logEverySteps=1)
+        spec["trainer"].update(maxSteps=steps, epochs=10000, logEverySteps=1)
 
     cl.apply_example(cl.claims, "charlm-per-step.yaml", edit=edit, ns=NS)
 
@@ -109,6 +112,21 @@ def one_incident(cl: Cluster, kind_: str, index: int) -> dict[str, Any]:
     return out
 
 
+def train_until(cl: Cluster, due: float, what: str) -> dict[str, Any]:
+    """Waits until ``due`` while the job trains; its status then. A job that ended first is an
+    error that says how: run out of steps (raise --steps) or Failed (its reason)."""
+    while True:
+        status = cl.status(JOB, ns=NS)
+        phase = status.get("phase")
+        if phase in ("Succeeded", "Failed"):
+            how = "raise --steps" if phase == "Succeeded" else status.get("reason")
+            step = (status.get("progress") or {}).get("step")
+            raise RuntimeError(f"{JOB} {phase} at step {step} before {what}: {how}")
+        if time.time() >= due:
+            return status
+        time.sleep(1)
+
+
 def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float) -> dict[str, Any]:
     log(f"mode {mode}: {JOB}, 3 nodes, {steps} steps")
     start_job(cl, mode, steps)
@@ -116,14 +134,20 @@ def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float) -> dict[str,
     incidents: list[dict[str, Any]] = []
     for kind_, index in INCIDENTS:
         due = (incidents[-1]["at"] if incidents else time.time()) + interval_s
-        while time.time() < due:
-            if cl.status(JOB, ns=NS).get("phase") in ("Succeeded", "Failed"):
-                raise RuntimeError(f"{JOB} ended before its incidents: raise --steps")
-            time.sleep(1)
+        train_until(cl, due, f"incident {len(incidents) + 1}")
         incidents.append(one_incident(cl, kind_, index))
-    done = cl.phase(JOB, ("Succeeded", "Failed"), 900, ns=NS)
-    rows = read_run_log(kind.claim_folder(cl, CLAIM, ns=NS))
-    figures = goodput.summary(rows, [i["at"] for i in incidents])
+    until = incidents[-1]["at"] + interval_s  # the window: one interval after the last incident
+    done = train_until(cl, until, "the window's end")
+
+    def logged_past_window() -> list[dict[str, Any]] | None:
+        """The run log, once a step after the window closes the last incident's stall."""
+        rows = read_run_log(kind.claim_folder(cl, CLAIM, ns=NS))
+        past = any(r.get("event") == "step" and r["time"] > until for r in rows)
+        return rows if past else None
+
+    rows = cl.until("a step logged after the window", logged_past_window, 300, ns=NS)
+    cl.k("delete", "ddpjob", JOB, "-n", NS, "--wait=false")
+    figures = goodput.summary(rows, [i["at"] for i in incidents], until)
     for k, i in enumerate(incidents):
         i["stall_s"] = figures["stalls_s"][k]
     by_kind = {k: [i["stall_s"] for i in incidents if i["kind"] == k] for k in ("pod", "machine")}
@@ -140,7 +164,7 @@ def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float) -> dict[str,
         "rows": [
             {"time": r["time"], "step": r["step"], "groups": r.get("groups")}
             for r in rows
-            if r.get("event") == "step"
+            if r.get("event") == "step" and r["time"] <= until
         ],
     }
 
@@ -174,7 +198,9 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--interval-s", type=float, default=60.0, help="between incidents")
-    ap.add_argument("--steps", type=int, default=1000, help="the run's maxSteps, each mode")
+    ap.add_argument(
+        "--steps", type=int, default=20000, help="each run's maxSteps: more than its window takes"
+    )
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--plot", type=Path, default=REPO / "out" / "goodput.png")
     args = ap.parse_args()

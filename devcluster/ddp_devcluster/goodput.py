@@ -13,6 +13,11 @@ numbers out; ``bench/goodput.py`` and the kind tests of per-step fault tolerance
   the row before it, except where that gap spans an incident's stall (more than
   ``STALL_FACTOR`` times the median gap): then it counts as one median step.
 
+All three may be taken over a window that ends at ``until`` (the benchmark's: one interval
+after its last incident, so that incidents come at the same rate all through it, however fast
+the run trains). A step in the window that is logged again after it (a restart just before
+the window's end) still counts as redone, not kept.
+
 Time the run spent held at a hold point (its ``hold`` and ``release`` rows, written when a test
 paused it on purpose) is no one's stall and no wall time: every gap above leaves it out.
 """
@@ -77,60 +82,70 @@ def _gaps(rows: Sequence[StepRow], held: Sequence[Span] = ()) -> list[float]:
     return [_span(a.time, b.time, held) for a, b in itertools.pairwise(rows)]
 
 
-def steps_redone(rows: Sequence[StepRow]) -> int:
-    """Step rows whose step index appears again in a later row."""
+INF = float("inf")
+
+
+def steps_redone(rows: Sequence[StepRow], until: float = INF) -> int:
+    """Step rows up to ``until`` whose step index appears again in a later row."""
     last = {r.step: i for i, r in enumerate(rows)}
-    return sum(1 for i, r in enumerate(rows) if last[r.step] != i)
+    return sum(1 for i, r in enumerate(rows) if last[r.step] != i and r.time <= until)
 
 
 def stalls(
-    rows: Sequence[StepRow], incidents: Sequence[float], held: Sequence[Span] = ()
+    rows: Sequence[StepRow],
+    incidents: Sequence[float],
+    held: Sequence[Span] = (),
+    until: float = INF,
 ) -> list[float]:
     """Each incident's stall (seconds): the longest time without a step row from the incident
-    until the next incident (counting the gap that the first row after that one closes), held
-    time left out; 0 when no row follows it."""
+    until the next incident, or the last one until ``until`` (counting the gap that the first
+    row after that closes), held time left out; 0 when no row follows it."""
     times = [r.time for r in rows]
     out = []
     ordered = sorted(incidents)
     for k, at in enumerate(ordered):
-        until = ordered[k + 1] if k + 1 < len(ordered) else float("inf")
+        next_at = ordered[k + 1] if k + 1 < len(ordered) else until
         first = bisect.bisect_right(times, at)  # the first row after the incident
-        end = bisect.bisect_right(times, until)  # and the first row after the next one
+        end = bisect.bisect_right(times, next_at)  # and the first row after the next one
         after = times[first : end + 1]
         gaps = [_span(a, b, held) for a, b in itertools.pairwise([at, *after])] if after else []
         out.append(max(gaps) if gaps else 0.0)
     return out
 
 
-def goodput(rows: Sequence[StepRow], held: Sequence[Span] = ()) -> float:
-    """Time in kept steps / wall time, held time left out of both (1.0 for a run with no
-    incident and even steps)."""
-    if len(rows) < 2:
+def goodput(rows: Sequence[StepRow], held: Sequence[Span] = (), until: float = INF) -> float:
+    """Time in kept steps / wall time, from the first row to the last or to ``until``, held
+    time left out of both (1.0 for a run with no incident and even steps)."""
+    inside = [r for r in rows if r.time <= until]
+    if len(inside) < 2:
         return 0.0
-    gaps = _gaps(rows, held)
+    gaps = _gaps(inside, held)
     typical = statistics.median(gaps)
-    last = {r.step: i for i, r in enumerate(rows)}
+    last = {r.step: i for i, r in enumerate(rows)}  # over the whole run: redone later is lost
     kept_s = 0.0
-    for i in range(1, len(rows)):
-        if last[rows[i].step] != i:
+    for i in range(1, len(inside)):
+        if last[inside[i].step] != i:
             continue
         gap = gaps[i - 1]
         kept_s += typical if gap > STALL_FACTOR * typical else gap
-    wall = _span(rows[0].time, rows[-1].time, held)
+    end = until if len(inside) < len(rows) else rows[-1].time
+    wall = _span(rows[0].time, end, held)
     return min(1.0, kept_s / wall) if wall > 0 else 0.0
 
 
-def summary(rows: Iterable[Mapping[str, Any]], incidents: Sequence[float]) -> dict[str, Any]:
-    """The benchmark's figures of one run: stall p50/max over its incidents, steps redone,
-    goodput, and the steps logged; time held at a hold point left out."""
+def summary(
+    rows: Iterable[Mapping[str, Any]], incidents: Sequence[float], until: float = INF
+) -> dict[str, Any]:
+    """The benchmark's figures of one run up to ``until``: stall p50/max over its incidents,
+    steps redone, goodput, and the steps logged; time held at a hold point left out."""
     rows = list(rows)
     steps, held = step_rows(rows), held_spans(rows)
-    each = stalls(steps, incidents, held)
+    each = stalls(steps, incidents, held, until)
     return {
         "survivor_stall_p50_s": round(statistics.median(each), 2) if each else None,
         "survivor_stall_max_s": round(max(each), 2) if each else None,
         "stalls_s": [round(s, 2) for s in each],
-        "steps_redone": steps_redone(steps),
-        "goodput": round(goodput(steps, held), 3),
-        "steps_logged": len(steps),
+        "steps_redone": steps_redone(steps, until),
+        "goodput": round(goodput(steps, held, until), 3),
+        "steps_logged": sum(1 for r in steps if r.time <= until),
     }

@@ -58,3 +58,20 @@ def test_a_hold_not_yet_released_holds_to_the_end() -> None:
     held = goodput.held_spans([{"event": "hold", "time": 3.0}])
     assert held == [(3.0, float("inf"))]
     assert goodput.stalls(goodput.step_rows(rows((1.0, 1), (2.0, 2))), [2.5], held) == [0.0]
+
+
+def test_a_window_ends_the_figures_at_until_and_a_step_redone_after_it_is_not_kept() -> None:
+    # the restart run above: steps 1..6 a second apart, lost at 6.5 s, step 5 again at 30 s;
+    # then even steps to 40 s, which a window ending at 31.5 s leaves out
+    run = rows(*[(float(i), i) for i in range(1, 7)], *[(25.0 + s, s) for s in range(5, 16)])
+    whole = goodput.summary(run, [6.5])
+    assert whole["steps_logged"] == 17 and whole["steps_redone"] == 2
+    out = goodput.summary(run, [6.5], until=31.5)
+    assert out["steps_logged"] == 8 and out["steps_redone"] == 2  # 1..6, then 5 and 6 again
+    assert out["stalls_s"] == [23.5]
+    assert out["goodput"] == round(5.0 / 30.5, 3)  # kept 2..4, 5 (one median step), 6
+    assert out["goodput"] < whole["goodput"]  # the clean tail no longer dilutes the incident
+    # a window that ends before the loss: step 5 (at 5 s) is trained again after it
+    early = goodput.summary(run, [], until=5.5)
+    assert early["steps_redone"] == 1
+    assert early["goodput"] == round(3.0 / 4.5, 3)
