@@ -148,6 +148,23 @@ def test_torchrun_gives_the_workers_the_pods_grace_period_to_stop() -> None:
     users_value_wins("PET_SHUTDOWN_TIMEOUT", "5")
 
 
+def test_a_failed_name_lookup_costs_the_pods_2_s_not_10_unless_the_user_says_otherwise() -> None:
+    """torch's c10d looks up the name of every TCPStore peer; with a lost machine's DNS server
+    still in the DNS Service, glibc's own two 5 s tries a lookup held a PerStep store past the
+    groups' 5 s connect timeout (render.common.RESOLVER_OPTIONS; the store's side with real
+    torch: tests/trainer/test_trainer_dead_dns.py)."""
+    options = "timeout:1 attempts:2"
+    assert options == render.RESOLVER_OPTIONS
+    for spec in ({}, {"faultTolerance": {"mode": "PerStep"}}, {"command": ["python", "own.py"]}):
+        assert env_of(render.render_worker(job(**spec), 0, 0, CFG))["RES_OPTIONS"] == options
+    users_value_wins("RES_OPTIONS", "timeout:3")
+    store = render.render_store(job(), CFG)["spec"]["containers"][0]
+    assert store["env"] == [{"name": "RES_OPTIONS", "value": options}]
+    own = {"env": [{"name": "RES_OPTIONS", "value": ""}]}  # the resolver's own defaults
+    store = render.render_store(job(template=own), CFG)["spec"]["containers"][0]
+    assert store["env"] == [{"name": "RES_OPTIONS", "value": ""}]
+
+
 def test_the_bundled_trainer_declares_its_metrics_port() -> None:
     def ports(**spec: object) -> dict[str, int]:
         pod = render.render_worker(job(**spec), 0, 0, CFG)

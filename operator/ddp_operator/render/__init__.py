@@ -47,6 +47,10 @@ PYTHONUNBUFFERED                ``1``: torchrun relays those lines without flush
                                 (not only the trainer's, which sets it) shows them at once
 OMP_NUM_THREADS                 the container's CPUs (limit, else request) per worker process,
                                 at least 1; not set without a CPU quantity
+RES_OPTIONS                     ``timeout:1 attempts:2`` (glibc's resolver; its own: two 5 s
+                                tries): c10d looks up the name of every TCPStore peer, and a
+                                lookup sent to a lost machine's DNS server held a store 10 s;
+                                the store pod gets it too (``RESOLVER_OPTIONS``)
 ==============================  ================================================================
 
 A lost machine sends nothing (no FIN, no RST), and torchrun's agent re-rendezvouses only when a
@@ -77,8 +81,8 @@ files keeps none). Only a pod that runs ``ddp_trainer.node`` keeps its log: the 
 or a user's command that runs it; a pod without a checkpoint volume keeps none.
 
 The user's ``spec.template.env`` comes last; ``LOGLEVEL``, ``PET_TEE``,
-``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED``, ``PET_SHUTDOWN_TIMEOUT`` and
-``OMP_NUM_THREADS`` are left out when it sets them.
+``PET_LOG_LINE_PREFIX_TEMPLATE``, ``PYTHONUNBUFFERED``, ``PET_SHUTDOWN_TIMEOUT``,
+``OMP_NUM_THREADS`` and ``RES_OPTIONS`` are left out when it sets them.
 
 Identity: a pod of the bundled trainer runs as its namespace's ServiceAccount
 ``ddp-trainer-progress``, which may patch pods, narrowed by the chart's ValidatingAdmissionPolicy
@@ -118,6 +122,7 @@ from .common import (
     LIGHTHOUSE_QUORUM_TICK_MS,
     PROGRESS_ACCOUNT,
     RDZV_CONF,
+    RESOLVER_OPTIONS,
     ROLE_LIGHTHOUSE,
     ROLE_STORE,
     SHM_SIZE,
@@ -161,6 +166,7 @@ __all__ = [
     "LIGHTHOUSE_QUORUM_TICK_MS",
     "PROGRESS_ACCOUNT",
     "RDZV_CONF",
+    "RESOLVER_OPTIONS",
     "ROLE_LIGHTHOUSE",
     "ROLE_STORE",
     "ROLE_WORKER",

@@ -37,6 +37,16 @@ DEFAULT_TRAINER_POLICY = "ddp-operator-trainer-progress"
 SHM_SIZE = "2Gi"
 HOSTNAME_KEY = "kubernetes.io/hostname"  # the well-known label naming a node's machine
 
+# The resolver's options (glibc's ``RES_OPTIONS``) for the job's own pods: a try waits 1 s, two
+# tries (glibc's own: 5 s, two tries). torch's c10d looks up the name of every TCPStore peer's
+# address (``getnameinfo``), on the client and on the store's one server thread, and stops
+# looking only after one fails. A lost machine that ran one of the cluster's DNS servers stays
+# in the DNS Service until it is marked NotReady (about 30 s on kind), and a lookup sent there
+# fails after both tries; a store's server thread looked a connecting client up twice first:
+# 20 s in which the store answered no one, where a PerStep group's connect to its quorum's store
+# waits 5 s (the group timeout). With these options, 4 s (tests/trainer/test_trainer_dead_dns.py).
+RESOLVER_OPTIONS = "timeout:1 attempts:2"
+
 RDZV_CONF = (
     "is_host=false,join_timeout=900,last_call_timeout=15,close_timeout=60,read_timeout=60,"
     "keep_alive_interval=2,keep_alive_max_attempt=3"
@@ -54,6 +64,14 @@ class OperatorConfig:
     # controller sets it false while it does not see the admission policy that confines that
     # account (then: the job's own account and ConfigMap, as before).
     progress_in_pod: bool = True
+
+
+def user_env_value(job: DDPJob, name: str) -> str | None:
+    """The value ``spec.template.env`` gives ``name``, if it gives one (not a valueFrom)."""
+    for e in (job.spec.template.env if job.spec.template else None) or []:
+        if e.get("name") == name and isinstance(e.get("value"), str):
+            return str(e["value"])
+    return None
 
 
 def store_name(job: str) -> str:

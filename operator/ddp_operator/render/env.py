@@ -11,7 +11,7 @@ from ddp_api import contract
 from ddp_api.ddpjob import DDPJob
 from ddp_api.pods import LOG_LINE_PREFIX_TEMPLATE
 
-from .common import RDZV_CONF, OperatorConfig, job_key, rdzv_endpoint
+from .common import RDZV_CONF, RESOLVER_OPTIONS, OperatorConfig, job_key, rdzv_endpoint
 
 # What a node pod keeps of its grace period for its wrapper's last lines once torchrun has stopped
 # its workers (``ddp_trainer.node``: torchrun's exit code, the kept log's drain).
@@ -125,6 +125,7 @@ def worker_env(job: DDPJob, index: int, cfg: OperatorConfig) -> list[dict[str, A
         # reach the pod's log in blocks of 8 KiB, or when the pod ends.
         "PYTHONUNBUFFERED": "1",
         "PET_SHUTDOWN_TIMEOUT": str(workers_stop_s(termination_grace_s(job, cfg))),
+        "RES_OPTIONS": RESOLVER_OPTIONS,
     }
     threads = cpu_threads_per_process(
         s.resources.model_dump(exclude_none=True) if s.resources else {}, s.nproc_per_node

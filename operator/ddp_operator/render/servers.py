@@ -14,6 +14,7 @@ from .common import (
     LIGHTHOUSE_JOIN_TIMEOUT_MS,
     LIGHTHOUSE_PORT_NAME,
     LIGHTHOUSE_QUORUM_TICK_MS,
+    RESOLVER_OPTIONS,
     ROLE_LIGHTHOUSE,
     ROLE_STORE,
     STORE_CONTAINER,
@@ -22,6 +23,7 @@ from .common import (
     pod_spec_overrides,
     role_meta,
     store_name,
+    user_env_value,
 )
 
 SERVER_READY_AFTER_S = 5  # a server's first readiness probe, after it started
@@ -105,10 +107,15 @@ def lighthouse_log_level(job: DDPJob) -> str:
     At torchft's default, ``info``, it writes about seven lines for every step (each group's
     quorum request, each quorum), which bury its warnings and fill the machine's log files
     (17,000 lines in a 2,400-step charlm run on kind)."""
-    for e in (job.spec.template.env if job.spec.template else None) or []:
-        if e.get("name") == "RUST_LOG" and isinstance(e.get("value"), str):
-            return str(e["value"])
-    return "warn"
+    level = user_env_value(job, "RUST_LOG")
+    return "warn" if level is None else level
+
+
+def resolver_options(job: DDPJob) -> str:
+    """The store pod's ``RES_OPTIONS``: ``spec.template.env``'s when it names one, else
+    :data:`~ddp_operator.render.common.RESOLVER_OPTIONS`, as on the node pods."""
+    own = user_env_value(job, "RES_OPTIONS")
+    return RESOLVER_OPTIONS if own is None else own
 
 
 def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
@@ -179,6 +186,9 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         "command": ["python3", "-c", rdzv_store.program()],
         "args": ["--host", "0.0.0.0", "--port", str(contract.RDZV_PORT)],
         "ports": [{"name": "c10d", "containerPort": contract.RDZV_PORT}],
+        # Its one server thread looks up the name of every node that connects: a lookup that
+        # fails holds the rendezvous 2 s, not 10 (RESOLVER_OPTIONS).
+        "env": [{"name": "RES_OPTIONS", "value": resolver_options(job)}],
     }
     # restartPolicy Always: a restarted store is a new, empty rendezvous
     return _server_pod(job, cfg, store_name(name), ROLE_STORE, container)
