@@ -64,6 +64,12 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def fresh_namespace(cl: Cluster) -> None:
+    """The bench's namespace, once a previous run's (deleted without waiting) is gone."""
+    cl.k("wait", "--for=delete", f"namespace/{NS}", "--timeout=300s", check=False)
+    cl.k("create", "namespace", NS, check=False)
+
+
 def start_job(cl: Cluster, mode: str, steps: int) -> None:
     cl.k("delete", "ddpjob", JOB, "-n", NS, "--ignore-not-found", "--wait=true")
     cl.k("delete", "pvc", CLAIM, "-n", NS, "--ignore-not-found", "--wait=true")
@@ -209,7 +215,7 @@ def main() -> int:
     remote = kind.install(kubeconfig, log=log)
     cl = Cluster("kind", kubeconfig, remote["operator"], remote["trainer"],
                  claims="checkpoint-pvc-shared.yaml")  # fmt: skip
-    cl.k("create", "namespace", NS, check=False)
+    fresh_namespace(cl)
     results: dict[str, dict[str, Any]] = {}
     try:
         operator_mode(cl, None)  # the operator on the control plane, which is cordoned
