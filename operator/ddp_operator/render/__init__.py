@@ -49,8 +49,9 @@ OMP_NUM_THREADS                 the container's CPUs (limit, else request) per w
                                 at least 1; not set without a CPU quantity
 RES_OPTIONS                     ``timeout:1 attempts:2`` (glibc's resolver; its own: two 5 s
                                 tries): c10d looks up the name of every TCPStore peer, and a
-                                lookup sent to a lost machine's DNS server held a store 10 s;
-                                the store pod gets it too (``RESOLVER_OPTIONS``)
+                                lookup sent to a lost machine's DNS server held a store past a
+                                PerStep group's 5 s connect; the store pod gets it too
+                                (``RESOLVER_OPTIONS``)
 ==============================  ================================================================
 
 A lost machine sends nothing (no FIN, no RST), and torchrun's agent re-rendezvouses only when a
