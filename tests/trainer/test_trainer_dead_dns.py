@@ -114,7 +114,7 @@ def own_address() -> str:
     pytest.skip("no non-loopback IPv4 address")
 
 
-def in_namespace(tmp: Path, hosts: str, program: str, *args: str, **env: str) -> list[str]:
+def in_namespace(tmp: Path, hosts: str, program: str, *args: str) -> list[str]:
     """A command running ``python -c program args`` with its own /etc/resolv.conf (the fake
     DNS) and /etc/hosts (``hosts``)."""
     (tmp / "resolv.conf").write_text(f"nameserver {DNS}\n")
