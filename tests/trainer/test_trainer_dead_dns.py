@@ -36,15 +36,12 @@ import pytest
 from trainer_harness import subprocess_env
 
 from ddp_api.ddpjob import DDPJob
+from ddp_devcluster.pytest_plugin import unavailable
 from ddp_operator import render
 
 DNS = "127.0.0.2"
 CONNECT_TIMEOUT_S = 5  # a PerStep group's connect timeout: faultTolerance.groupTimeoutSeconds
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare (a port-53 DNS server, a resolv.conf per process)",
-)
 
 SERVE = """
 import time
@@ -95,6 +92,8 @@ class FakeDns:
 
 @pytest.fixture
 def dns() -> Iterator[FakeDns]:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        unavailable("needs root and unshare (a port-53 DNS server, a resolv.conf per process)")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((DNS, 53))
     server = FakeDns()
@@ -111,7 +110,7 @@ def own_address() -> str:
     ).stdout
     for line in out.splitlines():
         return line.split()[3].split("/")[0]
-    pytest.skip("no non-loopback IPv4 address")
+    unavailable("no non-loopback IPv4 address on this machine")
 
 
 def in_namespace(tmp: Path, hosts: str, program: str, *args: str) -> list[str]:
