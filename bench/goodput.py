@@ -133,6 +133,18 @@ def train_until(cl: Cluster, due: float, what: str) -> dict[str, Any]:
         time.sleep(1)
 
 
+def run_log_past(cl: Cluster, until: float) -> list[dict[str, Any]]:
+    """The job's run log once it has a step after ``until``, which closes the stall of the
+    window's last incident (a log read before it would end that stall early)."""
+
+    def logged_past() -> list[dict[str, Any]] | None:
+        rows = read_run_log(kind.claim_folder(cl, CLAIM, ns=NS))
+        past = any(r.get("event") == "step" and r["time"] > until for r in rows)
+        return rows if past else None
+
+    return cl.until("a step logged after the window", logged_past, 300, ns=NS)
+
+
 def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float) -> dict[str, Any]:
     log(f"mode {mode}: {JOB}, 3 nodes, {steps} steps")
     start_job(cl, mode, steps)
@@ -144,14 +156,7 @@ def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float) -> dict[str,
         incidents.append(one_incident(cl, kind_, index))
     until = incidents[-1]["at"] + interval_s  # the window: one interval after the last incident
     done = train_until(cl, until, "the window's end")
-
-    def logged_past_window() -> list[dict[str, Any]] | None:
-        """The run log, once a step after the window closes the last incident's stall."""
-        rows = read_run_log(kind.claim_folder(cl, CLAIM, ns=NS))
-        past = any(r.get("event") == "step" and r["time"] > until for r in rows)
-        return rows if past else None
-
-    rows = cl.until("a step logged after the window", logged_past_window, 300, ns=NS)
+    rows = run_log_past(cl, until)
     cl.k("delete", "ddpjob", JOB, "-n", NS, "--wait=false")
     figures = goodput.summary(rows, [i["at"] for i in incidents], until)
     for k, i in enumerate(incidents):

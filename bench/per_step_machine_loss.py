@@ -10,7 +10,9 @@ machine, every step logged; the control plane cordoned, keeping the operator), t
 then the machine of a group alone on it and without the lighthouse is powered off (``podman
 stop --time 0``) and powered on again once its pod is replaced. ``--dns only`` (the default)
 takes only a machine that runs a CoreDNS pod, ``never`` only one that does not; a round whose
-placement has no such group is tried again with a new job. The stall is the longest time
+placement has no such group is tried again with a new job (up to three times a round; where
+CoreDNS runs only on the control plane, as on a kind cluster just made, ``--dns only`` finds none
+and says so). The stall is the longest time
 without a logged step from the power-off to 15 s after the machine is back
 (:mod:`ddp_devcluster.goodput`). Each round's pod logs are copied to ``--out``
 (``out/per_step_machine_loss/round-<n>/``).
@@ -28,15 +30,19 @@ import shutil
 import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import goodput as bench  # bench/goodput.py: the same job, cluster and incidents
-from ddp_devcluster import goodput
-from ddp_operator import render
-from ddp_trainer.reporting.run_log import read_run_log
+import repo_paths
 from repo_paths import REPO
+
+repo_paths.add("tests/cluster")
+
+from test_cluster import lone_groups  # noqa: E402
+
+import goodput as bench  # noqa: E402  (bench/goodput.py: the same job, cluster and incidents)
+from ddp_devcluster import goodput  # noqa: E402
+from ddp_operator import render  # noqa: E402
 
 JOB, NS = bench.JOB, bench.NS
 
@@ -50,13 +56,8 @@ def dns_machines(cl: bench.Cluster) -> set[str]:
 def victim(where: dict[str, str], dns: set[str], want: str) -> str | None:
     """A group alone on its machine, not the lighthouse's, whose machine runs DNS or not as
     ``want`` asks (``only``, ``never``, ``any``); None when the placement has none."""
-    beacon = where.get(f"{JOB}-lighthouse")
-    on = Counter(where.values())
-    for pod in sorted(where):
-        machine = where[pod]
-        if "-node-" not in pod or machine == beacon or on[machine] != 1:
-            continue
-        if want == "any" or (machine in dns) == (want == "only"):
+    for pod in lone_groups(where, JOB):
+        if want == "any" or (where[pod] in dns) == (want == "only"):
             return pod
     return None
 
@@ -76,9 +77,9 @@ def one_round(cl: bench.Cluster, want: str, logs: Path) -> dict[str, Any] | None
     assert incident["pod"] == pod, incident
     until = time.time() + 15
     bench.train_until(cl, until, "15 s after the machine is back")
-    folder = bench.kind.claim_folder(cl, bench.CLAIM, ns=NS)
-    rows = read_run_log(folder)
+    rows = bench.run_log_past(cl, until)
     stall = goodput.summary(rows, [incident["at"]], until)["stalls_s"][0]
+    folder = bench.kind.claim_folder(cl, bench.CLAIM, ns=NS)
     shutil.copytree(folder / "logs", logs, dirs_exist_ok=True)  # each pod's kept log
     out = {**incident, "ran_dns": incident["machine"] in dns, "res_options": options}
     out["stall_s"] = stall

@@ -16,6 +16,7 @@ On a failure the cluster's state, events and logs go to out/cluster-logs/.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,14 @@ def machines(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
     """The machine (Kubernetes node) of each pod of a job, by pod name."""
     pods = cluster.pods(f"ddp.dev/job-name={job}", ns=ns)
     return {name: p["spec"].get("nodeName", "") for name, p in pods.items()}
+
+
+def lone_groups(where: dict[str, str], job: str) -> list[str]:
+    """A PerStep job's node pods that are alone on a machine without its lighthouse (``where``:
+    :func:`machines`): powering such a machine off loses one group and nothing else."""
+    beacon = where.get(f"{job}-lighthouse")
+    on = Counter(where.values())
+    return [p for p in sorted(where) if "-node-" in p and where[p] != beacon and on[where[p]] == 1]
 
 
 def metrics(folder: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cluster_env import Cluster
-from test_cluster import machines
+from test_cluster import lone_groups, machines
 
 from ddp_api.contract import parse_rfc3339
 from ddp_devcluster import goodput
@@ -160,19 +160,16 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         # sees the machine lost; it waits Pending (one group a machine) until the machine is
         # powered on again.
         where = machines(cluster, ns, JOB)
-        beacon = where[f"{JOB}-lighthouse"]
-        pods_on = Counter(where.values())
-        alone = [
-            p for p in sorted(where)
-            if "-node-" in p and where[p] != beacon and pods_on[where[p]] == 1
-        ]  # fmt: skip
+        alone = lone_groups(where, JOB)
         assert alone, f"no group alone on a machine without the lighthouse: {where}"
         victim = alone[0]
         machine = where[victim]
         kind.power_off(machine)
         off.append(machine)
         incidents.append(time.time())
-        print(f"powered off {machine} ({victim}; the lighthouse is on {beacon})")
+        print(
+            f"powered off {machine} ({victim}; the lighthouse is on {where[f'{JOB}-lighthouse']})"
+        )
         cluster.until(f"{victim} replaced", lambda: replaced(cluster, ns, victim, untouched)
                       or None, 300, ns=ns)  # fmt: skip
         kind.power_on(cluster.kubeconfig, machine)

@@ -66,12 +66,12 @@ class OperatorConfig:
     progress_in_pod: bool = True
 
 
-def user_env_value(job: DDPJob, name: str) -> str | None:
-    """The value ``spec.template.env`` gives ``name``, if it gives one (not a valueFrom)."""
+def user_env_value(job: DDPJob, name: str, default: str) -> str:
+    """The value ``spec.template.env`` gives ``name`` (not a valueFrom), else ``default``."""
     for e in (job.spec.template.env if job.spec.template else None) or []:
         if e.get("name") == name and isinstance(e.get("value"), str):
             return str(e["value"])
-    return None
+    return default
 
 
 def store_name(job: str) -> str:

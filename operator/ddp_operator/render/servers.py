@@ -107,15 +107,7 @@ def lighthouse_log_level(job: DDPJob) -> str:
     At torchft's default, ``info``, it writes about seven lines for every step (each group's
     quorum request, each quorum), which bury its warnings and fill the machine's log files
     (17,000 lines in a 2,400-step charlm run on kind)."""
-    level = user_env_value(job, "RUST_LOG")
-    return "warn" if level is None else level
-
-
-def resolver_options(job: DDPJob) -> str:
-    """The store pod's ``RES_OPTIONS``: ``spec.template.env``'s when it names one, else
-    :data:`~ddp_operator.render.common.RESOLVER_OPTIONS`, as on the node pods."""
-    own = user_env_value(job, "RES_OPTIONS")
-    return RESOLVER_OPTIONS if own is None else own
+    return user_env_value(job, "RUST_LOG", "warn")
 
 
 def render_lighthouse(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
@@ -188,7 +180,10 @@ def render_store(job: DDPJob, cfg: OperatorConfig) -> dict[str, Any]:
         "ports": [{"name": "c10d", "containerPort": contract.RDZV_PORT}],
         # Its one server thread looks up the name of every node that connects: a lookup that
         # fails holds the rendezvous 2 s, not 10 (RESOLVER_OPTIONS).
-        "env": [{"name": "RES_OPTIONS", "value": resolver_options(job)}],
+        # The user's own, as on the node pods.
+        "env": [
+            {"name": "RES_OPTIONS", "value": user_env_value(job, "RES_OPTIONS", RESOLVER_OPTIONS)}
+        ],
     }
     # restartPolicy Always: a restarted store is a new, empty rendezvous
     return _server_pod(job, cfg, store_name(name), ROLE_STORE, container)
