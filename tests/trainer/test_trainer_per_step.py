@@ -14,6 +14,7 @@ torchrun's own 30 s wait, and with minGroups 2 a group lost at the last quorum a
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import re
@@ -21,6 +22,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -984,6 +986,67 @@ def test_a_sigterm_checkpoint_slower_than_torchruns_own_30_s_wait_is_written(
     trained = committed_step(samples)
     found = CheckpointStore(ckpt).latest()
     assert found is not None and found[0].step == trained, (found and found[0], trained)
+
+
+@pytest.mark.timeout(240)
+def test_a_group_that_has_not_settled_where_it_starts_writes_no_checkpoint(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """New jobs on a folder that another run's checkpoints are in (a job deleted, edited and
+    applied again on the same claim). A group holds no state of its run until its first quorum
+    has settled where it starts (a heal, the checkpoint loaded, or nothing to load), so until
+    then it writes no checkpoint, not even as the writer:
+
+    - the load refuses the checkpoint (other settings): IncompatibleResume, in the pod's
+      termination message, which fails the job at once. Before, the failure was taken for a
+      failed step and the writer saved its fresh model as step-00000000.pt beside the other
+      run's (seen on kind, where the job's status then named that checkpoint);
+    - SIGTERM while the group waits for a live group to heal from (a beat of one that trained
+      30 steps) rather than load the checkpoint: it stops. Before, it saved its SIGTERM
+      checkpoint, of step 0 too, while that group might be saving to the same manifest."""
+    ckpt, samples = tmp_path / "ckpt", tmp_path / "samples"
+    _, url = lighthouse(launcher, heartbeat_ms=1000, join_ms=300)
+
+    def start(name: str, settings: dict[str, Any]) -> Proc:
+        env = group_env(0, url, groups=1, timeout_s=GROUP_TIMEOUT_S, samples=samples)
+        env |= {"PET_RDZV_ID": f"{name}-uid", "DDPJOB_TERMINATION_LOG": str(tmp_path / name)}
+        return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
+
+    def files() -> dict[str, bytes]:  # checkpoints, manifest, completion record: not logs
+        return {p.name: p.read_bytes() for p in ckpt.iterdir() if p.suffix in (".pt", ".json")}
+
+    run = {**SETTINGS, "maxSteps": 4, "checkpointEverySteps": 2, "seed": 3}
+    first = start("first", run)
+    assert first.wait(120) == 0, first.tail()
+    before = files()
+    assert {"step-00000002.pt", "step-00000004.pt", "manifest.json"} <= set(before), before.keys()
+
+    refused = start("refused", {**run, "seed": 4})
+    assert refused.wait(120) != 0, refused.tail()
+    said = (tmp_path / "refused").read_text()
+    assert said.startswith("IncompatibleResume: cannot resume"), said
+    assert "(seed: the checkpoint's 3, now 4)" in said, said
+    assert files() == before, sorted(set(files()) ^ set(before)) or "a file was rewritten"
+
+    beat = ckpt / "groups" / "7.json"
+    live = threading.Event()
+
+    def beating() -> None:  # group 7 trained 30 steps and beats, as a live group mid-step does
+        while not live.wait(0.5):
+            beat.write_text(json.dumps({"step": 30, "time": time.time()}))
+
+    beater = threading.Thread(target=beating, daemon=True)
+    beater.start()
+    try:
+        waiting = start("waiting", run)
+        wait_until(lambda: "not loading the checkpoint" in waiting.output(), 60, "the wait")
+        waiting.signal(signal.SIGTERM)
+        waiting.wait(60)
+        assert "SIGTERM: stopping at step 0" in waiting.output(), waiting.tail()
+    finally:
+        live.set()
+    assert files() == before, sorted(set(files()) ^ set(before)) or "a file was rewritten"
+    assert [line["step"] for line in events(ckpt, "checkpoint")] == [2, 4], "a checkpoint line"
 
 
 def test_the_lighthouse_pod_logs_torchfts_warnings_not_its_lines_for_every_step(

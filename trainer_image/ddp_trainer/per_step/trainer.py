@@ -141,6 +141,9 @@ class PerStepTrainer(Trainer):
         super().__init__(config, checkpoint_dir, env, parts, metrics)
         self.group = group
         self.is_main = False  # the writer: set at each quorum
+        # No state of the run is held until the first quorum settles where this group starts
+        # (a heal, the checkpoint loaded, or none to load: _begin); till then nothing is saved.
+        self.consistent = False
         self.tally.speaks = False
         # Local rank 0 of every group looks for a hold's release file, not the writer's alone:
         # each group holds on its own (the folder is shared).
@@ -317,6 +320,7 @@ class PerStepTrainer(Trainer):
                 self.checkpoints.resumed_from,
             )
         self.tally.started(group=self.group.group, healedFrom=self.replicas.healed_from)
+        self.consistent = True
         return loaded is not None
 
     def _try_step(self, step: int) -> tuple[bool, bool, float, float]:
@@ -378,8 +382,9 @@ class PerStepTrainer(Trainer):
             self.tally.progress()
 
     def save_checkpoint(self, wait: bool, every_rank: bool = True) -> None:
-        """Only the writer group saves (see the module docstring)."""
-        if self.tally.speaks:
+        """Only the writer group saves (see the module docstring), and only a state of the run:
+        not before its first quorum settled where it starts (a SIGTERM while it waits)."""
+        if self.tally.speaks and self.consistent:
             self.phase("save")
             super().save_checkpoint(wait, every_rank)
 
