@@ -15,6 +15,7 @@ and connects them over sockets, as across machines."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -133,7 +134,7 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
     hold.release(ckpt, up)
     wait_until(lambda: committed_step(samples) >= 40, 300, "step 40 committed")
     victim.kill_tree()
-    killed, killed_at = time.monotonic(), committed_step(samples)
+    killed, killed_at, killed_wall = time.monotonic(), committed_step(samples), time.time()
     again = start(1, "group-1-again")
     # The survivor waits at the ceiling past the moment torch's NCCL watchdog would end it
     # (a minute after the peer's loss, by default): it must still be alive and train on.
@@ -143,11 +144,14 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
         "the new group 1 up, and the watchdog's minute past",
     )
     alone = committed_step(samples)  # the steps group 0 made alone while group 1 restarted
+    released = time.time()
     hold.release(ckpt, ceiling)
     assert survivor.wait(600) == 0, survivor.tail()
     assert again.wait(120) == 0, again.tail()
 
     assert "NCCL INFO" in survivor.output(), survivor.tail()  # the cross-group PG is NCCL's
+    # a lost peer is no reason for a flight-recorder dump (per_step.group.no_nccl_dumps)
+    assert "dump signal" not in survivor.output(), survivor.tail()
     assert "healed from a live peer" in again.output(), again.tail()
     assert "resumed from checkpoint" not in again.output()
     by_file: dict[str, list[int]] = {}
@@ -169,8 +173,16 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
     assert step == total and 0 < scaler["scale"] <= INITIAL_SCALE, scaler
     agreed = scaler_by_step(samples, total)  # every group's scaler alike, one update a step
     assert (scaler["scale"], scaler["_growth_tracker"]) == agreed[-1], (scaler, agreed[-1])
+    # the survivor's longest pause between commits from the kill to the hold at CEILING
+    times = [killed_wall] + [
+        r["time"] for r in sample_lines(samples)
+        if r["event"] == "committed" and r["file"].startswith("job-0-")
+        and killed_wall < r["time"] < released
+    ]  # fmt: skip
+    pause = max(b - a for a, b in itertools.pairwise(times))
     print(
-        f"PerStep on CUDA: group 1 killed at step {killed_at}; group 0 trained on alone to step"
+        f"PerStep on CUDA: group 1 killed at step {killed_at}; group 0's longest pause since:"
+        f" {pause:.2f}s; group 0 trained on alone to step"
         f" {alone} and lived {time.monotonic() - killed:.0f}s past the kill; the new group 1"
         f" healed and committed from step {min(new)}; scaler {scaler}"
     )

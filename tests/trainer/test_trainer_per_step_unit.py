@@ -17,6 +17,7 @@ from trainer_harness import wait_until
 from ddp_trainer.data.batching import Position, batch_share, position_after
 from ddp_trainer.data.sampler import global_order, step_indices
 from ddp_trainer.per_step.beats import Beats, read_beats
+from ddp_trainer.per_step.group import no_nccl_dumps
 from ddp_trainer.per_step.hooks import StopAt
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
@@ -269,3 +270,17 @@ def test_a_stop_at_a_phase_and_step_holds_only_once_that_many_steps_are_trained(
     stop.write_text("go")
     waiter.join(5)
     assert not waiter.is_alive()
+
+
+def test_nccl_dumps_are_off_by_default_and_a_pods_own_setting_wins() -> None:
+    """A PerStep process turns torch's NCCL flight-recorder dump, and the wait for it, off before
+    it makes any process group; a value from the pod's env (spec.template.env) stays."""
+    environ: dict[str, str] = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    no_nccl_dumps(environ)
+    assert environ == {
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
+    }
+    fresh: dict[str, str] = {}
+    no_nccl_dumps(fresh)
+    assert fresh == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}

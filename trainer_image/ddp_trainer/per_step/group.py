@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -83,20 +83,37 @@ def _cross_group_pg(device: torch.device, timeout: timedelta) -> Any:
     process on a local rank's failure; only the groups torchft makes from here on are left to
     torchft (0: the watchdog does not act on their errors).
 
-    With that, a second H100 run's survivor lived on, but its next step came 60.2 s after the
-    watchdog's "dump signal" (its flight recorder's debug dump, for which it waits up to a
-    minute), and it did not exit after the last step. The
-    dump is turned off for torchft's groups too (``TORCH_NCCL_DUMP_ON_TIMEOUT`` 0); that this
-    removes the stall has not been seen on a GPU yet (tests/trainer/cuda_paths.py)."""
+    What else a lost peer costs on CUDA is turned off before any group is made
+    (:func:`no_nccl_dumps`)."""
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     if device.type == "cuda":
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
-        os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "0"
         # torchft's own timeout of a non-blocking NCCL call (it warns when it sets it itself)
         os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(timeout.total_seconds()))
         return ProcessGroupNCCL(timeout=timeout)
     return ProcessGroupGloo(timeout=timeout)
+
+
+# A PerStep process's defaults for torch's NCCL watchdogs (a pod's spec.template.env may set
+# its own): no flight-recorder dump when a collective fails, and no wait for one.
+NO_NCCL_DUMPS = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}
+
+
+def no_nccl_dumps(environ: MutableMapping[str, str]) -> None:
+    """Before this process makes any NCCL group (torchrun's local one first): a lost peer is
+    routine in PerStep mode, not a bug to dump the flight recorder for. When a collective
+    fails, torch's NCCL watchdog (as read in its source) signals every group of the process to
+    dump it and waits for the dumps (``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``, 15 s, times
+    four): seen on an H100, a
+    survivor's next step came 60.2 s after its peer's loss, after the watchdog's "dump
+    signal", with the dump already off for torchft's groups alone. The process's first group
+    (torchrun's) watches for that signal too, and its heartbeat monitor may end the process
+    (``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``) or hold its teardown, which is a candidate cause of
+    that run's worker that did not exit after the last step. Both are off before that group is
+    made. Not yet seen on a GPU (tests/trainer/cuda_paths.py); gloo reads neither."""
+    for name, value in NO_NCCL_DUMPS.items():
+        environ.setdefault(name, value)
 
 
 class JobQuorumIds:

@@ -100,7 +100,7 @@ from ddp_trainer.distributed import DistEnv, Interrupted, init_distributed
 from ddp_trainer.parts import Parts, build_parts, compiled
 from ddp_trainer.per_step.beats import Beats, read_beats
 from ddp_trainer.per_step.completion import completed, wait_for_completion
-from ddp_trainer.per_step.group import ReplicaGroup, Tail, quiet_torchft
+from ddp_trainer.per_step.group import ReplicaGroup, Tail, no_nccl_dumps, quiet_torchft
 from ddp_trainer.per_step.hooks import (
     ENV_SAMPLE_LOG,
     ENV_STEP_S,
@@ -417,6 +417,7 @@ def run_per_step(config: TrainerConfig, checkpoint_dir: Path) -> int:
     """Train as one process of a replica group; returns the exit code."""
     group = GroupSettings.from_env(os.environ)
     quiet_torchft()
+    no_nccl_dumps(os.environ)  # before init_distributed makes torchrun's group
     env = dataclasses.replace(DistEnv.from_env(), run_id=run_id(os.environ))
     metrics = process_metrics(env, per_step=True)
     if env.local_rank == 0:
