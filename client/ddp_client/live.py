@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddp_api.ddpjob import DDPJobPhase
+from ddp_api.ddpjob import DDPJobPhase, IncidentKind
 
 EXIT_SUCCEEDED, EXIT_FAILED = 0, 1
 
@@ -61,7 +61,10 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
     """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)``;
     in PerStep mode (``per_step``), where the other replica groups trained on through it (no
     step redone), ``incident Disruption at step 180: the other groups trained on (step 400
-    reported after 6s, 0 steps redone)``: its seconds are no stop of training then."""
+    reported after 6s, 0 steps redone)``: its seconds are no stop of training then. A lost
+    lighthouse stalls every group until its replacement answers, and restarts none:
+    ``incident LighthouseLost at step 410: the groups waited for a new lighthouse, none
+    restarted (step 560 reported after 10s, 0 steps redone)``."""
     at = incident.get("atStep")
     where = f" at step {at}" if at is not None else ""
     seconds = incident.get("seconds")
@@ -70,10 +73,11 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
     step = f"step {incident.get('resumedStep', '?')}"
     cost = step if redone is None else f"{step}, {redone} steps redone"
     if per_step and redone == 0:
-        return (
-            f"incident {incident.get('kind')}{where}: the other groups trained on ({step}"
-            f" reported{after}, 0 steps redone)"
-        )
+        kind = incident.get("kind")
+        went = "the other groups trained on"
+        if kind == IncidentKind.LIGHTHOUSE_LOST:
+            went = "the groups waited for a new lighthouse, none restarted"
+        return f"incident {kind}{where}: {went} ({step} reported{after}, 0 steps redone)"
     return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
 
 

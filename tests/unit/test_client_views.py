@@ -212,3 +212,11 @@ def test_the_live_view_says_each_incident_once_when_it_closes() -> None:
         " 6s, 0 steps redone)",
         "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)",
     ]
+    # A lost lighthouse stalls every group until the new one answers; none restarts.
+    view = LiveView(out.append)
+    light = {**group, "kind": "LighthouseLost", "atStep": 410, "resumedStep": 560, "seconds": 10}
+    view({"phase": "Running", "progress": {"groups": 3}, "incidents": [light]})
+    assert [line.strip() for line in out if "incident" in line][-1] == (
+        "incident LighthouseLost at step 410: the groups waited for a new lighthouse, none"
+        " restarted (step 560 reported after 10s, 0 steps redone)"
+    )
