@@ -1135,6 +1135,14 @@ class DDPJobStatus(_Model):
         " that are still there, and of the newest that are gone, so that none is counted"
         " twice (bookkeeping of the operator).",
     )
+    seen_running: dict[str, Annotated[str, Field(max_length=64)]] | None = Field(
+        default=None,
+        max_length=MAX_HANDLED,
+        description="The node pods the operator last saw running and ready, name: uid. One"
+        " that is gone when it looks again, that it neither deleted nor saw end (it went while"
+        " no operator replica was leading, or too fast to be seen), is counted as a disruption"
+        " (bookkeeping of the operator).",
+    )
 
 
 class DDPJob(_Model):

@@ -42,6 +42,7 @@ class StatusFields(TypedDict, total=False):
     admissions: int | None
     admittedNodes: int | None
     handledFailures: list[str] | None
+    seenRunning: dict[str, str] | None
 
 
 FIELDS = frozenset(StatusFields.__annotations__)

@@ -21,7 +21,7 @@ from .planner.draft import Plan
 
 EXPECTATION_TTL_S = 30.0
 # Status fields that change with every pod coming up; written at most this often.
-COUNT_FIELDS = frozenset({"nodes", "readyNodes", "ready", "worldSize"})
+COUNT_FIELDS = frozenset({"nodes", "readyNodes", "ready", "worldSize", "seenRunning"})
 STATUS_COUNTS_EVERY_S = 1.0
 
 

@@ -812,6 +812,29 @@ def test_an_operator_killed_mid_creation_converges_without_duplicates(
     assert status["restarts"] == 0
 
 
+def test_a_pod_deleted_while_no_operator_runs_is_counted_as_a_disruption_when_one_is_back(
+    c: Cluster, operator: OperatorProcess
+) -> None:
+    """A running node pod deleted, and gone, while no operator replica leads (a failover, an
+    upgrade): the operator that comes back sees a missing pod, not a deletion. The status
+    kept the pods it saw running (``seenRunning``), so the loss is counted: a disruption
+    (why it went is not known, so not against backoffLimit), with its Event and incident.
+    Seen on kind before: the new leader recreated such a pod and counted nothing."""
+    c.submit("away", {"nodes": 2, "backoffLimit": 0})
+    c.running("away", 2)
+    c.until("both pods in seenRunning", lambda: len(c.status("away").get("seenRunning", {})) == 2)
+    old = c.workers("away")["away-node-0"]["metadata"]["uid"]
+    operator.kill()
+    c.k("delete", "pod", "away-node-0")  # waits until kwok has ended it and it is gone
+    operator.start()
+    c.replaced("away", "away-node-0", old)
+    status = c.running("away", 2)
+    assert (status.get("disruptions"), status["restarts"]) == (1, 0), (status, c.operator_log(40))
+    said = [m for _, r, m in c.events("away") if r == "Disruption"]
+    assert len(said) == 1 and said[0].startswith("away-node-0 was gone before its end was seen")
+    assert [i["kind"] for i in status["incidents"]] == ["Disruption"]
+
+
 def test_an_operator_upgraded_to_a_new_trainer_image_replaces_pods_with_the_image_the_job_ran(
     c: Cluster, operator: OperatorProcess
 ) -> None:

@@ -227,6 +227,17 @@ def test_a_deleted_group_is_replaced_alone_as_a_disruption() -> None:
     assert q.status["phase"] == "Running"
 
 
+def test_a_group_gone_before_its_end_was_seen_is_replaced_alone_as_a_disruption() -> None:
+    # Deleted during an operator failover (seen on kind): the next leader sees it gone.
+    after = {**RUNNING, **plan(job(PER_STEP), RUNNING, GROUPS, NOW, RULES).status}
+    p = plan(job(PER_STEP, backoffLimit=0), after, [LIGHTHOUSE, pod(0), pod(2)], NOW, RULES)
+    assert created(p) == ["j-node-1"] and p.delete == [] and p.force == []
+    assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
+    assert p.status["phase"] == "Running"
+    ((_, _, text),) = [e for e in p.events if e[1] == "Disruption"]
+    assert "was gone before its end was seen" in text and "replacing it alone" in text
+
+
 def test_a_restart_job_still_counts_a_deletion_as_a_failure() -> None:
     store = pod(-1, role=render.ROLE_STORE, uid="s")
     gone = dataclasses.replace(pod(1), deleting=True)

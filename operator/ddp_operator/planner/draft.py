@@ -17,7 +17,7 @@ from ddp_api.status import StatusFields
 from .. import incidents, render, reports
 from .conditions import job_conditions
 from .decision import Decision, EventNote
-from .views import PodView
+from .views import PodView, seen_running
 
 HANDLED_KEPT = 64
 
@@ -219,6 +219,7 @@ class Draft:
         new["ready"] = f"{len(ready)}/{desired}"
         new["restarts"] = self.restarts
         new["handledFailures"] = kept_handled(self.handled, {x.uid for x in self.pods})
+        new["seenRunning"] = seen_running(self.pods)
         progress = self.progress or {}
         world = progress.get("worldSize")
         if world:

@@ -15,7 +15,7 @@ from .. import diagnosis, render
 from .decision import Decision, EventNote, Outcome
 from .draft import Draft
 from .groups import LIGHTHOUSE_GONE
-from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView
+from .views import DISRUPTION_TARGET, SERVER_ROLES, PodView, vanished
 
 DISRUPTION_WINDOW_S = 60.0
 SAME_DELETION_S = 5.0
@@ -60,7 +60,8 @@ def _new_failures(st: Draft) -> tuple[list[tuple[PodView, bool]], list[PodView]]
     nodes = st.job.spec.nodes
     new: list[tuple[PodView, bool]] = []
     again: list[PodView] = []
-    for x in st.pods:
+    gone = vanished(st.name, st.status.get("seenRunning") or {}, st.pods, st.handled)
+    for x in [*st.pods, *gone]:
         in_job = x.role in SERVER_ROLES or 0 <= x.index < nodes
         failed = x.phase == PodPhase.FAILED and not x.deleting
         # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
@@ -86,6 +87,10 @@ def _what(
 ) -> str:
     if x.disrupted:
         return f"was disrupted ({DISRUPTION_TARGET}: {x.disrupted})"
+    if x.vanished:
+        return (
+            "was gone before its end was seen (no operator replica was leading, or it went at once)"
+        )
     if not failed:
         return "was deleted while running"
     code = "" if x.exit_code is None else f" (exit code {x.exit_code})"
@@ -151,7 +156,8 @@ def failures(st: Draft) -> Decision:
         elif failed and diagnosis.said(x):  # the worker said why: the condition says it too
             cause = (Reason.POD_FAILED, f"{x.name} {what}")
         # PerStep: a pod deleted while it runs took nothing down with it, whoever deleted it.
-        if worker and (x.disrupted or (s.per_step and not failed)):
+        # One gone unseen: why is not known, so it is not held against backoffLimit.
+        if worker and (x.disrupted or x.vanished or (s.per_step and not failed)):
             delete += [x] if failed else []
             kinds.append(IncidentKind.DISRUPTION)
             disruptions += 1

@@ -3,14 +3,14 @@ and importing no policy, so that every policy (and :mod:`ddp_operator.diagnosis`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ddp_api.contract import REFUSALS, SYNTAX_ERRORS, parse_rfc3339, termination_kind
 from ddp_api.ddpjob import TERMINAL_PHASES, ConditionStatus, ProblemReason
 from ddp_api.metav1 import controller_uid
-from ddp_api.pods import IMAGE_PULL_REASONS, PodPhase, trainer_image
+from ddp_api.pods import IMAGE_PULL_REASONS, PodPhase, trainer_image, worker_index
 
 from .. import render, reports
 
@@ -124,6 +124,9 @@ class PodView:
     progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
     owner: str = ""  # the uid of the DDPJob that controls it ("" when none does)
     image: str = ""  # the image of its trainer container (a node pod's; "" for the servers)
+    # Seen running and ready before (status.seenRunning), now gone, its end never seen:
+    # :func:`vanished`.
+    vanished: bool = False
 
     @property
     def done(self) -> bool:
@@ -172,6 +175,36 @@ def view(pod: Mapping[str, Any]) -> PodView:
         owner=controller_uid(meta),
         image=trainer_image(pod),
     )
+
+
+def seen_running(pods: Iterable[PodView]) -> dict[str, str]:
+    """``status.seenRunning``: name -> uid of each node pod running and ready (not being
+    deleted), for :func:`vanished` to compare with at the next observation."""
+    return {
+        x.name: x.uid
+        for x in pods
+        if x.role == render.ROLE_WORKER and x.ready and not x.deleting and not x.done
+    }
+
+
+def vanished(
+    job: str, seen: Mapping[str, str], pods: Iterable[PodView], handled: Collection[str]
+) -> list[PodView]:
+    """The node pods of ``seen`` (``status.seenRunning``) that are gone, whose uid is neither
+    observed nor handled (deleted by the operator, or counted): their end was never seen. A
+    pod deleted while no operator replica led (a failover, an upgrade) or deleted and gone
+    between two observations (a deletion with grace period 0) is seen so, and only so. Each
+    as a pod being deleted while it ran, marked ``vanished``."""
+    present = {x.uid for x in pods}
+    gone = []
+    for name, uid in seen.items():
+        index = worker_index(job, name)
+        if index is None or uid in present or uid in handled:
+            continue
+        role, phase = render.ROLE_WORKER, PodPhase.RUNNING
+        x = PodView(name, uid, role, index, phase, ready=False, deleting=True, vanished=True)
+        gone.append(x)
+    return gone
 
 
 def split_by_owner(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView]]:
