@@ -831,7 +831,9 @@ def test_a_pod_deleted_while_no_operator_runs_is_counted_as_a_disruption_when_on
     status = c.running("away", 2)
     assert (status.get("disruptions"), status["restarts"]) == (1, 0), (status, c.operator_log(40))
     said = [m for _, r, m in c.events("away") if r == "Disruption"]
-    assert len(said) == 1 and said[0].startswith("away-node-0 was gone before its end was seen")
+    assert len(said) == 1 and said[0].startswith(
+        "away-node-0 was deleted before the operator saw it go"
+    )
     assert [i["kind"] for i in status["incidents"]] == ["Disruption"]
 
 

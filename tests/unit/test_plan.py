@@ -461,7 +461,9 @@ def test_a_node_pod_gone_before_its_end_was_seen_is_a_disruption_counted_once() 
     assert p.status["disruptions"] == 1 and p.status["restarts"] == 0
     assert p.status["phase"] != "Failed" and created_pods(p) == ["j-node-1"]
     ((kind, _, text),) = [e for e in p.events if e[1] == "Disruption"]
-    assert kind == "Warning" and text.startswith("j-node-1 was gone before its end was seen")
+    assert kind == "Warning" and text.startswith(
+        "j-node-1 was deleted before the operator saw it go"
+    )
     assert [i["kind"] for i in p.status["incidents"]] == ["Disruption"]
     assert p.status["seenRunning"] == {"j-node-0": "uid-j-node-0-Running"}
     # Counted once: the next look (its replacement not up yet, or up) counts nothing.

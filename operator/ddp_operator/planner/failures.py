@@ -61,11 +61,12 @@ def _new_failures(st: Draft) -> tuple[list[tuple[PodView, bool]], list[PodView]]
     new: list[tuple[PodView, bool]] = []
     again: list[PodView] = []
     gone = vanished(st.name, st.status.get("seenRunning") or {}, st.pods, st.handled)
-    for x in [*st.pods, *gone]:
+    unseen = {x.uid for x in gone}
+    for x in [*(x for x in st.pods if x.uid not in unseen), *gone]:
         in_job = x.role in SERVER_ROLES or 0 <= x.index < nodes
         failed = x.phase == PodPhase.FAILED and not x.deleting
         # DisruptionTarget is set before the pod goes: counted when seen, even before deletion.
-        disrupted = in_job and not x.done and (x.deleting or bool(x.disrupted))
+        disrupted = in_job and (x.vanished or (not x.done and (x.deleting or bool(x.disrupted))))
         if x.uid in st.handled:
             if failed:
                 again.append(x)
@@ -88,9 +89,7 @@ def _what(
     if x.disrupted:
         return f"was disrupted ({DISRUPTION_TARGET}: {x.disrupted})"
     if x.vanished:
-        return (
-            "was gone before its end was seen (no operator replica was leading, or it went at once)"
-        )
+        return "was deleted before the operator saw it go (no replica led, or it went at once)"
     if not failed:
         return "was deleted while running"
     code = "" if x.exit_code is None else f" (exit code {x.exit_code})"

@@ -3,6 +3,7 @@ and importing no policy, so that every policy (and :mod:`ddp_operator.diagnosis`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -124,8 +125,7 @@ class PodView:
     progress: reports.Record | None = None  # the progress record rank 0 wrote into it, if any
     owner: str = ""  # the uid of the DDPJob that controls it ("" when none does)
     image: str = ""  # the image of its trainer container (a node pod's; "" for the servers)
-    # Seen running and ready before (status.seenRunning), now gone, its end never seen:
-    # :func:`vanished`.
+    # Running when last looked at (status.seenRunning), its end not seen: :func:`vanished`.
     vanished: bool = False
 
     @property
@@ -190,21 +190,26 @@ def seen_running(pods: Iterable[PodView]) -> dict[str, str]:
 def vanished(
     job: str, seen: Mapping[str, str], pods: Iterable[PodView], handled: Collection[str]
 ) -> list[PodView]:
-    """The node pods of ``seen`` (``status.seenRunning``) that are gone, whose uid is neither
-    observed nor handled (deleted by the operator, or counted): their end was never seen. A
-    pod deleted while no operator replica led (a failover, an upgrade) or deleted and gone
-    between two observations (a deletion with grace period 0) is seen so, and only so. Each
-    as a pod being deleted while it ran, marked ``vanished``."""
-    present = {x.uid for x in pods}
+    """The node pods of ``seen`` (``status.seenRunning``: running when last looked at) whose
+    end was not seen: gone, or ended (Failed) and being deleted, and not handled (deleted by
+    the operator, or counted). A pod deleted while no operator replica led (a failover, an
+    upgrade) or deleted and gone between two looks (grace period 0) is gone; one whose
+    deletion stopped it in moments is Failed and being deleted (seen on kind: a PerStep
+    group's pod deleted as the leader's was). Each marked ``vanished``; a gone one as a pod
+    being deleted while it ran."""
+    by_uid = {x.uid: x for x in pods}
     gone = []
     for name, uid in seen.items():
         index = worker_index(job, name)
-        if index is None or uid in present or uid in handled:
+        x = by_uid.get(uid)
+        if index is None or uid in handled:
             continue
-        role, phase = render.ROLE_WORKER, PodPhase.RUNNING
-        x = PodView(name, uid, role, index, phase, ready=False, deleting=True, vanished=True)
-        gone.append(x)
-    return gone
+        if x is None:
+            role, phase = render.ROLE_WORKER, PodPhase.RUNNING
+            gone.append(PodView(name, uid, role, index, phase, ready=False, deleting=True))
+        elif x.deleting and x.phase == PodPhase.FAILED:
+            gone.append(x)
+    return [dataclasses.replace(x, vanished=True) for x in gone]
 
 
 def split_by_owner(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView]]:
