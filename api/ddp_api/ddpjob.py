@@ -1139,9 +1139,9 @@ class DDPJobStatus(_Model):
         default=None,
         max_length=MAX_HANDLED,
         description="The node pods the operator last saw running and ready, name: uid. One"
-        " that is gone when it looks again, that it neither deleted nor saw end (it went while"
-        " no operator replica was leading, or too fast to be seen), is counted as a disruption"
-        " (bookkeeping of the operator).",
+        " that is gone, or ended while being deleted, when it looks again, that it neither"
+        " deleted nor saw end (it went while no operator replica was leading, or too fast to"
+        " be seen), is counted as a disruption (bookkeeping of the operator).",
     )
 
 

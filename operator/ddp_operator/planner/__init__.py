@@ -23,10 +23,10 @@ by someone else while it runs, or is marked for a disruption is exactly one of:
    (``kubectl delete pod``). Counted in ``status.restarts`` and against ``backoffLimit``. A
    recreated pod that fails again is always a failure, so a crash loop still spends the budget.
 
-A node pod gone before its end was seen (it was running and ready in the last status,
-``status.seenRunning``, and its uid is neither observed nor handled: deleted while no operator
-replica led, or with grace period 0 between two observations) is a disruption: why it went is
-not known, so it does not spend ``backoffLimit``.
+A node pod whose end was not seen (running and ready in the last status,
+``status.seenRunning``, now gone or ended while being deleted, and not handled: deleted while no
+operator replica led, or at once between two looks) is a disruption: why it went is not known,
+so it does not spend ``backoffLimit``.
 
 This is what a Kubernetes Job does with ``podFailurePolicy: {rules: [{action: Ignore,
 onPodConditions: [{type: DisruptionTarget}]}]}``, plus rule 2, which a Job needs not: its pods

@@ -105,9 +105,9 @@ def no_nccl_dumps(environ: MutableMapping[str, str]) -> None:
     routine in PerStep mode, not a bug to dump the flight recorder for. When a collective
     fails, torch's NCCL watchdog (as read in its source) signals every group of the process to
     dump it and waits for the dumps (``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``, 15 s, times
-    four): seen on an H100, a
-    survivor's next step came 60.2 s after its peer's loss, after the watchdog's "dump
-    signal", with the dump already off for torchft's groups alone. The process's first group
+    four): seen on an H100, a survivor's next step came 60.2 s after its peer's loss, after
+    the watchdog's "dump signal", with the dump already off for torchft's groups alone. The
+    process's first group
     (torchrun's) watches for that signal too, and its heartbeat monitor may end the process
     (``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``) or hold its teardown, which is a candidate cause of
     that run's worker that did not exit after the last step. Both are off before that group is
