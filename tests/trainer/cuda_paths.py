@@ -179,7 +179,7 @@ def test_per_step_groups_on_nccl_commit_fp16_steps_and_one_heals_while_the_other
         if r["event"] == "committed" and r["file"].startswith("job-0-")
         and killed_wall < r["time"] < released
     ]  # fmt: skip
-    pause = max(b - a for a, b in itertools.pairwise(times))
+    pause = max((b - a for a, b in itertools.pairwise(times)), default=released - killed_wall)
     print(
         f"PerStep on CUDA: group 1 killed at step {killed_at}; group 0's longest pause since:"
         f" {pause:.2f}s; group 0 trained on alone to step"
