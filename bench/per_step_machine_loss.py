@@ -41,6 +41,7 @@ repo_paths.add("tests/cluster")
 from test_cluster import lone_groups  # noqa: E402
 
 import goodput as bench  # noqa: E402  (bench/goodput.py: the same job, cluster and incidents)
+from ddp_api.pods import worker_index  # noqa: E402
 from ddp_devcluster import goodput  # noqa: E402
 from ddp_operator import render  # noqa: E402
 
@@ -73,7 +74,9 @@ def one_round(cl: bench.Cluster, want: str, logs: Path) -> dict[str, Any] | None
         return None
     env = cl.pods(f"{bench.LABEL_JOB}={JOB}", ns=NS)[pod]["spec"]["containers"][0]["env"]
     options = next((e.get("value") for e in env if e["name"] == "RES_OPTIONS"), None)
-    incident = bench.one_incident(cl, "machine", int(pod.rsplit("-", 1)[1]))
+    index = worker_index(JOB, pod)
+    assert index is not None, pod
+    incident = bench.one_incident(cl, "machine", index)
     assert incident["pod"] == pod, incident
     until = time.time() + 15
     bench.train_until(cl, until, "15 s after the machine is back")

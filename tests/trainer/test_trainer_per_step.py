@@ -44,7 +44,7 @@ from replica_groups import (
     trained_together,
 )
 from torch.utils.data import TensorDataset
-from trainer_harness import Launcher, Proc, events, wait_until
+from trainer_harness import Launcher, Proc, checkpoint_files, events, wait_until
 
 from ddp_api import contract
 from ddp_api.ddpjob import DDPJob
@@ -1012,13 +1012,10 @@ def test_a_group_that_has_not_settled_where_it_starts_writes_no_checkpoint(
         env |= {"PET_RDZV_ID": f"{name}-uid", "DDPJOB_TERMINATION_LOG": str(tmp_path / name)}
         return pod(launcher, name, env=env, settings=settings, checkpoint_dir=ckpt)
 
-    def files() -> dict[str, bytes]:  # checkpoints, manifest, completion record: not logs
-        return {p.name: p.read_bytes() for p in ckpt.iterdir() if p.suffix in (".pt", ".json")}
-
     run = {**SETTINGS, "maxSteps": 4, "checkpointEverySteps": 2, "seed": 3}
     first = start("first", run)
     assert first.wait(120) == 0, first.tail()
-    before = files()
+    before = checkpoint_files(ckpt)
     assert {"step-00000002.pt", "step-00000004.pt", "manifest.json"} <= set(before), before.keys()
 
     refused = start("refused", {**run, "seed": 4})
@@ -1026,7 +1023,8 @@ def test_a_group_that_has_not_settled_where_it_starts_writes_no_checkpoint(
     said = (tmp_path / "refused").read_text()
     assert said.startswith("IncompatibleResume: cannot resume"), said
     assert "(seed: the checkpoint's 3, now 4)" in said, said
-    assert files() == before, sorted(set(files()) ^ set(before)) or "a file was rewritten"
+    after = checkpoint_files(ckpt)
+    assert after == before, sorted(set(after) ^ set(before)) or "a file was rewritten"
 
     beat = ckpt / "groups" / "7.json"
     live = threading.Event()
@@ -1045,7 +1043,8 @@ def test_a_group_that_has_not_settled_where_it_starts_writes_no_checkpoint(
         assert "SIGTERM: stopping at step 0" in waiting.output(), waiting.tail()
     finally:
         live.set()
-    assert files() == before, sorted(set(files()) ^ set(before)) or "a file was rewritten"
+    after = checkpoint_files(ckpt)
+    assert after == before, sorted(set(after) ^ set(before)) or "a file was rewritten"
     assert [line["step"] for line in events(ckpt, "checkpoint")] == [2, 4], "a checkpoint line"
 
 

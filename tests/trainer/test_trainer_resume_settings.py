@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_harness import Launcher, events
+from trainer_harness import Launcher, checkpoint_files, events
 
 from ddp_trainer.state.train_state import rng_fingerprint
 
@@ -24,10 +24,6 @@ BASE = {
     "evaluate": False,
     "pgTimeoutS": 30,
 }
-
-
-def checkpoint_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "metrics.jsonl"}
 
 
 @pytest.fixture(scope="module")

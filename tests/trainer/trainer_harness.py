@@ -277,6 +277,16 @@ def events(directory: Path, kind: str) -> list[dict[str, Any]]:
     return [line for line in metrics(directory) if line["event"] == kind]
 
 
+def checkpoint_files(folder: Path) -> dict[str, bytes]:
+    """What a checkpoint folder holds of the run (its checkpoints, manifest, completion record),
+    by name: every file in it but the run log (a PerStep folder's beats and logs are folders)."""
+    return {
+        p.name: p.read_bytes()
+        for p in folder.iterdir()
+        if p.is_file() and p.name != "metrics.jsonl"
+    }
+
+
 def last_step(directory: Path) -> int:
     steps = events(directory, "step")
     return steps[-1]["step"] if steps else 0
