@@ -33,6 +33,10 @@ from .actions import COMPONENT
 from .controller import Controller
 from .settings import Settings
 
+# At a graceful stop, the most it waits for the reconciles in flight, and then for their writes:
+# with the Lease's release, well within the pod's 30 s terminationGracePeriodSeconds.
+DRAIN_S = 5.0
+
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diffs: this operator has no on.create/on.update handlers, only watches and indices.
@@ -108,8 +112,11 @@ async def shutdown(**kw: Any) -> None:
         return
     controller.metrics.stop()
     elector, api = controller.elector, controller.api
+    # Let the reconciles in flight end, starting none: each writes its status, pods and Events
+    # whole, while this replica still holds the Lease (the gate would refuse the rest).
+    await controller.queue.drain(DRAIN_S)
     if elector is not None:  # stop writing, let the writes in flight land, give the Lease up
-        await elector.release(lambda: api.drained(5.0))
+        await elector.release(lambda: api.drained(DRAIN_S))
         await elector.api.close()
     for task in list(controller.tasks):
         task.cancel()

@@ -1,6 +1,7 @@
 """The controller's work queue without a server: one reconcile of a job at a time, events during
 one cause exactly one more, jobs wait for their namespace's caches, a failure is retried later,
-and a replica that does not lead reconciles nothing until it does, then every job at once."""
+and a replica that does not lead reconciles nothing until it does, then every job at once; a
+replica that stops lets the reconciles in flight end and starts none."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class Harness:
             self.took.append,
             lambda: self.leads,
         )
+
+    def changed(self, key: Key) -> None:
+        """An event: enqueued in the background, as the controller does."""
+        self.tasks.append(asyncio.get_running_loop().create_task(self.queue.enqueue(key)))
 
     async def reconcile(self, body: dict[str, Any]) -> None:
         self.seen.append(body["v"])
@@ -115,3 +120,49 @@ def test_a_standby_reconciles_nothing_and_every_job_once_it_leads() -> None:
         return h
 
     asyncio.run(run())
+
+
+def test_drain_lets_the_running_reconcile_end_and_starts_no_other() -> None:
+    """A replica stopping gracefully: the reconcile in flight ends whole (its status, pods and
+    Events), one asked for meanwhile never starts, nor does any other job's."""
+    other: Key = ("ns", "other")
+
+    async def run() -> Harness:
+        h = Harness()
+        h.bodies[other] = [{"v": 7}]
+        h.gate.clear()
+        first = asyncio.create_task(h.queue.enqueue(KEY))
+        await asyncio.sleep(0)
+        assert h.seen == [1]
+        draining = asyncio.create_task(h.queue.drain(60.0))
+        await asyncio.sleep(0)
+        h.bodies[KEY] = [{"v": 2}]
+        h.changed(KEY)  # an event during the drain: no second reconcile
+        h.changed(other)  # nor one of another job
+        h.queue.everything()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not draining.done() and h.queue.active == {KEY}
+        h.gate.set()
+        await first
+        await asyncio.wait_for(draining, 5.0)
+        await asyncio.gather(*h.tasks)
+        return h
+
+    h = asyncio.run(run())
+    assert h.seen == [1] and not h.queue.active
+
+
+def test_drain_gives_up_on_a_reconcile_that_does_not_end() -> None:
+    async def run() -> Harness:
+        h = Harness()
+        h.gate.clear()  # never set: the reconcile hangs
+        stuck = asyncio.create_task(h.queue.enqueue(KEY))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(h.queue.drain(0.05), 5.0)
+        assert h.queue.active == {KEY}  # still there: the caller stops anyway
+        stuck.cancel()
+        return h
+
+    h = asyncio.run(run())
+    assert h.seen == [1]
