@@ -1,5 +1,6 @@
 """The controller's hands: carries out a reconcile's plan (creates, deletes, Events, the job's
-status write before or after them, as :func:`ddp_operator.bookkeeping.status_write` says) and
+status write before or after them, as :func:`ddp_operator.bookkeeping.status_write` says; a
+counted failure's Events before its status, under names that make a repeat AlreadyExists) and
 remembers the status it wrote last, which the next reconcile prefers over a staler watch event.
 """
 
@@ -20,6 +21,7 @@ from ddp_api.status import StatusFields
 
 from . import bookkeeping, kube
 from .metrics import OperatorMetrics
+from .planner.decision import EventNote
 from .planner.draft import Plan
 from .trainer_objects import TrainerObjects
 
@@ -77,6 +79,13 @@ class Actions:
             self.status_written_at[uid] = time.monotonic()
             return True
 
+        # A counted failure's Events go before its status write (and the pods after it), named
+        # after the failures they tell of: a leader lost anywhere in between leaves its
+        # successor to count them again and post the same names, never a count without its
+        # Event nor an Event twice.
+        counted_uids = bookkeeping.newly_handled(status, p.status) if changed and counted else []
+        if counted_uids:
+            await self._events(body, p.events, counted_uids)
         if changed and counted and not await write_status():
             return []
         starts = job if job is not None and any(o["kind"] == "Pod" for o in p.create) else None
@@ -103,10 +112,8 @@ class Actions:
             ),
         )
         self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
-        await asyncio.gather(*(self.event(body, *e) for e in p.events))
-        for _, reason, _ in p.events:
-            if reason in RESTART_REASONS:
-                self.metrics.restarts.labels(reason).inc()
+        if not counted_uids:
+            await self._events(body, p.events, [])
         if changed and not counted:
             await write_status()
         self.metrics.incidents_closed(p.closed)
@@ -141,14 +148,37 @@ class Actions:
         if r.ok:
             log.info("adopted Service %s/%s, which nothing controlled", ns, service)
 
-    async def event(self, body: dict[str, Any], etype: EventType, reason: str, text: str) -> None:
+    async def _events(
+        self, body: dict[str, Any], events: list[EventNote], counted_uids: list[str]
+    ) -> None:
+        """Posts ``events``: named after ``counted_uids`` when they tell of those failures."""
+        names: list[str | None] = [None] * len(events)
+        if counted_uids:
+            reasons = [reason for _, reason, _ in events]
+            names = list(bookkeeping.counted_event_names(body["metadata"], counted_uids, reasons))
+        await asyncio.gather(
+            *(self.event(body, *e, name=n) for e, n in zip(events, names, strict=True))
+        )
+        for _, reason, _ in events:
+            if reason in RESTART_REASONS:
+                self.metrics.restarts.labels(reason).inc()
+
+    async def event(
+        self,
+        body: dict[str, Any],
+        etype: EventType,
+        reason: str,
+        text: str,
+        name: str | None = None,
+    ) -> None:
+        """Posts an Event about the job; ``name``, when given, makes a repeat an AlreadyExists."""
         meta = body["metadata"]
         event = bookkeeping.event_body(
             meta,
             etype,
             reason,
             text,
-            name=f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+            name=name or f"{meta['name']}.{uuid.uuid4().hex[:16]}",
             now=dt.datetime.now(dt.UTC),
             component=COMPONENT,
             instance=self.instance,
@@ -156,6 +186,10 @@ class Actions:
             kind=KIND,
         )
         r = await self.api.call("POST", kube.path_of(event), event)
+        if r.status == 409 and name is not None:
+            log.info("%s %s/%s: already told (Event %s)", reason, meta["namespace"], meta["name"],
+                     name)  # fmt: skip
+            return
         if not r.ok:  # an Event is worth a log line, never a failed reconcile
             log.warning("could not post event %s on %s: %s", reason, meta["name"], r.message)
         log.info("%s %s/%s: %s", reason, meta["namespace"], meta["name"], text)

@@ -6,7 +6,8 @@ unreadable spec ends, the Events it posts and which start-up milestones it times
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Mapping
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -95,6 +96,30 @@ def invalid_spec(status: StatusFields, error: ValidationError, now: dt.datetime)
         }
         p.warn(Reason.INVALID_SPEC, text)
     return p
+
+
+def newly_handled(status: StatusFields, new: StatusFields) -> list[str]:
+    """The pod uids that ``new`` counts for the first time (``handledFailures``), sorted."""
+    before = set(status.get("handledFailures") or [])
+    return sorted(set(new.get("handledFailures") or []) - before)
+
+
+def counted_event_names(
+    job: Mapping[str, Any], counted: Sequence[str], reasons: Sequence[str]
+) -> list[str]:
+    """Names for the Events of a reconcile that counts the failures of the pods ``counted``
+    (uids), one a reason in ``reasons`` (in order), the same in whichever replica plans them:
+    derived from the job's uid, those pods and the reason's place among its like. A leader lost
+    after posting them but before its status write is followed by one that counts the same
+    failures again and posts the same names: the API server answers AlreadyExists, and each
+    failure is told once."""
+    seen: dict[str, int] = {}
+    names = []
+    for reason in reasons:
+        nth = seen[reason] = seen.get(reason, -1) + 1
+        key = "\n".join([str(job.get("uid") or ""), *counted, reason, str(nth)])
+        names.append(f"{job['name']}.{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+    return names
 
 
 def event_body(

@@ -5,7 +5,8 @@ Each replica is its own process with its own identity (``OperatorProcess.identit
 requests carry in their User-Agent), so the API server's audit log says which replica sent
 what, and when it received it: the tests read "no two writers" and "no pod created twice" from
 there, not from either operator's own account. Leases are short here (6 s, renew deadline 4 s,
-read or renewed every 0.5 s) so that a takeover takes seconds.
+read or renewed every 0.5 s) so that a takeover takes seconds. The last test cuts a leader off
+at a chosen write of the operator's own plan execution, as a lost leader would be.
 """
 
 from __future__ import annotations
@@ -19,16 +20,25 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kopf
 import pytest
 from kwok_harness import KwokNamespace
 
+from ddp_api.contract import API_VERSION, KIND, PLURAL
+from ddp_api.ddpjob import EventType, Reason
+from ddp_api.status import StatusFields
 from ddp_devcluster.operator_process import NAMESPACE, SERVICE_ACCOUNT, OperatorProcess, install
 from ddp_devcluster.plane import ControlPlane
 from ddp_devcluster.polling import until
 from ddp_devcluster.prometheus import scrape
-from ddp_operator import kube
+from ddp_operator import informer, kube, render
+from ddp_operator.actions import Actions
+from ddp_operator.metrics import OperatorMetrics
+from ddp_operator.planner import views
+from ddp_operator.planner.draft import Plan
+from ddp_operator.trainer_objects import TrainerObjects
 
 pytestmark = pytest.mark.controlplane
 LEASE_S, RENEW_DEADLINE_S, RETRY_S = 6.0, 4.0, 0.5
@@ -292,3 +302,98 @@ def test_the_api_client_sends_no_write_while_its_gate_is_closed(
         lambda: [r for r in requests(cp, since) if r.agent == agent] or None,
     )
     assert [(r.verb, r.resource) for r in seen] == [("list", "pods")]
+
+
+class WritesGate:
+    """A leader's gate that closes after its ``writes``-th write: the moment a replica is lost
+    mid-reconcile, chosen exactly (the gate is asked right before each write is sent)."""
+
+    def __init__(self, writes: int) -> None:
+        self.left = writes
+
+    def __call__(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def test_a_leader_lost_mid_reconcile_leaves_a_counted_failure_told_exactly_once(
+    control_plane: ControlPlane,
+) -> None:
+    """The operator's own plan execution (``Actions.run``, as the operator's ServiceAccount)
+    of a reconcile that counts a lost pod, cut off at a chosen write: after its Event, before
+    the status (its successor counts the failure again and posts the same Event name: the API
+    server answers AlreadyExists), and after the status, before the pods. Each time the job
+    ends with the failure counted once and one Event about it."""
+    cp = control_plane
+    install(cp)
+    token = cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE).stdout.strip()
+    ns = f"told-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", ns)
+
+    def scene(job: str, writes: int) -> tuple[int, list[str], bool]:
+        """A job whose node 1 is counted as lost by a leader lost after ``writes`` writes,
+        then by its successor if the status was not written: (Disruption Events about the
+        job, status.handledFailures, whether the pod is still there)."""
+        cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+            "apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": job},
+            "spec": {"checkpoint": {"volume": {"emptyDir": {}}}},
+        }))  # fmt: skip
+        pod = f"{job}-node-1"
+        cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "labels": {render.LABEL_JOB: job}},
+            "spec": {"nodeSelector": {"ddp.dev/nowhere": "true"},  # stays Pending
+                     "containers": [{"name": "c", "image": "none"}]},
+        }))  # fmt: skip
+        uid = json.loads(cp.kubectl("get", "pod", pod, "-n", ns, "-o", "json").stdout)["metadata"][
+            "uid"
+        ]
+
+        def job_now() -> dict[str, Any]:
+            out = cp.kubectl("get", PLURAL, job, "-n", ns, "-o", "json").stdout
+            return dict(json.loads(out))
+
+        def counting(status: StatusFields) -> Plan:
+            """What a reconcile plans for the lost pod, from the status it reads."""
+            p = Plan(delete=[pod])
+            if uid not in (status.get("handledFailures") or []):
+                p.status = {"handledFailures": [uid], "disruptions": 1}
+                p.events.append(
+                    (EventType.NORMAL, Reason.DISRUPTION, f"{pod} was deleted; recreating it")
+                )
+            return p
+
+        async def reconcile(gate: Callable[[], bool]) -> None:
+            info = kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca_file), token=token)
+            api = kube.Kube(lambda: info, 4, may_write=gate)
+            trainer = TrainerObjects(
+                informer.Cache(render.LABEL_JOB, views.view), api, asyncio.ensure_future
+            )
+            try:
+                body = job_now()
+                status = StatusFields(**(body.get("status") or {}))
+                await Actions(OperatorMetrics(), trainer, api).run(
+                    body, None, status, counting(status)
+                )
+            finally:
+                await api.close()
+
+        with pytest.raises(kube.NotLeading):
+            asyncio.run(reconcile(WritesGate(writes)))
+        if uid not in (job_now().get("status") or {}).get("handledFailures", []):
+            asyncio.run(reconcile(lambda: True))  # the successor counts it again
+        events = json.loads(cp.kubectl(
+            "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={job}",
+            "-o", "json",
+        ).stdout)["items"]  # fmt: skip
+        told = sum(1 for e in events if e["reason"] == Reason.DISRUPTION)
+        present = cp.kubectl("get", "pod", pod, "-n", ns, "--ignore-not-found", "-o", "name")
+        handled = (job_now().get("status") or {}).get("handledFailures", [])
+        return told, handled, bool(present.stdout.strip()) and handled == [uid]
+
+    # Lost after the Event, before the status: the successor counts and tells it again.
+    told, handled, _ = scene("after-event", 1)
+    assert told == 1 and len(handled) == 1, (told, handled)
+    # Lost after the status, before the pods: the Event went before the status.
+    told, handled, pod_left = scene("after-status", 2)
+    assert told == 1 and len(handled) == 1 and pod_left, (told, handled, pod_left)

@@ -102,6 +102,25 @@ def test_an_event_names_the_job_it_is_about() -> None:
     assert len(e["message"]) == 1024 and e["lastTimestamp"] == "2026-01-01T12:00:00.123456Z"
 
 
+def test_a_counted_failure_s_events_are_named_by_what_they_tell_of() -> None:
+    """The same failures planned by two replicas give the same Event names; other failures,
+    another job (the same name made again) or another Event of the plan give others."""
+    job = {"name": "digits", "namespace": "team", "uid": "u-1"}
+    assert bookkeeping.newly_handled(
+        {"handledFailures": ["a", "b"]}, {"handledFailures": ["b", "d", "c"]}
+    ) == ["c", "d"]
+    assert bookkeeping.newly_handled({}, {"disruptions": 1}) == []
+    reasons = ["Disruption", "Disruption", "Resized"]
+    names = bookkeeping.counted_event_names(job, ["c", "d"], reasons)
+    assert names == bookkeeping.counted_event_names(dict(job), ["c", "d"], reasons)
+    assert len(set(names)) == 3 and all(n.startswith("digits.") and len(n) == 23 for n in names)
+    assert names[0] not in bookkeeping.counted_event_names(job, ["c"], reasons)
+    assert names[0] not in bookkeeping.counted_event_names(
+        {**job, "uid": "u-2"}, ["c", "d"], reasons
+    )
+    assert bookkeeping.counted_event_names(job, ["c", "d"], reasons[1:])[0] == names[0]
+
+
 def test_settings_are_read_once_from_the_environment_and_bad_values_say_which() -> None:
     s = Settings.from_env(
         {"DDP_DEFAULT_IMAGE": "t:1", "DDP_BACKOFF_BASE_S": "1", "DDP_WORKERS": "8"}
