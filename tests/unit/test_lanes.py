@@ -16,8 +16,9 @@ def test_the_repository_tests_are_all_in_exactly_one_lane() -> None:
     ran = split["nodes"] + split["procs"]
     assert sorted(ran) == sorted(str(Path("tests") / Path(p).name) for p in paths)
     assert len(ran) == len(set(ran))
-    assert split["nodes"] == ["tests/cluster", "tests/e2e"]  # one kind cluster, in this order
-    assert "tests/controlplane" in split["procs"] and "tests/trainer" in split["procs"]
+    # one kind cluster, in this order, then the control plane's tests (after the cluster is gone)
+    assert split["nodes"] == ["tests/cluster", "tests/e2e", "tests/controlplane"]
+    assert "tests/trainer" in split["procs"] and "tests/unit" in split["procs"]
 
 
 def test_a_new_test_folder_goes_to_procs_and_a_missing_node_tier_is_an_error(
