@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,9 @@ class Actions:
         self.metrics.pod_deletes.inc(len(p.delete) + len(p.force))
         if not counted_uids:
             await self._events(body, p.events, [])
+        for _, reason, _ in p.events:
+            if reason in RESTART_REASONS:
+                self.metrics.restarts.labels(reason).inc()
         if changed and not counted:
             await write_status()
         self.metrics.incidents_closed(p.closed)
@@ -152,16 +156,15 @@ class Actions:
         self, body: dict[str, Any], events: list[EventNote], counted_uids: list[str]
     ) -> None:
         """Posts ``events``: named after ``counted_uids`` when they tell of those failures."""
-        names: list[str | None] = [None] * len(events)
-        if counted_uids:
-            reasons = [reason for _, reason, _ in events]
-            names = list(bookkeeping.counted_event_names(body["metadata"], counted_uids, reasons))
+        reasons = [reason for _, reason, _ in events]
+        names: Sequence[str | None] = (
+            bookkeeping.counted_event_names(body["metadata"], counted_uids, reasons)
+            if counted_uids
+            else [None] * len(events)
+        )
         await asyncio.gather(
             *(self.event(body, *e, name=n) for e, n in zip(events, names, strict=True))
         )
-        for _, reason, _ in events:
-            if reason in RESTART_REASONS:
-                self.metrics.restarts.labels(reason).inc()
 
     async def event(
         self,
