@@ -10,15 +10,18 @@ import pytest
 from ddp_devcluster import lanes
 
 
-def test_the_repository_tests_are_all_in_exactly_one_lane() -> None:
-    paths = lanes.test_paths(Path(__file__).parents[1])
-    split = lanes.split([str(Path("tests") / Path(p).name) for p in paths])
-    ran = split["nodes"] + split["procs"]
-    assert sorted(ran) == sorted(str(Path("tests") / Path(p).name) for p in paths)
-    assert len(ran) == len(set(ran))
-    # one kind cluster, in this order, then the control plane's tests (after the cluster is gone)
-    assert split["nodes"] == ["tests/cluster", "tests/e2e", "tests/controlplane"]
-    assert "tests/trainer" in split["procs"] and "tests/unit" in split["procs"]
+def test_the_repository_tests_are_all_in_exactly_one_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(Path(__file__).parents[2])  # as `make test` runs it
+    paths = [str(Path("tests") / Path(p).name) for p in lanes.test_paths(Path("tests"))]
+    split = lanes.split(paths)
+    ran = [p for p in split["nodes"] + split["procs"] if p in paths]
+    assert sorted(ran) == sorted(paths) and len(ran) == len(set(ran))
+    # one kind cluster, in this order, then two control-plane modules (after the cluster is gone)
+    assert split["nodes"][:2] == ["tests/cluster", "tests/e2e"]
+    moved = split["nodes"][2:]
+    assert moved and all(p.startswith("tests/controlplane/test_") for p in moved)
+    assert "tests/controlplane" in split["procs"] and "tests/trainer" in split["procs"]
+    assert [p for p in split["procs"] if p.startswith("--")] == [f"--ignore={p}" for p in moved]
 
 
 def test_a_new_test_folder_goes_to_procs_and_a_missing_node_tier_is_an_error(
@@ -44,6 +47,17 @@ def test_a_new_test_folder_goes_to_procs_and_a_missing_node_tier_is_an_error(
     assert split["procs"] == [str(tmp_path / "brand_new"), str(tmp_path / "unit")]
     with pytest.raises(SystemExit, match="gone"):
         lanes.split(found, [*nodes, str(tmp_path / "gone")])
+    # A module of a folder: in nodes, and ignored by procs, which keeps the rest of its folder.
+    module = str(tmp_path / "unit" / "test_x.py")
+    split = lanes.split(found, [*nodes, module])
+    assert split["nodes"][-1] == module
+    assert split["procs"] == [
+        str(tmp_path / "brand_new"),
+        str(tmp_path / "unit"),
+        f"--ignore={module}",
+    ]
+    with pytest.raises(SystemExit, match="test_gone"):
+        lanes.split(found, [*nodes, str(tmp_path / "unit" / "test_gone.py")])
 
 
 def test_a_failing_lane_fails_the_run_and_both_lanes_report(
