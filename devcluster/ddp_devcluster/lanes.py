@@ -7,7 +7,7 @@ while one tier waits on machines and the other on processes.
   tests/e2e (the cluster deleted after their last test); then the two longest modules of the
   embedded control plane's tests (kwok's machines), which need neither lane's resources and
   are here to even the lanes out (with them in ``procs``, 2026-11-29: ``procs`` 1550-1650 s
-  to ``nodes``' 1100-1200 s on one machine, 1278 s to 1004 s on another; they take 150-170 s).
+  to ``nodes``' 1100-1200 s on one machine, 1278 s to 1004 s on another; they take 130-170 s).
 * ``procs``: the rest (the other control-plane tests, real torchrun processes on this
   machine, the packaging checks and the unit tests): every path under tests/ that ``nodes``
   does not name, found anew each run, so that a new test folder cannot be left out; a module
