@@ -5,7 +5,7 @@ would recreate what exists); a clock reconciles what is due (backoff, deadlines,
 time, not by an event) and, every resync, every job. A replica that does not lead reconciles
 nothing (:mod:`ddp_operator.leadership`); once it leads, :meth:`WorkQueue.everything` at once.
 A replica that stops gracefully first drains it (:meth:`WorkQueue.drain`): no reconcile starts, and
-those running end (a counted failure's status written, its pods replaced, its Event posted)
+those running end (a counted failure's Events posted, its status written, its pods replaced)
 before the replica stops writing.
 """
 
