@@ -60,6 +60,14 @@ class Response:
         return str(self.body.get("message") or self.body or self.status)
 
 
+async def until_idle(busy: Callable[[], object], timeout_s: float) -> None:
+    """Returns once ``busy()`` is falsy (looked at every 20 ms), or after ``timeout_s``: a
+    graceful stop's wait for what is in flight."""
+    deadline = time.monotonic() + timeout_s
+    while busy() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 class NotLeading(RuntimeError):
     """A write not sent: this replica cannot prove that it holds the leader Lease."""
 
@@ -182,9 +190,7 @@ class Kube:
 
     async def drained(self, timeout_s: float) -> None:
         """Returns once no write is in flight, or after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while self.writes_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until_idle(lambda: self.writes_in_flight, timeout_s)
 
     async def stream(self, path: str, read_timeout_s: float) -> AsyncIterator[dict[str, Any]]:
         """GETs ``path`` as a stream of JSON objects, one a line (a watch), as they arrive.

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from .kube import NotLeading
+from .kube import NotLeading, until_idle
 
 log = logging.getLogger("ddp_operator")
 
@@ -75,13 +75,11 @@ class WorkQueue:
     async def drain(self, timeout_s: float) -> None:
         """Starts no reconcile any more, and returns once none runs, or after ``timeout_s``.
 
-        Before a replica that stops gracefully stops writing: a reconcile cut off between its
-        status write and its Events would leave a counted incident with no Event (the next
-        leader finds the count written, so it counts and tells nothing again)."""
+        Before a replica that stops gracefully stops writing, so that a reconcile under way
+        ends whole (a counted failure's Events, its status, its pods) instead of leaving the
+        rest to the next leader."""
         self.closed = True
-        deadline = time.monotonic() + timeout_s
-        while self.active and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until_idle(lambda: self.active, timeout_s)
         if self.active:
             log.warning("stopping with reconciles of %s still running", sorted(self.active))
 
