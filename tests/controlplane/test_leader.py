@@ -271,19 +271,25 @@ def test_a_leader_whose_renewals_are_refused_stops_before_its_standby_takes_over
         cp.kubectl("delete", "serviceaccount", account, "-n", NAMESPACE, "--ignore-not-found")
 
 
+def as_operator(cp: ControlPlane) -> kopf.ConnectionInfo:
+    """The operator's RBAC installed, and a login as its ServiceAccount, for an API client
+    made in the test."""
+    install(cp)
+    token = cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE).stdout.strip()
+    return kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca_file), token=token)
+
+
 def test_the_api_client_sends_no_write_while_its_gate_is_closed(
     control_plane: ControlPlane,
 ) -> None:
     """The choke point itself: a write through :class:`kube.Kube` with its gate closed raises
     and never reaches the server; a read goes through."""
     cp = control_plane
-    install(cp)
-    token = cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE).stdout.strip()
+    info = as_operator(cp)
     agent = f"ddp-operator/gate-{uuid.uuid4().hex[:6]}"
     since = dt.datetime.now(dt.UTC)
 
     async def run() -> int:
-        info = kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca_file), token=token)
         api = kube.Kube(lambda: info, 4, may_write=lambda: False, user_agent=agent)
         try:
             r = await api.call("GET", kube.core_path(NAMESPACE, "pods"))
@@ -334,8 +340,7 @@ def test_a_leader_lost_mid_reconcile_leaves_a_counted_failure_told_exactly_once(
     server answers AlreadyExists), and after the status, before the pods. Each time the job
     ends with the failure counted once and one Event about it."""
     cp = control_plane
-    install(cp)
-    token = cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE).stdout.strip()
+    info = as_operator(cp)
     ns = f"told-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", ns)
 
@@ -372,7 +377,6 @@ def test_a_leader_lost_mid_reconcile_leaves_a_counted_failure_told_exactly_once(
             return p
 
         async def reconcile(gate: Callable[[], bool]) -> None:
-            info = kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca_file), token=token)
             api = kube.Kube(lambda: info, 4, may_write=gate)
             trainer = TrainerObjects(
                 informer.Cache(render.LABEL_JOB, views.view), api, asyncio.ensure_future
