@@ -277,6 +277,7 @@ class Reason(StrEnum):
     READMITTED = "Readmitted"
     # Events only: what a reconcile does or could not do.
     SCALING_DOWN = "ScalingDown"
+    REBALANCING = "Rebalancing"  # PerStep: a group's pod deleted to go to a machine of its own
     CREATING_PODS = "CreatingPods"
     CHECKPOINT_CLAIM_SHARED = "CheckpointClaimShared"  # another live job checkpoints there too
     CREATE_FAILED = "CreateFailed"
@@ -310,6 +311,8 @@ class IncidentKind(StrEnum):
     STORE_LOST = "StoreLost"
     LIGHTHOUSE_LOST = "LighthouseLost"
     RESIZE = "Resize"
+    # PerStep: the operator moved a group sharing a machine to one that has none (placement)
+    REBALANCE = "Rebalance"
 
 
 # The Events of a restart counted against backoffLimit.
@@ -975,8 +978,9 @@ class Incident(_Model):
     """Something that stopped training, and what it cost (status.incidents)."""
 
     kind: str = Field(
-        description="Failure, Disruption, NodeLost, Stalled, StoreLost, LighthouseLost or"
-        " Resize: what the operator counted (the Event of the same time says more)."
+        description="Failure, Disruption, NodeLost, Stalled, StoreLost, LighthouseLost,"
+        " Resize or Rebalance: what the operator counted or did (the Event of the same time"
+        " says more)."
     )
     detected_at: str = Field(
         json_schema_extra={"format": "date-time"},

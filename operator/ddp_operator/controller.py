@@ -35,7 +35,7 @@ from .kueue_workloads import KueueWorkloads
 from .leadership import Elector
 from .machines import Machines
 from .metrics import OperatorMetrics
-from .planner import views
+from .planner import placement, views
 from .progress_records import ProgressRecords
 from .reconciler import Reconciler
 from .settings import Settings
@@ -168,9 +168,12 @@ class Controller:
         self.spawn(self.queue.clock(self.settings.resync_s))
 
     def _machine_changed(self, key: Key) -> None:
-        """A Node's readiness changed: reconcile the jobs with pods on it."""
+        """A Node changed (its readiness, its heartbeat, what may be placed on it), or one
+        joined: reconcile the jobs with pods on it, and those whose node pods share a
+        machine (one may move there: :mod:`~ddp_operator.planner.placement`)."""
         for job, pods in list(self.pods.by_job.items()):
-            if any(v.machine == key[1] for v in pods.values()):
+            views = pods.values()
+            if any(v.machine == key[1] for v in views) or placement.shares_a_machine(views):
                 self.changed(job)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -48,6 +48,9 @@ class Machines:
     # (then every machine is heard afresh, not lost), and a reconcile right after a thaw must
     # not see them all silent.
     silent: dict[str, str] = field(default_factory=dict)
+    # Machines heard again after this part declared them silent -> when (RFC 3339): a machine
+    # back before its Node turned Unknown shows it nowhere else (planner.placement reads it).
+    back: dict[str, str] = field(default_factory=dict)
 
     def start(self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         nodes = informer.Informer(api, "nodes", None, self.nodes, self.changed)
@@ -58,9 +61,12 @@ class Machines:
         spawn(self.watch_silence())
 
     def views(self) -> dict[str, MachineView]:
-        """The Nodes as the planner sees them, the silent ones marked since their last Lease."""
+        """The Nodes as the planner sees them, the silent ones marked since their last Lease,
+        those heard again since then."""
         return {
-            n: dataclasses.replace(v, silent_since=self.silent[n]) if n in self.silent else v
+            n: dataclasses.replace(
+                v, silent_since=self.silent.get(n, ""), back_since=self.back.get(n, "")
+            )
             for n, v in self.nodes.by_name.items()
         }
 
@@ -71,8 +77,11 @@ class Machines:
             self.heard[name] = (time.monotonic(), dt.datetime.now(dt.UTC))
         else:
             self.heard.pop(name, None)
+            self.back.pop(name, None)
         if self.silent.pop(name, None) is not None:
             log.info("machine %s is heard again", name)
+            if name in self.heard:
+                self.back[name] = rfc3339(self.heard[name][1])
             self.changed(key)
 
     async def watch_silence(self) -> None:

@@ -1,5 +1,6 @@
 """The controller's machines part without a server: a silent machine is marked for the planner,
-heard again on its next Lease renewal, and a thawed operator hears every machine afresh."""
+heard again on its next Lease renewal (and marked since when), and a thawed operator hears
+every machine afresh."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ddp_api.contract import rfc3339
 from ddp_operator.machines import Machines
 from ddp_operator.planner import lost_machines
 
@@ -42,9 +44,13 @@ def test_a_silent_machine_is_marked_until_its_lease_is_renewed() -> None:
     m.silent["a"] = "2026-11-24T10:00:00Z"
     assert m.views()["a"].silent_since == "2026-11-24T10:00:00Z"
     assert m.views()["b"].silent_since == ""
+    assert m.views()["a"].back_since == ""
     renew(m, "a", "2026-11-24T10:01:00Z")
     assert m.silent == {} and m.views()["a"].silent_since == ""
     assert changed == [("", "a")]
+    # Heard again: since when, on the operator's clock (its Node never said it was away).
+    assert m.views()["a"].back_since == rfc3339(m.heard["a"][1])
+    assert m.views()["b"].back_since == ""
     renew(m, "b", "2026-11-24T10:00:00Z")  # the same renewTime: not a heartbeat
     assert changed == [("", "a")]
 

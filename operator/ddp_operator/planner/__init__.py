@@ -60,7 +60,9 @@ during a backoff, and counts nothing (a ``LighthouseLost`` incident); a resize o
 ``Resize`` incident; while ``minGroups`` groups are ready the job stays Running (reason
 ``GroupsChanging``, or ``NodeLost``); and once rank 0 reported the last step no failure or loss
 is counted and no diagnosis fails the job (it completes when a group exits 0). Nothing is ever
-deleted but the pod that went: each replacement is of that one pod.
+deleted but the pod that went: each replacement is of that one pod. The one pod the operator
+deletes of its own accord is a group's that shares a machine while a machine it could have had
+came back (:mod:`.placement`): one group at a time, counted nowhere (a ``Rebalance`` incident).
 
 What stops a pod (an image that cannot be pulled, a missing claim, no machine that fits, a
 missing command, the OOM killer) is read from its status (:func:`.views.problem`) and judged by
@@ -74,7 +76,8 @@ One module per policy, asked in this order by :func:`.plan.plan`: :mod:`.progres
 report), :mod:`.lifecycle` (a finished job's TTL, ``spec.suspend``), :mod:`.admission` (Kueue's
 queueing states), :mod:`.lifecycle` again (resuming, ``activeDeadlineSeconds``),
 :mod:`.lost_machines`, :mod:`.completion`, :mod:`.failures`, :mod:`.stall` (the progress
-deadline), :mod:`.problems` (what :mod:`ddp_operator.diagnosis` reads in the pods), then
+deadline), :mod:`.problems` (what :mod:`ddp_operator.diagnosis` reads in the pods),
+:mod:`.placement` (PerStep: a group moved off a shared machine to one that came back), then
 :mod:`.converge` (what to create and delete, and the phase; PerStep's: :mod:`.groups`). Each
 only reads the one :class:`.draft.Draft` (and its own arguments) and returns a frozen
 :class:`.decision.Decision`, which :meth:`.draft.Draft.apply` applies before the next policy is

@@ -20,6 +20,7 @@ from .draft import Draft, Plan
 from .failures import failures
 from .lifecycle import finished, past_deadline, resumed, suspended
 from .lost_machines import NODE_LOST_GRACE_S, lost_machines
+from .placement import rebalance
 from .problems import diagnosed
 from .progress import take_report
 from .stall import stall
@@ -133,6 +134,7 @@ def _decide(
     failing = st.apply(decided)
     if failing is not None:
         return failing
+    st.apply(rebalance(st, prev_phase, machines))
     decided = converge(
         st, prev_phase, settings.render, settings.backoff_base_s, found, machines, lost
     )

@@ -227,7 +227,8 @@ def split_by_owner(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], li
 
 @dataclass(frozen=True)
 class MachineView:
-    """What the planner needs to know of one Kubernetes Node: its Ready condition."""
+    """What the planner needs to know of one Kubernetes Node: its Ready condition, and what
+    decides whether a job's pod may be placed there (:mod:`.placement`)."""
 
     name: str
     ready: str  # True, False or Unknown
@@ -235,14 +236,29 @@ class MachineView:
     # Set by the controller once the machine's kubelet has renewed its Lease for no less than
     # the grace period: when the operator last saw it renewed (RFC 3339, the operator's clock).
     silent_since: str = ""
+    # Set by the controller when a silent machine is heard again: when (RFC 3339, the
+    # operator's clock). A machine back within kube-controller-manager's grace never turned
+    # Unknown, so its Ready condition's time does not say it was away.
+    back_since: str = ""
+    labels: tuple[tuple[str, str], ...] = ()  # metadata.labels, sorted
+    taints: tuple[tuple[str, str, str], ...] = ()  # spec.taints: (key, value, effect)
+    unschedulable: bool = False  # spec.unschedulable (cordoned)
 
 
 def machine_view(node: Mapping[str, Any]) -> MachineView:
     """Reads a Node body from the API into a :class:`MachineView`."""
     conds = (node.get("status") or {}).get("conditions") or []
     ready: Mapping[str, Any] = next((c for c in conds if c.get("type") == "Ready"), {})
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    taints = (
+        (str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+        for t in spec.get("taints") or []
+    )
     return MachineView(
-        name=(node.get("metadata") or {}).get("name", ""),
+        name=meta.get("name", ""),
         ready=ready.get("status") or ConditionStatus.UNKNOWN,
         since=ready.get("lastTransitionTime") or "",
+        labels=tuple(sorted((meta.get("labels") or {}).items())),
+        taints=tuple(taints),
+        unschedulable=bool(spec.get("unschedulable")),
     )

@@ -130,6 +130,7 @@ from .common import (
     STORE_CONTAINER,
     OperatorConfig,
     job_key,
+    pod_spec_overrides,
     rdzv_endpoint,
     store_name,
     trainer_account,
@@ -150,7 +151,7 @@ from .identity import (
     uses_trainer_account,
 )
 from .servers import lighthouse_command, render_lighthouse, render_services, render_store
-from .worker import render_worker, spread_constraints, worker_ports
+from .worker import machine_constraint, render_worker, spread_constraints, worker_ports
 
 __all__ = [
     "ANNOTATION_ATTEMPT",
@@ -179,7 +180,9 @@ __all__ = [
     "fault_tolerance_env",
     "job_key",
     "lighthouse_command",
+    "machine_constraint",
     "metrics_port",
+    "pod_spec_overrides",
     "rdzv_endpoint",
     "render_lighthouse",
     "render_namespace_trainer",

@@ -43,19 +43,29 @@ def worker_ports(job: DDPJob) -> list[dict[str, Any]]:
 
 def spread_constraints(job: DDPJob) -> list[dict[str, Any]]:
     """The node pods' topologySpreadConstraints: the user's own (``spec.template``), then one on
-    the machine (``spec.spread``) unless the user's include one on kubernetes.io/hostname.
+    the machine (``spec.spread``, :func:`machine_constraint`) unless the user's include one on
+    kubernetes.io/hostname."""
+    t = job.spec.template
+    own = [dict(c) for c in (t.topology_spread_constraints if t else None) or []]
+    machine = machine_constraint(job)
+    return [*own, machine] if machine is not None else own
+
+
+def machine_constraint(job: DDPJob) -> dict[str, Any] | None:
+    """The operator's constraint on the machine (``spec.spread``); None with ``spread: None``
+    or where the user's own constraints include one on kubernetes.io/hostname.
 
     maxSkew 1 rather than a required pod anti-affinity: with no more pods than machines each
     pod gets a machine of its own, and with more they stay even instead of Pending forever.
     Honoring taints and node affinity keeps machines the pods may not run on (a control
     plane, a lost machine) from counting as empty machines that every pod must wait for."""
     t, spread = job.spec.template, job.spec.spread
-    own = [dict(c) for c in (t.topology_spread_constraints if t else None) or []]
+    own = (t.topology_spread_constraints if t else None) or []
     if spread == Spread.NONE or any(c.get("topologyKey") == HOSTNAME_KEY for c in own):
-        return own
+        return None
     _, name, _ = job_key(job)
     unsatisfiable = "DoNotSchedule" if spread == Spread.REQUIRED else "ScheduleAnyway"
-    machine = {
+    return {
         "maxSkew": 1,
         "topologyKey": HOSTNAME_KEY,
         "whenUnsatisfiable": unsatisfiable,
@@ -63,7 +73,6 @@ def spread_constraints(job: DDPJob) -> list[dict[str, Any]]:
         "nodeAffinityPolicy": "Honor",
         "nodeTaintsPolicy": "Honor",
     }
-    return [*own, machine]
 
 
 def _resources(resources: dict[str, Any]) -> dict[str, Any]:
