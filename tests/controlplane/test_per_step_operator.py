@@ -1,17 +1,19 @@
 """PerStep fault tolerance against a real API server (pods driven by kwok): the lighthouse pod
 and Service in place of the store, the node pods' torchft environment, a deleted group replaced
 alone, scaling without touching the other groups, and a lost lighthouse recreated with no group
-touched."""
+touched; a group beside another moved to a machine that joins."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from kwok_harness import KwokNamespace, env_of
 
 from ddp_api import contract
+from ddp_api.contract import rfc3339
 from ddp_devcluster.operator_process import OperatorProcess
 from ddp_devcluster.plane import ControlPlane
 from ddp_operator import render
@@ -124,3 +126,41 @@ def test_scaling_adds_and_removes_the_highest_groups_without_touching_the_others
     assert c.worker_uids("grow") == {n: first[n] for n in ("grow-node-0", "grow-node-1")}
     assert status["restarts"] == 0 and not status.get("disruptions")
     assert not status.get("incidents")  # no Resize: nobody restarted
+
+
+def test_a_group_beside_another_moves_to_a_machine_that_joins(c: KwokNamespace) -> None:
+    """kube-scheduler places the pods. With one machine for the job both groups share it
+    (spread Preferred places them anyway); a second machine joins, and the newest group moves
+    there, alone, once; the other group is not touched."""
+    first, second = (f"rb-{c.ns}-{i}" for i in range(2))
+    c.cp.add_kwok_node(first, labels={"rebalance": c.ns})
+    try:
+        only = {"nodeSelector": {"rebalance": c.ns}}
+        c.submit("rb", {"nodes": 2, "faultTolerance": PER_STEP, "template": only})
+        c.running("rb", 2)
+        before = c.worker_uids("rb")
+        placed = {n: p["spec"]["nodeName"] for n, p in c.workers("rb").items()}
+        assert set(placed.values()) == {first}, placed
+        # Node times are whole seconds: the machine joins in a later second than the pods.
+        newest = max(p["metadata"]["creationTimestamp"] for p in c.workers("rb").values())
+        c.until("a second past the pods' creation", lambda: rfc3339(time.time()) > newest)
+        c.cp.add_kwok_node(second, labels={"rebalance": c.ns})
+
+        def apart() -> dict[str, str] | None:
+            pods = c.workers("rb")
+            where = {n: p["spec"].get("nodeName") for n, p in pods.items()}
+            ready = c.status("rb").get("readyNodes") == 2
+            return where if ready and set(where.values()) == {first, second} else None
+
+        where = c.until("the groups on a machine each", apart)
+        after = c.worker_uids("rb")
+        assert where["rb-node-0"] == first and after["rb-node-0"] == before["rb-node-0"]
+        assert after["rb-node-1"] != before["rb-node-1"]  # the newest (index breaks the tie)
+        status = c.running("rb", 2)
+        assert status["restarts"] == 0 and not status.get("disruptions")
+        assert [i["kind"] for i in status.get("incidents") or []] == ["Rebalance"]
+        [said] = [m for t, r, m in c.events("rb") if (t, r) == ("Normal", "Rebalancing")]
+        assert said.startswith(f"rb-node-1 shares machine {first} with rb-node-0 while {second}")
+    finally:
+        for machine in (first, second):
+            c.cp.kubectl("delete", "node", machine, "--wait=false")

@@ -73,7 +73,9 @@ def test_a_group_beside_another_moves_once_its_machine_is_ready_again() -> None:
     assert "disruptions" not in p.status  # the operator's own deletion is counted nowhere
     assert "uid-j-node-2-Running" in p.status["handledFailures"]
     assert [i["kind"] for i in p.status["incidents"]] == ["Rebalance"]
-    # The next look: node-2 is going; no other group moves, and the job trains on.
+    # The next look, before the deletion is seen: the same pod is not moved again.
+    assert decide(status=p.status).delete == []
+    # Then node-2 is going; no other group moves, and the job trains on.
     going = [*SHARED[:-1], dataclasses.replace(SHARED[-1], deleting=True)]
     after = decide(pods=going, status=p.status)
     assert after.delete == [] and after.status["reason"] == "GroupsChanging"

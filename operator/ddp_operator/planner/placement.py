@@ -138,7 +138,9 @@ def _steady(st: Draft, prev_phase: str) -> bool:
     if pod_names(st.plan.create) or "lastFailureTime" in st.new:
         return False
     workers = st.workers
+    # A pod the operator deleted (or counted) already, whose deletion is not seen yet, is going.
     ready = [x for x in workers if x.ready and not x.deleting and x.machine]
+    ready = [x for x in ready if x.uid not in st.handled]
     return (
         len(workers) == len(ready) == s.nodes
         and {x.index for x in ready} == set(range(s.nodes))
