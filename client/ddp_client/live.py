@@ -64,7 +64,9 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
     reported after 6s, 0 steps redone)``: its seconds are no stop of training then. A lost
     lighthouse stalls every group until its replacement answers, and restarts none:
     ``incident LighthouseLost at step 410: the groups waited for a new lighthouse, none
-    restarted (step 560 reported after 10s, 0 steps redone)``."""
+    restarted (step 560 reported after 10s, 0 steps redone)``. A group that shared a machine
+    moved to one that came back: ``incident Rebalance at step 900: a group moved to a machine
+    of its own, the others trained on (step 905 reported after 1s, 0 steps redone)``."""
     at = incident.get("atStep")
     where = f" at step {at}" if at is not None else ""
     seconds = incident.get("seconds")
@@ -77,6 +79,8 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
         went = "the other groups trained on"
         if kind == IncidentKind.LIGHTHOUSE_LOST:
             went = "the groups waited for a new lighthouse, none restarted"
+        elif kind == IncidentKind.REBALANCE:
+            went = "a group moved to a machine of its own, the others trained on"
         return f"incident {kind}{where}: {went} ({step} reported{after}, 0 steps redone)"
     return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
 

@@ -220,3 +220,11 @@ def test_the_live_view_says_each_incident_once_when_it_closes() -> None:
         "incident LighthouseLost at step 410: the groups waited for a new lighthouse, none"
         " restarted (step 560 reported after 10s, 0 steps redone)"
     )
+    # A group moved off a shared machine: it alone was away.
+    view = LiveView(out.append)
+    moved = {**group, "kind": "Rebalance", "atStep": 900, "resumedStep": 905, "seconds": 1}
+    view({"phase": "Running", "progress": {"groups": 3}, "incidents": [moved]})
+    assert [line.strip() for line in out if "incident" in line][-1] == (
+        "incident Rebalance at step 900: a group moved to a machine of its own, the others"
+        " trained on (step 905 reported after 1s, 0 steps redone)"
+    )
