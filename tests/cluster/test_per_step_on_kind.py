@@ -1,9 +1,10 @@
 """Per-step fault tolerance on the kind cluster (``spec.faultTolerance.mode: PerStep``): a node
-pod deleted, a worker's machine powered off, then the lighthouse pod deleted while charlm
-trains; the other replica groups keep stepping, each lost group is replaced alone and heals
-from a live one, the lighthouse is recreated with no group touched, and the job Succeeds with
-no restart and no step trained twice. Then the own-script-per-step example (a user's torchft
-script): a deleted group's new pod heals from a live one and the job Succeeds."""
+pod deleted, a worker's machine powered off (its group replaced beside another, then moved back
+when the machine is on again), then the lighthouse pod deleted while charlm trains; the other
+replica groups keep stepping, each lost group is replaced alone and heals from a live one, the
+lighthouse is recreated with no group touched, and the job Succeeds with no restart and no step
+trained twice. Then the own-script-per-step example (a user's torchft script): a deleted
+group's new pod heals from a live one and the job Succeeds."""
 
 from __future__ import annotations
 
@@ -112,8 +113,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     cluster.k("cordon", CONTROL_PLANE)  # a group per worker machine, the lighthouse beside one
 
     def edit(job: dict[str, Any]) -> None:
-        holding_at(UP, *CEILINGS, last=LAST_STEP)(job)
-        job["spec"]["spread"] = "Required"
+        holding_at(UP, *CEILINGS, last=LAST_STEP)(job)  # spread: Preferred, the default
         job["spec"]["minNodes"] = 2
         job["spec"]["faultTolerance"]["minGroups"] = 2  # a replacement never trains alone
         job["spec"]["trainer"].update(logEverySteps=1, epochs=10)  # 92 steps an epoch
@@ -157,8 +157,9 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         # as the stall bound assumes), powered off: node-0's, the writer's group (the first of
         # the groups at the step), when it is so placed, else the next one's (node-0 was beside
         # the lighthouse in 3 of 7 runs on 2026-11-28). The pod is replaced once the operator
-        # sees the machine lost; it waits Pending (one group a machine) until the machine is
-        # powered on again.
+        # sees the machine lost, beside another group (spread Preferred), and moved back to its
+        # machine once that is powered on again (a Rebalance); the survivors, held at the
+        # scene's ceiling meanwhile, are let go once it has started there.
         where = machines(cluster, ns, JOB)
         alone = lone_groups(where, JOB)
         assert alone, f"no group alone on a machine without the lighthouse: {where}"
@@ -172,11 +173,28 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         )
         cluster.until(f"{victim} replaced", lambda: replaced(cluster, ns, victim, untouched)
                       or None, 300, ns=ns)  # fmt: skip
+        beside = machines(cluster, ns, JOB)[victim]
+        print(f"{victim} replaced on {beside}")
         kind.power_on(cluster.kubeconfig, machine)
         off.remove(machine)
-        back_on = time.time()
-        scene(cluster, ns, "3 groups again", lambda: groups(cluster, ns, back_on) == 3, second,
-              lambda: joining(cluster, ns, victim, untouched))  # fmt: skip
+        home_at: list[float] = []
+
+        def home() -> bool:
+            """The victim's group on its own machine again (a new pod), started there."""
+            there = machines(cluster, ns, JOB).get(victim) == machine
+            if not (there and started(cluster, ns, victim)):
+                return False
+            home_at[:] = home_at or [time.time()]
+            return True
+
+        scene(cluster, ns, f"{victim} back on {machine}, 3 groups again",
+              lambda: home() and groups(cluster, ns, home_at[0]) == 3, second, home)  # fmt: skip
+        moves = [i for i in cluster.status(JOB, ns=ns)["incidents"] if i["kind"] == "Rebalance"]
+        assert len(moves) == 1, moves
+        incidents.append(parse_rfc3339(moves[0]["detectedAt"]).timestamp())  # whole seconds
+        [said] = [m for _, r, m in cluster.events(JOB, ns=ns) if r == "Rebalancing"]
+        print(f"moved back: {said}")
+        assert said.startswith(f"{victim} shares machine {beside}") and machine in said, said
 
         # Scene 3: the lighthouse pod deleted. It is recreated (same Service); the groups ask
         # the new one for their next quorum and go on from their step, none restarted.
@@ -212,7 +230,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     assert done["progress"]["step"] == LAST_STEP, done
     assert done.get("restarts", 0) == 0 and done.get("disruptions", 0) >= 2, done
     kinds = [i["kind"] for i in done.get("incidents") or []]
-    assert "LighthouseLost" in kinds, kinds
+    assert "LighthouseLost" in kinds and kinds.count("Rebalance") == 1, kinds
     rows = read_run_log(kind.claim_folder(cluster, CLAIM, ns=ns))
     steps = [r["step"] for r in rows if r.get("event") == "step"]
     assert steps == list(range(1, LAST_STEP + 1)), anomalies(rows, LAST_STEP)
