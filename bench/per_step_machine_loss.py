@@ -6,9 +6,10 @@ line)::
 
 On the 4-machine kind cluster of `make up` (created and installed if none is up, left up
 afterwards). Each round is a new ``charlm-per-step.yaml`` job (charlm, 3 groups, one per worker
-machine, every step logged; the control plane cordoned, keeping the operator), trained for 15 s;
-then the machine of a group alone on it and without the lighthouse is powered off (``podman
-stop --time 0``) and powered on again once its pod is replaced. ``--dns only`` (the default)
+machine by ``spread: Required``, every step logged; the control plane cordoned, keeping the
+operator), trained for 15 s; then the machine of a group alone on it and without the
+lighthouse is powered off (``podman stop --time 0``) and powered on again once its pod is
+replaced (Pending until then: no group moves back inside the window). ``--dns only`` (the default)
 takes only a machine that runs a CoreDNS pod, ``never`` only one that does not; a round whose
 placement has no such group is tried again with a new job (up to three times a round; where
 CoreDNS runs only on the control plane, as on a kind cluster just made, ``--dns only`` finds none
@@ -64,7 +65,7 @@ def victim(where: dict[str, str], dns: set[str], want: str) -> str | None:
 
 
 def one_round(cl: bench.Cluster, want: str, logs: Path) -> dict[str, Any] | None:
-    bench.start_job(cl, "PerStep", 20000)
+    bench.start_job(cl, "PerStep", 20000, "Required")  # no move back inside the window
     cl.until(f"{JOB} training", lambda: bench.step_now(cl) >= 5 or None, 900, ns=NS)
     bench.train_until(cl, time.time() + 15, "the power-off")
     dns, where = dns_machines(cl), bench.machines(cl, NS, JOB)
