@@ -48,12 +48,14 @@ class Machines:
     # (then every machine is heard afresh, not lost), and a reconcile right after a thaw must
     # not see them all silent.
     silent: dict[str, str] = field(default_factory=dict)
-    # Machines heard again after this part declared them silent -> when (RFC 3339): a machine
-    # back before its Node turned Unknown shows it nowhere else (planner.placement reads it).
+    # Machines back -> since when (RFC 3339, our clock), for planner.placement: heard again
+    # after this part declared them silent (a machine back before its Node turned Unknown shows
+    # it nowhere else), or uncordoned (a Node keeps no time of that).
     back: dict[str, str] = field(default_factory=dict)
+    cordoned: set[str] = field(default_factory=set)  # Nodes seen with spec.unschedulable
 
     def start(self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        nodes = informer.Informer(api, "nodes", None, self.nodes, self.changed)
+        nodes = informer.Informer(api, "nodes", None, self.nodes, self._node)
         spawn(_keep(nodes))
         leases = informer.Informer(api, "leases", LEASE_NAMESPACE, self.leases, self._heartbeat,
                                    api_version="coordination.k8s.io/v1")  # fmt: skip
@@ -69,6 +71,19 @@ class Machines:
             )
             for n, v in self.nodes.by_name.items()
         }
+
+    def _node(self, key: Key) -> None:
+        """A Node changed, joined or went: one uncordoned is back from now."""
+        name = key[1]
+        view = self.nodes.by_name.get(name)
+        if view is not None and view.unschedulable:
+            self.cordoned.add(name)
+        elif name in self.cordoned:
+            self.cordoned.discard(name)
+            if view is not None:
+                log.info("machine %s is uncordoned", name)
+                self.back[name] = rfc3339(dt.datetime.now(dt.UTC))
+        self.changed(key)
 
     def _heartbeat(self, key: Key) -> None:
         """A machine's Lease was renewed (or is gone): it is heard, silent no more."""

@@ -1,7 +1,7 @@
 """PerStep fault tolerance against a real API server (pods driven by kwok): the lighthouse pod
 and Service in place of the store, the node pods' torchft environment, a deleted group replaced
 alone, scaling without touching the other groups, and a lost lighthouse recreated with no group
-touched; a group beside another moved to a machine that joins."""
+touched; a group beside another moved to a machine that joins or is uncordoned."""
 
 from __future__ import annotations
 
@@ -128,12 +128,19 @@ def test_scaling_adds_and_removes_the_highest_groups_without_touching_the_others
     assert not status.get("incidents")  # no Resize: nobody restarted
 
 
-def test_a_group_beside_another_moves_to_a_machine_that_joins(c: KwokNamespace) -> None:
+@pytest.mark.parametrize("back", ["joins", "is uncordoned"])
+def test_a_group_beside_another_moves_to_a_machine_that_comes_back(
+    c: KwokNamespace, back: str
+) -> None:
     """kube-scheduler places the pods. With one machine for the job both groups share it
-    (spread Preferred places them anyway); a second machine joins, and the newest group moves
-    there, alone, once; the other group is not touched."""
+    (spread Preferred places them anyway); a second machine joins, or is uncordoned (as after
+    ``kubectl drain``), and the newest group moves there, alone, once; the other group is not
+    touched."""
     first, second = (f"rb-{c.ns}-{i}" for i in range(2))
     c.cp.add_kwok_node(first, labels={"rebalance": c.ns})
+    if back == "is uncordoned":
+        c.cp.add_kwok_node(second, labels={"rebalance": c.ns})
+        c.cp.kubectl("cordon", second)
     try:
         only = {"nodeSelector": {"rebalance": c.ns}}
         c.submit("rb", {"nodes": 2, "faultTolerance": PER_STEP, "template": only})
@@ -141,10 +148,13 @@ def test_a_group_beside_another_moves_to_a_machine_that_joins(c: KwokNamespace) 
         before = c.worker_uids("rb")
         placed = {n: p["spec"]["nodeName"] for n, p in c.workers("rb").items()}
         assert set(placed.values()) == {first}, placed
-        # Node times are whole seconds: the machine joins in a later second than the pods.
+        # Node times are whole seconds: the machine comes back in a later second than the pods.
         newest = max(p["metadata"]["creationTimestamp"] for p in c.workers("rb").values())
         c.until("a second past the pods' creation", lambda: rfc3339(time.time()) > newest)
-        c.cp.add_kwok_node(second, labels={"rebalance": c.ns})
+        if back == "joins":
+            c.cp.add_kwok_node(second, labels={"rebalance": c.ns})
+        else:
+            c.cp.kubectl("uncordon", second)
 
         def apart() -> dict[str, str] | None:
             pods = c.workers("rb")

@@ -1,6 +1,6 @@
 """The controller's machines part without a server: a silent machine is marked for the planner,
-heard again on its next Lease renewal (and marked since when), and a thawed operator hears
-every machine afresh."""
+heard again on its next Lease renewal (and marked since when, as an uncordoned one is), and a
+thawed operator hears every machine afresh."""
 
 from __future__ import annotations
 
@@ -86,3 +86,22 @@ def test_the_watch_marks_a_silent_machine_and_a_thawed_operator_hears_all_afresh
     asyncio.run(ticks([2.0] * 20))
     assert list(m.silent) == ["a"] and changed == [("", "a")]
     assert m.views()["a"].silent_since == m.silent["a"]
+
+
+def test_an_uncordoned_machine_is_back_from_then() -> None:
+    changed: list[tuple[str, str]] = []
+    m = Machines(grace_s=30, changed=changed.append)
+
+    def see(name: str, cordoned: bool) -> None:
+        body = node(name)
+        body["spec"] = {"unschedulable": True} if cordoned else {}
+        for key in m.nodes.apply("MODIFIED", body):
+            m._node(key)
+
+    see("a", cordoned=False)
+    see("b", cordoned=True)  # kubectl drain
+    assert m.views()["b"].unschedulable and m.views()["b"].back_since == ""
+    see("b", cordoned=False)  # kubectl uncordon
+    assert not m.views()["b"].unschedulable and m.views()["b"].back_since != ""
+    assert m.views()["a"].back_since == ""  # never cordoned
+    assert changed == [("", "a"), ("", "b"), ("", "b")]

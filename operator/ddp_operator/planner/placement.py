@@ -15,9 +15,9 @@ makes it, one group at a time, when all of these hold:
   heard, not cordoned, every NoSchedule and NoExecute taint tolerated, the pod's nodeSelector
   and required node affinity matched), the most crowded runs at least two more of the job's
   node pods than the least (the constraint's maxSkew 1 is broken);
-- a least crowded machine became available (its Ready condition turned True, or it was heard
-  again after a silence) after the pod placed last on a most crowded one was created: the
-  scheduler placed that pod while the machine could not take it.
+- a least crowded machine became available (its Ready condition turned True, it was heard
+  again after a silence, or it was uncordoned) after the pod placed last on a most crowded one
+  was created: the scheduler placed that pod while the machine could not take it.
 
 That pod is deleted (the newest of them, if several machines are most crowded), as the
 operator's own deletion (counted nowhere), and recreated like any deleted group; the
@@ -113,7 +113,7 @@ def fits(spec: Mapping[str, Any], m: MachineView) -> bool:
 
 def _available_since(m: MachineView) -> float:
     """Since when a machine could take a pod (Unix time): its Ready condition's turn to True,
-    or its return after a silence, whichever is later."""
+    or its return after a silence or a cordon (``back_since``), whichever is later."""
     times = [parse_rfc3339(t) for t in (m.since, m.back_since)]
     return max((t.timestamp() for t in times if t is not None), default=0.0)
 

@@ -236,9 +236,10 @@ class MachineView:
     # Set by the controller once the machine's kubelet has renewed its Lease for no less than
     # the grace period: when the operator last saw it renewed (RFC 3339, the operator's clock).
     silent_since: str = ""
-    # Set by the controller when a silent machine is heard again: when (RFC 3339, the
-    # operator's clock). A machine back within kube-controller-manager's grace never turned
-    # Unknown, so its Ready condition's time does not say it was away.
+    # Set by the controller when a silent machine is heard again, or a cordoned one is
+    # uncordoned: when (RFC 3339, the operator's clock). A machine back within
+    # kube-controller-manager's grace never turned Unknown, so its Ready condition's time does
+    # not say it was away; a Node keeps no time of its cordon.
     back_since: str = ""
     labels: tuple[tuple[str, str], ...] = ()  # metadata.labels, sorted
     taints: tuple[tuple[str, str, str], ...] = ()  # spec.taints: (key, value, effect)
