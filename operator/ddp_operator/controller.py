@@ -172,8 +172,8 @@ class Controller:
         joined: reconcile the jobs with pods on it, and those whose node pods share a
         machine (one may move there: :mod:`~ddp_operator.planner.placement`)."""
         for job, pods in list(self.pods.by_job.items()):
-            views = pods.values()
-            if any(v.machine == key[1] for v in views) or placement.shares_a_machine(views):
+            seen = pods.values()
+            if any(v.machine == key[1] for v in seen) or placement.shares_a_machine(seen):
                 self.changed(job)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:

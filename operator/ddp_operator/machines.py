@@ -33,7 +33,7 @@ LEASE_NAMESPACE = "kube-node-lease"  # where each kubelet renews the Lease named
 @dataclass
 class Machines:
     """Nodes and their heartbeats; ``changed`` gets ("", machine) when one that the planner
-    reads changed (readiness, or silence begun or ended)."""
+    reads changed (readiness, what may be placed there, or silence begun or ended)."""
 
     grace_s: float
     changed: Callable[[Key], None]
@@ -64,7 +64,7 @@ class Machines:
 
     def views(self) -> dict[str, MachineView]:
         """The Nodes as the planner sees them, the silent ones marked since their last Lease,
-        those heard again since then."""
+        those back (heard again, uncordoned) marked since when."""
         return {
             n: dataclasses.replace(
                 v, silent_since=self.silent.get(n, ""), back_since=self.back.get(n, "")
@@ -76,13 +76,15 @@ class Machines:
         """A Node changed, joined or went: one uncordoned is back from now."""
         name = key[1]
         view = self.nodes.by_name.get(name)
-        if view is not None and view.unschedulable:
+        if view is None:
+            self.cordoned.discard(name)
+            self.back.pop(name, None)
+        elif view.unschedulable:
             self.cordoned.add(name)
         elif name in self.cordoned:
             self.cordoned.discard(name)
-            if view is not None:
-                log.info("machine %s is uncordoned", name)
-                self.back[name] = rfc3339(dt.datetime.now(dt.UTC))
+            log.info("machine %s is uncordoned", name)
+            self.back[name] = rfc3339(dt.datetime.now(dt.UTC))
         self.changed(key)
 
     def _heartbeat(self, key: Key) -> None:

@@ -105,3 +105,6 @@ def test_an_uncordoned_machine_is_back_from_then() -> None:
     assert not m.views()["b"].unschedulable and m.views()["b"].back_since != ""
     assert m.views()["a"].back_since == ""  # never cordoned
     assert changed == [("", "a"), ("", "b"), ("", "b")]
+    for key in m.nodes.apply("DELETED", node("b")):
+        m._node(key)
+    assert "b" not in m.back and "b" not in m.views()
