@@ -85,6 +85,13 @@ def anomalies(rows: list[dict[str, Any]], last: int) -> str:
     return f"steps lost {lost}, written twice {twice}; the run log there:\n{lines}"
 
 
+def moves(status: dict[str, Any], since: float = 0.0) -> list[float]:
+    """When the operator moved a group (its Rebalance incidents, whole seconds), from ``since``."""
+    at = [parse_rfc3339(i["detectedAt"]) for i in status.get("incidents") or []
+          if i["kind"] == "Rebalance"]  # fmt: skip
+    return [t.timestamp() for t in at if t is not None and t.timestamp() >= since]
+
+
 def scene(
     cluster: Cluster, ns: str, what: str, over: Callable[[], bool], ceiling: int,
     may_go: Callable[[], bool],
@@ -189,12 +196,15 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
 
         scene(cluster, ns, f"{victim} back on {machine}, 3 groups again",
               lambda: home() and groups(cluster, ns, home_at[0]) == 3, second, home)  # fmt: skip
-        moves = [i for i in cluster.status(JOB, ns=ns)["incidents"] if i["kind"] == "Rebalance"]
-        assert len(moves) == 1, moves
-        incidents.append(parse_rfc3339(moves[0]["detectedAt"]).timestamp())  # whole seconds
-        [said] = [m for _, r, m in cluster.events(JOB, ns=ns) if r == "Rebalancing"]
-        print(f"moved back: {said}")
-        assert said.startswith(f"{victim} shares machine {beside}") and machine in said, said
+        # One move since the power-off (whole seconds). The job may have had one before: a
+        # machine of an earlier test still coming back when the pods were placed (seen in CI:
+        # two groups placed on one machine while another was tainted not-ready, one moved
+        # there 2 s later).
+        assert len(moves(cluster.status(JOB, ns=ns), since=incidents[-1] - 1)) == 1
+        said = [m for _, r, m in cluster.events(JOB, ns=ns) if r == "Rebalancing"]
+        print(f"moves: {said}")
+        assert any(m.startswith(f"{victim} shares machine {beside}") and machine in m
+                   for m in said), said  # fmt: skip
 
         # Scene 3: the lighthouse pod deleted. It is recreated (same Service); the groups ask
         # the new one for their next quorum and go on from their step, none restarted.
@@ -230,11 +240,11 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     assert done["progress"]["step"] == LAST_STEP, done
     assert done.get("restarts", 0) == 0 and done.get("disruptions", 0) >= 2, done
     kinds = [i["kind"] for i in done.get("incidents") or []]
-    assert "LighthouseLost" in kinds and kinds.count("Rebalance") == 1, kinds
+    assert "LighthouseLost" in kinds and "Rebalance" in kinds, kinds
     rows = read_run_log(kind.claim_folder(cluster, CLAIM, ns=ns))
     steps = [r["step"] for r in rows if r.get("event") == "step"]
     assert steps == list(range(1, LAST_STEP + 1)), anomalies(rows, LAST_STEP)
-    figures = goodput.summary(rows, incidents)
+    figures = goodput.summary(rows, sorted(incidents + moves(done)))  # the moves' stalls too
     held = [r["step"] for r in rows if r.get("event") == "hold"]
     print(f"survivors' stalls {figures['stalls_s']} s, goodput {figures['goodput']}, held {held}")
     by = Counter(r.get("group") for r in rows if r.get("event") == "step")
