@@ -28,6 +28,7 @@ from ddp_trainer.reporting.run_log import read_run_log
 
 pytestmark = pytest.mark.timeout(1500)
 CONTROL_PLANE = "ddp-control-plane"
+WORKERS = ("ddp-worker", "ddp-worker2", "ddp-worker3")
 JOB, CLAIM = "charlm-per-step", "charlm-per-step-checkpoints"
 GROUP_TIMEOUT_S = 5  # charlm-per-step.yaml's faultTolerance.groupTimeoutSeconds
 # The survivors' longest pause per incident: a lost group is dropped after the group timeout;
@@ -118,6 +119,8 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     if cluster.provider != "kind":
         unavailable("one machine only: losing it loses the cluster (DDP_CLUSTER=kind)")
     cluster.k("cordon", CONTROL_PLANE)  # a group per worker machine, the lighthouse beside one
+    for worker in WORKERS:  # back from earlier tests: Ready, none of the lost machines' taints
+        kind.wait_ready(cluster.kubeconfig, worker)
 
     def edit(job: dict[str, Any]) -> None:
         holding_at(UP, *CEILINGS, last=LAST_STEP)(job)  # spread: Preferred, the default
