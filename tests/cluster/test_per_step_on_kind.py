@@ -199,10 +199,10 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
 
         scene(cluster, ns, f"{victim} back on {machine}, 3 groups again",
               lambda: home() and groups(cluster, ns, home_at[0]) == 3, second, home)  # fmt: skip
-        # One move since the power-off (whole seconds). The job may have had one before: a
-        # machine of an earlier test still coming back when the pods were placed (seen in CI:
-        # two groups placed on one machine while another was tainted not-ready, one moved
-        # there 2 s later).
+        # One move since the power-off (whole seconds). The job may have had one before (seen
+        # once in CI: two groups placed on one machine, and one moved 2 s later to a machine
+        # that became available after they were placed; the earlier test had powered machines
+        # off and on).
         assert len(moves(cluster.status(JOB, ns=ns), since=incidents[-1] - 1)) == 1
         said = [m for _, r, m in cluster.events(JOB, ns=ns) if r == "Rebalancing"]
         print(f"moves: {said}")
