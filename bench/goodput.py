@@ -49,7 +49,6 @@ repo_paths.add("tests/cluster")
 from cluster_env import Cluster  # noqa: E402
 from test_cluster import machines  # noqa: E402
 
-from ddp_api.contract import parse_rfc3339  # noqa: E402
 from ddp_api.pods import LABEL_JOB  # noqa: E402
 from ddp_devcluster import goodput  # noqa: E402
 from ddp_devcluster.chart import install_chart  # noqa: E402
@@ -150,16 +149,6 @@ def run_log_past(cl: Cluster, until: float) -> list[dict[str, Any]]:
     return cl.until("a step logged after the window", logged_past, 300, ns=NS)
 
 
-def moves(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The operator's own moves (``Rebalance`` incidents of the job's status) as incidents."""
-    out = []
-    for i in status.get("incidents") or []:
-        at = parse_rfc3339(i.get("detectedAt")) if i.get("kind") == "Rebalance" else None
-        if at is not None:
-            out.append({"kind": "move", "pod": "", "machine": "", "at": at.timestamp()})
-    return out
-
-
 def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float, spread: str) -> dict[str, Any]:
     log(f"mode {mode}: {JOB}, 3 nodes, {steps} steps, spread {spread}")
     start_job(cl, mode, steps, spread)
@@ -173,7 +162,8 @@ def run_mode(cl: Cluster, mode: str, steps: int, interval_s: float, spread: str)
     done = train_until(cl, until, "the window's end")
     rows = run_log_past(cl, until)
     cl.k("delete", "ddpjob", JOB, "-n", NS, "--wait=false")
-    incidents = sorted(incidents + moves(done), key=lambda i: i["at"])
+    moved = [{"kind": "move", "pod": "", "machine": "", "at": t} for t in goodput.moves(done)]
+    incidents = sorted(incidents + moved, key=lambda i: i["at"])
     figures = goodput.summary(rows, [i["at"] for i in incidents], until)
     for k, i in enumerate(incidents):
         i["stall_s"] = figures["stalls_s"][k]

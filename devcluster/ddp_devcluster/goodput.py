@@ -20,6 +20,9 @@ the window's end) still counts as redone, not kept.
 
 Time the run spent held at a hold point (its ``hold`` and ``release`` rows, written when a test
 paused it on purpose) is no one's stall and no wall time: every gap above leaves it out.
+
+The operator's own moves of a PerStep group (:func:`moves`, read from the job's status, not
+the run log) are incidents too: the callers add them to theirs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ddp_api.contract import parse_rfc3339
+from ddp_api.ddpjob import IncidentKind
 
 STALL_FACTOR = 3.0
 
@@ -149,3 +155,15 @@ def summary(
         "goodput": round(goodput(steps, held, until), 3),
         "steps_logged": sum(1 for r in steps if r.time <= until),
     }
+
+
+def moves(status: Mapping[str, Any], since: float = 0.0) -> list[float]:
+    """When the operator moved a PerStep group (the ``Rebalance`` incidents of a job's status,
+    ``detectedAt``: whole seconds) from ``since`` on, as Unix times: incidents of their own,
+    which the run log does not show."""
+    at = [
+        parse_rfc3339(i.get("detectedAt"))
+        for i in status.get("incidents") or []
+        if i.get("kind") == IncidentKind.REBALANCE
+    ]
+    return [t.timestamp() for t in at if t is not None and t.timestamp() >= since]

@@ -86,13 +86,6 @@ def anomalies(rows: list[dict[str, Any]], last: int) -> str:
     return f"steps lost {lost}, written twice {twice}; the run log there:\n{lines}"
 
 
-def moves(status: dict[str, Any], since: float = 0.0) -> list[float]:
-    """When the operator moved a group (its Rebalance incidents, whole seconds), from ``since``."""
-    at = [parse_rfc3339(i["detectedAt"]) for i in status.get("incidents") or []
-          if i["kind"] == "Rebalance"]  # fmt: skip
-    return [t.timestamp() for t in at if t is not None and t.timestamp() >= since]
-
-
 def scene(
     cluster: Cluster, ns: str, what: str, over: Callable[[], bool], ceiling: int,
     may_go: Callable[[], bool],
@@ -203,7 +196,7 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         # once in CI: two groups placed on one machine, and one moved 2 s later to a machine
         # that became available after they were placed; the earlier test had powered machines
         # off and on).
-        assert len(moves(cluster.status(JOB, ns=ns), since=incidents[-1] - 1)) == 1
+        assert len(goodput.moves(cluster.status(JOB, ns=ns), since=incidents[-1] - 1)) == 1
         said = [m for _, r, m in cluster.events(JOB, ns=ns) if r == "Rebalancing"]
         print(f"moves: {said}")
         assert any(m.startswith(f"{victim} shares machine {beside}") and machine in m
@@ -247,7 +240,9 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
     rows = read_run_log(kind.claim_folder(cluster, CLAIM, ns=ns))
     steps = [r["step"] for r in rows if r.get("event") == "step"]
     assert steps == list(range(1, LAST_STEP + 1)), anomalies(rows, LAST_STEP)
-    figures = goodput.summary(rows, sorted(incidents + moves(done)))  # the moves' stalls too
+    figures = goodput.summary(
+        rows, sorted(incidents + goodput.moves(done))
+    )  # the moves' stalls too
     held = [r["step"] for r in rows if r.get("event") == "hold"]
     print(f"survivors' stalls {figures['stalls_s']} s, goodput {figures['goodput']}, held {held}")
     by = Counter(r.get("group") for r in rows if r.get("event") == "step")

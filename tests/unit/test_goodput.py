@@ -75,3 +75,17 @@ def test_a_window_ends_the_figures_at_until_and_a_step_redone_after_it_is_not_ke
     early = goodput.summary(run, [], until=5.5)
     assert early["steps_redone"] == 1
     assert early["goodput"] == round(3.0 / 4.5, 3)
+
+
+def test_the_operator_s_moves_are_read_from_the_job_s_status_from_a_time_on() -> None:
+    status = {
+        "incidents": [
+            {"kind": "Rebalance", "detectedAt": "2026-11-29T17:47:53Z"},
+            {"kind": "NodeLost", "detectedAt": "2026-11-29T17:48:20Z"},
+            {"kind": "Rebalance", "detectedAt": "2026-11-29T17:48:43Z"},
+        ]
+    }
+    first, second = 1795974473.0, 1795974523.0  # those two times
+    assert goodput.moves(status) == [first, second]
+    assert goodput.moves(status, since=first + 1) == [second]
+    assert goodput.moves({}) == []
