@@ -79,15 +79,15 @@ def _expression_holds(expr: Mapping[str, Any], labels: Mapping[str, str]) -> boo
     return False
 
 
-def _term_holds(term: Mapping[str, Any], m: MachineView) -> bool:
-    """A nodeSelectorTerm: its expressions on the labels and its fields (metadata.name) all
-    hold; an empty term holds for no machine."""
+def _term_holds(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
+    """A nodeSelectorTerm: its expressions on a machine's labels and its fields (metadata.name)
+    all hold; an empty term holds for no machine."""
     exprs = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
     if not exprs and not fields:
         return False
-    names = {"metadata.name": m.name}
-    return all(_expression_holds(e, dict(m.labels)) for e in exprs) and all(
+    names = {"metadata.name": name}
+    return all(_expression_holds(e, labels) for e in exprs) and all(
         _expression_holds(f, names) for f in fields
     )
 
@@ -107,7 +107,7 @@ def fits(spec: Mapping[str, Any], m: MachineView) -> bool:
     node = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is not None:
-        return any(_term_holds(t, m) for t in required.get("nodeSelectorTerms") or [])
+        return any(_term_holds(t, labels, m.name) for t in required.get("nodeSelectorTerms") or [])
     return True
 
 
