@@ -48,11 +48,25 @@ def _nproc(value: str) -> int | str:
         ) from None
 
 
+def _connection(p: argparse.ArgumentParser, default: object) -> None:
+    """The flags that say which cluster and namespace, as kubectl has them. Both the top parser
+    and each command's take them (``kubectl ddp -n team watch job`` and ``kubectl ddp watch job
+    -n team``); a command's default is SUPPRESS, so that it does not overwrite a value given
+    before the command."""
+    p.add_argument(
+        "-n", "--namespace", default=default, help="default: the kubeconfig context's namespace"
+    )
+    p.add_argument(
+        "--kubeconfig", default=default, help="default: $KUBECONFIG, then ~/.kube/config"
+    )
+    p.add_argument(
+        "--context", default=default, help="kubeconfig context; default: the current one"
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
-    common.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
-    common.add_argument("--context", help="kubeconfig context; default: the current one")
+    _connection(common, argparse.SUPPRESS)
 
     top = argparse.ArgumentParser(
         prog=PROG,
@@ -60,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 done (watch: Succeeded), 1 the job Failed, 2 an error (no such"
         " job, script or cluster), 3 watch --timeout ran out.",
     )
+    _connection(top, None)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     submit = commands.add_parser(

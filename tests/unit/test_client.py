@@ -295,3 +295,28 @@ def test_flags_are_checked_and_arguments_after_dashes_go_to_the_script(
     with pytest.raises(SystemExit):
         cli.main(["submit", "t.py", "--launcher", "mpirun"])
     assert "--launcher: invalid choice: 'mpirun'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-n", "team", "--context", "c", "watch", "job"],  # as before kubectl's own commands
+        ["watch", "job", "-n", "team", "--context", "c"],
+        ["--namespace", "other", "watch", "job", "--namespace", "team", "--context", "c"],
+    ],
+)
+def test_connection_flags_go_before_or_after_the_command(argv: list[str]) -> None:
+    args = cli.parser().parse_args(argv)
+    assert (args.command, args.job, args.namespace, args.context) == ("watch", "job", "team", "c")
+    assert args.kubeconfig is None  # not given: the client's own default
+
+
+def test_no_connection_flag_leaves_each_to_the_client() -> None:
+    for command in (
+        ["watch", "j"],
+        ["logs", "j"],
+        ["plot", "j", "-o", "x.png"],
+        ["submit", "t.py"],
+    ):
+        args = cli.parser().parse_args(command)
+        assert (args.namespace, args.kubeconfig, args.context) == (None, None, None)
