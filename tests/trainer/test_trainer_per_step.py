@@ -484,6 +484,8 @@ def test_groups_of_two_processes_split_by_local_rank_and_heal_per_local_rank(
         wait_until(lambda: all(w.code is not None for w in first + again), 200, "the end")
         for worker in first + again:
             assert worker.code == 0, worker.output()[-3000:]
+            # local rank 0 hosts its group's store and stays until rank 1 has read the end
+            assert "store is gone" not in worker.output(), worker.output()[-3000:]
         assert "healed from a live peer" in again[0].output()  # rank 0 logs at INFO
         for worker in again:  # each rank's first step is the live peers' step: it healed
             rows = sample_lines(samples)

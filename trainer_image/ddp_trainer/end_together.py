@@ -2,11 +2,17 @@
 the end would hold for pgTimeoutS (30 minutes; the barrier after rank 0's evaluation did).
 
 Rank 0 counts a key up in torchrun's store while it finishes (its final checkpoint, its
-evaluation: :class:`Beats`), then sets the end key and waits for no one: a peer lost while it
-evaluated holds nobody. Every other rank waits for the end key (:func:`end_together`), but not
-past a failed store call (the agents host the store on rank 0's node: a reset connection is that
-node's end), a rank 0 that gave no sign of life for stepTimeoutS, or SIGTERM: training is
-complete and checkpointed by then, so only rank 0's evaluation results would be missing.
+evaluation: :class:`Beats`), then sets the end key. Every other rank waits for the end key
+(:func:`end_together`) and counts an acknowledgement up once it has read it, but waits not past a
+failed store call (the store is rank 0's: a reset connection is its end), a rank 0 that gave no
+sign of life for stepTimeoutS, or SIGTERM: training is complete and checkpointed by then, so only
+rank 0's evaluation results would be missing.
+
+Rank 0's process hosts that store (the operator sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``), so
+the store ends with it: rank 0 waits until every other rank acknowledged the end, at most
+:data:`ACK_WAIT_S`, and a peer lost while it evaluated holds it no longer than that. Before it
+waited, the others' next read (every :data:`POLL_S`) often found the store gone: a C++ stack
+trace and a "store is gone" warning at the end of a run that went well.
 
 Every call on the store is bounded (:func:`ddp_trainer.launch.store_probe.bounded`) or runs in a
 daemon thread of its own: the agents host the store on rank 0's node, and a call to a store
@@ -29,9 +35,11 @@ log = logging.getLogger("ddp_trainer.trainer")  # the trainer's lines: people an
 
 END_KEY = "ddp_trainer/end"
 BEATS_KEY = "ddp_trainer/end-beats"
+ACKS_KEY = "ddp_trainer/end-acks"
 BEAT_S = 1.0
 POLL_S = 0.2
 STORE_TIMEOUT_S = 5.0
+ACK_WAIT_S = 5.0  # how long rank 0 keeps its store up for the others to read its end
 
 
 class EndStore:
@@ -40,6 +48,7 @@ class EndStore:
 
     def __init__(self, store: dist.Store, run_id: str):
         self.store, self.end, self.beats = store, f"{END_KEY}/{run_id}", f"{BEATS_KEY}/{run_id}"
+        self.acks = f"{ACKS_KEY}/{run_id}"
 
     def beat(self) -> None:
         self.store.add(self.beats, 1)
@@ -52,6 +61,12 @@ class EndStore:
 
     def beats_seen(self) -> int:
         return int(self.store.add(self.beats, 0))
+
+    def acknowledge(self) -> None:
+        self.store.add(self.acks, 1)
+
+    def acknowledged(self) -> int:
+        return int(self.store.add(self.acks, 0))
 
 
 def end_store(run_id: str) -> EndStore | None:
@@ -115,21 +130,62 @@ class RankZeroWatch:
             while not self.store.ended():
                 self.silence.observe(0, self.store.beats_seen(), time.monotonic())
                 time.sleep(POLL_S)
-            self.ended = True
         except Exception as error:
             self.lost = str(error) or type(error).__name__
+            return
+        try:
+            self.store.acknowledge()  # rank 0 may leave (and its store with it)
+        except Exception as error:  # it has left already: nothing more to tell it
+            log.debug("could not acknowledge rank 0's end: %s", error)
+        self.ended = True
 
 
-def end_together(store: EndStore, evaluates: bool, silent_s: float, stop: Event) -> str:
-    """Rank 0 (``evaluates``) sets the end key; every other rank waits for it, at most until
-    the store fails, rank 0 gave no sign of life (a store that does not answer is none either)
-    for ``silent_s``, or SIGTERM came. Returns what ended the wait."""
+def _acknowledged(store: EndStore, others: int, wait_s: float, stop: Event) -> str:
+    """Rank 0, after setting the end key: waits until ``others`` ranks acknowledged it, at
+    most ``wait_s`` or until SIGTERM. Its own store answers unless something is badly wrong,
+    and then there is nobody to wait for."""
+    deadline = time.monotonic() + wait_s
+    seen = 0
+    while True:
+        try:
+            seen = store.acknowledged()
+        except Exception as error:
+            log.warning("could not read the other ranks' acknowledgements of the end: %s", error)
+            return "ended"
+        if seen >= others or stop.is_set():
+            return "ended"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S / 4)
+    log.warning(
+        "%d of the %d other ranks acknowledged the end within %.0fs (lost while this one"
+        " finished?): ending without them",
+        seen,
+        others,
+        wait_s,
+    )
+    return "unacknowledged"
+
+
+def end_together(
+    store: EndStore,
+    evaluates: bool,
+    silent_s: float,
+    stop: Event,
+    others: int,
+    ack_wait_s: float = ACK_WAIT_S,
+) -> str:
+    """Rank 0 (``evaluates``) sets the end key and waits for the ``others`` ranks to
+    acknowledge it (at most ``ack_wait_s``); every other rank waits for it, at most until the
+    store fails, rank 0 gave no sign of life (a store that does not answer is none either) for
+    ``silent_s``, or SIGTERM came. Returns what ended the wait."""
     if evaluates:
         try:
             bounded(store.set_end, STORE_TIMEOUT_S)
         except Exception as error:  # the others stop waiting after silent_s
             log.warning("could not tell the other ranks that this one ended: %s", error)
-        return "ended"
+            return "ended"
+        return _acknowledged(store, others, ack_wait_s, stop) if others > 0 else "ended"
     watch = RankZeroWatch(store)
     while not watch.ended:
         if watch.lost:  # rank 0's node hosts the store: its end or its loss

@@ -103,7 +103,8 @@ def finish(
         "end", step=pos.step, epoch=pos.epoch, worldSize=env.world_size, rank=env.rank, **results
     )
     if store is not None:
-        end_together(store, evaluates, config.steady_timeout_s, stop_requested)
+        others = env.world_size - 1
+        end_together(store, evaluates, config.steady_timeout_s, stop_requested, others)
 
 
 def hold_at_end(
