@@ -402,6 +402,12 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
         assert fourth.popen.returncode == 0
         for group in (0, 2, 3):
             assert groups.code(groups.current[group]) == 0, groups.current[group].output()[-3000:]
+        # Every group's log, the killed ones' too: the peers' losses each lived through show
+        # as one line each (torchft's errors without their tracebacks), never a traceback.
+        logs = [p for p in launcher.workdir.glob("*.log") if not p.name.startswith("lighthouse")]
+        assert len(logs) > KILLS
+        tracebacks = [p.name for p in logs if "Traceback" in p.read_text(errors="replace")]
+        assert tracebacks == [], tracebacks
     finally:
         zygote.close()
 

@@ -6,6 +6,8 @@ the quorum ids torchft is given."""
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from trainer_harness import wait_until
 from ddp_trainer.data.batching import Position, batch_share, position_after
 from ddp_trainer.data.sampler import global_order, step_indices
 from ddp_trainer.per_step.beats import Beats, read_beats
-from ddp_trainer.per_step.group import no_nccl_dumps
+from ddp_trainer.per_step.group import no_nccl_dumps, quiet_torchft
 from ddp_trainer.per_step.hooks import StopAt
 from ddp_trainer.per_step.replicas import (
     GroupSettings,
@@ -284,3 +286,45 @@ def test_nccl_dumps_are_off_by_default_and_a_pods_own_setting_wins() -> None:
     fresh: dict[str, str] = {}
     no_nccl_dumps(fresh)
     assert fresh == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}
+
+
+def test_torchft_errors_at_a_peers_loss_are_one_warning_line_each(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchft's own loggers, as its Manager and checkpoint server call them when a peer is
+    lost: after quiet_torchft each error is one WARNING line, its traceback dropped; its INFO
+    lines are off."""
+    from torchft.manager import ExceptionWithTraceback
+
+    monkeypatch.delenv("RUST_LOG", raising=False)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        quiet_torchft()
+        manager = logging.getLogger("torchft.manager")
+        try:
+            raise RuntimeError("Timed out waiting 5000ms for recv operation to complete")
+        except RuntimeError as error:
+            wrapped = ExceptionWithTraceback(error)  # its text carries the traceback
+            manager.exception(f"[job-1:abc/0 - step 620] got exception waiting for work {wrapped}")
+        try:
+            raise TimeoutError("Timed out waiting for wlock after 5.0 seconds")
+        except TimeoutError:
+            logging.getLogger("torchft.checkpointing.http_transport").exception(
+                "Exception in checkpoint server when handling self.path='/checkpoint/1132/full'"
+            )
+        manager.info("[job-1:abc/0 - step 621] reconfiguring")
+        logging.getLogger("torchft.other").error("an error elsewhere in torchft stays whole")
+    finally:
+        root.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "WARNING torchft.manager: [job-1:abc/0 - step 620] got exception waiting for work"
+        " Timed out waiting 5000ms for recv operation to complete",
+        "WARNING torchft.checkpointing.http_transport: Exception in checkpoint server when"
+        " handling self.path='/checkpoint/1132/full'",
+        "ERROR torchft.other: an error elsewhere in torchft stays whole",
+    ], err
+    assert os.environ["RUST_LOG"] == "warn"  # torchft's Rust side: warnings only

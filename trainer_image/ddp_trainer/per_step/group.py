@@ -146,13 +146,44 @@ class JobQuorumIds:
 TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors")
 
 
+# torchft's loggers whose errors at a peer's loss come with a traceback: "got exception in pg
+# configure" (and in all reduce, recovery, waiting for work), a heal's source that timed out.
+TORCHFT_PEER_ERRORS = ("torchft.manager", "torchft.checkpointing.http_transport")
+
+
+class OneLine(logging.Filter):
+    """torchft's errors as one warning line each, without their traceback: a lost peer makes
+    each survivor log an ERROR and a traceback of 5 to 12 lines for the step it could not
+    finish, though nothing is wrong with the survivor; this module's own line (a step not
+    committed, a quorum that failed) says what happened and what it does about it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR:
+            record.msg, record.args = one_line(record.getMessage()), ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line(text: object) -> str:
+    """The first line of an error's text (torchft's errors carry their traceback), at most 300
+    characters."""
+    lines = str(text).splitlines()
+    return lines[0][:300] if lines else ""
+
+
 def quiet_torchft() -> None:
     """torchft logs several lines per step at INFO (its Rust side reads RUST_LOG when it is
-    first imported): warnings only, unless RUST_LOG says otherwise. This module's own lines say
-    what matters (quorums that fail, heals, steps redone)."""
+    first imported) and a traceback for every error a lost peer causes: warnings only (the
+    Rust side's unless RUST_LOG says otherwise), each error on one line (:class:`OneLine`).
+    This module's own lines say what matters (quorums that fail, heals, steps redone)."""
     os.environ.setdefault("RUST_LOG", "warn")
     for name in TORCHFT_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in TORCHFT_PEER_ERRORS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLine) for f in logger.filters):
+            logger.addFilter(OneLine())
 
 
 class ReplicaGroup:
@@ -308,7 +339,7 @@ class ReplicaGroup:
         except Exception as error:
             if self.manager._healing:  # raised applying a heal's state (_load_from_peer)
                 raise
-            log.warning("no quorum (%s); trying again", str(error).splitlines()[0][:300])
+            log.warning("no quorum (%s); trying again", one_line(error))
             # torchft 0.2.0 keeps the failed future and raises it again at the next
             # start_quorum: drop it, so the next try is a new quorum.
             self.manager._quorum_future = None
@@ -317,7 +348,7 @@ class ReplicaGroup:
             return False
         members = self.manager.num_participants()
         if self.manager.errored() is not None:
-            log.warning("quorum of %d groups: %s", members, self.manager.errored())
+            log.warning("quorum of %d groups: %s", members, one_line(self.manager.errored()))
         return True
 
     def writes(self) -> bool:
@@ -417,6 +448,6 @@ class ReplicaGroup:
             log.info(
                 "step %d not committed: %s",
                 step,
-                str(m.errored()).splitlines()[0][:300],
+                one_line(m.errored()),
             )
         return vote
