@@ -79,3 +79,28 @@ def test_a_run_alone_waits_for_nobody() -> None:
     (rank0,) = _stores(1)
     assert end_together(rank0, True, SILENT_S, Event(), others=0, ack_wait_s=30) == "ended"
     assert rank0.acknowledged() == 0
+
+
+class _SilentStore(EndStore):
+    """Rank 0's store where torchrun's agents host it on a machine that went silent: the end
+    key is set, and a read then never returns."""
+
+    def __init__(self, store: EndStore):
+        super().__init__(store.store, "run")
+        self.never = Event()
+
+    def acknowledged(self) -> int:
+        self.never.wait()
+        return 0
+
+
+@pytest.mark.timeout(60)
+def test_a_store_that_stops_answering_holds_rank_0_for_the_bound_only() -> None:
+    (rank0,) = _stores(1)
+    silent = _SilentStore(rank0)
+    began = time.monotonic()
+    assert end_together(silent, True, SILENT_S, Event(), others=1, ack_wait_s=1.0) == (
+        "unacknowledged"
+    )
+    assert time.monotonic() - began < 5
+    silent.never.set()

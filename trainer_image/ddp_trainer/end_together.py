@@ -15,8 +15,9 @@ waited, the others' next read (every :data:`POLL_S`) often found the store gone:
 trace and a "store is gone" warning at the end of a run that went well.
 
 Every call on the store is bounded (:func:`ddp_trainer.launch.store_probe.bounded`) or runs in a
-daemon thread of its own: the agents host the store on rank 0's node, and a call to a store
-whose machine went silent never returns. ``tests/trainer/test_trainer_end.py``."""
+daemon thread of its own: where torchrun's agents host the store instead (its default, without
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``) it may be on another machine, and a call to a store whose
+machine went silent never returns. ``tests/trainer/test_trainer_end.py``."""
 
 from __future__ import annotations
 
@@ -142,25 +143,29 @@ class RankZeroWatch:
 
 def _acknowledged(store: EndStore, others: int, wait_s: float, stop: Event) -> str:
     """Rank 0, after setting the end key: waits until ``others`` ranks acknowledged it, at
-    most ``wait_s`` or until SIGTERM. Its own store answers unless something is badly wrong,
-    and then there is nobody to wait for."""
+    most ``wait_s`` (a store call that hangs included: the reads run in one bounded thread) or
+    until SIGTERM."""
     deadline = time.monotonic() + wait_s
-    seen = 0
-    while True:
-        try:
-            seen = store.acknowledged()
-        except Exception as error:
-            log.warning("could not read the other ranks' acknowledgements of the end: %s", error)
-            return "ended"
-        if seen >= others or stop.is_set():
-            return "ended"
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(POLL_S / 4)
+    seen = [0]
+
+    def poll() -> None:
+        while time.monotonic() < deadline and not stop.is_set():
+            seen[0] = store.acknowledged()
+            if seen[0] >= others:
+                return
+            time.sleep(POLL_S / 4)
+
+    try:
+        bounded(poll, wait_s + POLL_S)
+    except Exception as error:
+        log.warning("could not read the other ranks' acknowledgements of the end: %s", error)
+        return "unacknowledged"
+    if seen[0] >= others or stop.is_set():
+        return "ended"
     log.warning(
         "%d of the %d other ranks acknowledged the end within %.0fs (lost while this one"
         " finished?): ending without them",
-        seen,
+        seen[0],
         others,
         wait_s,
     )
@@ -188,7 +193,7 @@ def end_together(
         return _acknowledged(store, others, ack_wait_s, stop) if others > 0 else "ended"
     watch = RankZeroWatch(store)
     while not watch.ended:
-        if watch.lost:  # rank 0's node hosts the store: its end or its loss
+        if watch.lost:  # rank 0 hosts the store: its end or its loss
             log.warning(
                 "training is complete and checkpointed; torchrun's store is gone (%s): ending"
                 " without waiting for rank 0",
