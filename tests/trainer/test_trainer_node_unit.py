@@ -527,3 +527,55 @@ def test_a_node_that_ends_leaves_the_rendezvous_open_for_the_next(
     keep_rendezvous_open()
     ends_then_next_joins("kept-open")
     del store
+
+
+# torchrun's own pieces, in a process of their own (it handles SIGTERM as torchrun does): its
+# signal handler, and its log tailer's stop, which waits up to interval_sec for a tailer
+# thread; the SIGTERM comes while the main thread waits there.
+SIGNAL_IN_TAIL_STOP = """
+import io, os, signal, sys, threading
+from torch.distributed.elastic.multiprocessing import api
+from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+from ddp_trainer.launch.supervisor import signals_deferred
+
+signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as torchrun's start does
+
+def stop_under_a_signal():
+    tail = TailLog("default", {0: sys.argv[1]}, io.StringIO(), interval_sec=2.0).start()
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    tail.stop()
+
+try:
+    if sys.argv[2] == "deferred":
+        with signals_deferred():
+            stop_under_a_signal()
+    else:
+        stop_under_a_signal()
+except api.SignalException as e:
+    print("raised", e.sigval.name)
+else:
+    print("lost")
+"""
+
+
+@pytest.mark.parametrize(("how", "outcome"), [("torch", "lost"), ("deferred", "raised SIGTERM")])
+def test_a_sigterm_while_torchrun_stops_its_workers_is_not_lost(
+    tmp_path: Path, how: str, outcome: str
+) -> None:
+    """torch's log tailer swallows a SIGTERM that comes while its stop waits (it catches every
+    Exception), so an agent stopping its workers for a restart went on to restart them in a pod
+    being deleted; under ``signals_deferred`` (the agent's ``_stop_workers``) the signal is raised
+    once the stop is done."""
+    log = tmp_path / "worker.log"
+    log.write_text("a worker's line\n")
+    run = subprocess.run(
+        [sys.executable, "-c", SIGNAL_IN_TAIL_STOP, str(log), how],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == outcome, (run.stdout, run.stderr[-3000:])
+    if how == "torch":
+        assert "error in log tailer" in run.stderr  # where torch lost it

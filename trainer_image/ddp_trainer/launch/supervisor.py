@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -137,6 +137,40 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchrun's
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A death signal that comes while torchrun's agent stops its workers for a restart is
+    held until they are stopped, then raised as torchrun's own ``SignalException`` (in the main
+    thread only; elsewhere nothing changes). torchrun's handler raises that exception wherever
+    the main thread is, and when that is the wait for its log tailers (``TailLog.stop``, which
+    catches every Exception and logs "error in log tailer"), the signal is lost: the agent
+    goes on to restart its workers, joins the next rendezvous round and trains on in a pod that
+    is being deleted. Seen on kind: a pod removed by ``kubectl scale`` down trained the last 9
+    steps as rank 0 of a world of 3, not 2. Deferred, the signal ends the agent as at any other
+    moment: it stops (its workers are stopped already) and exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    came: list[int] = []
+    before = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
+    for sig in AGENT_SIGNALS:
+        signal.signal(sig, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if came:
+        sigval = signal.Signals(came[0])
+        log.info("%s came while the workers stopped for a restart: stopping", sigval.name)
+        raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+
+
 def bound_agent_waits(barrier_s: float, stop_s: float = WORKER_STOP_S) -> None:
     """Bounds two waits of torchrun's agent (in the forked child only), for which torchrun has
     no flag: the exit barrier (``exit_barrier_timeout``, which
@@ -158,10 +192,11 @@ def bound_agent_waits(barrier_s: float, stop_s: float = WORKER_STOP_S) -> None:
             super().__init__(*args, **kwargs)
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
-            if bounded:
-                self._shutdown(timeout=int(stop_s))
-            else:  # an older torch (2.11's agent has no timeout): its own 30 s
-                self._shutdown()
+            with signals_deferred():
+                if bounded:
+                    self._shutdown(timeout=int(stop_s))
+                else:  # an older torch (2.11's agent has no timeout): its own 30 s
+                    self._shutdown()
 
     setattr(api, "LocalElasticAgent", BoundedWaitsAgent)  # noqa: B010  (mypy: a type)
 
