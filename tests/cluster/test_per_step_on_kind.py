@@ -137,6 +137,10 @@ def test_per_step_groups_train_on_through_a_deleted_pod_and_a_powered_off_machin
         hold.release(kind.claim_folder(cluster, CLAIM, ns=ns), UP)
         cluster.until("3 groups", lambda: groups(cluster, ns) == 3 or None, 300, ns=ns)
         uids = cluster.worker_uids(JOB, ns=ns)
+        # A group per worker machine (the spread, with every machine heard: wait_ready above),
+        # which the scenes below start from.
+        placed = {p: m for p, m in machines(cluster, ns, JOB).items() if p in pods}
+        assert len(set(placed.values())) == 3, f"groups placed together at the start: {placed}"
 
         node1 = f"{JOB}-node-1"
         assert running(cluster, ns)

@@ -17,6 +17,7 @@ from ddp_devcluster.archive import docker_archive, tar_dir
 from ddp_devcluster.kind import cluster, registry
 from ddp_devcluster.kind.cluster import (
     go_duration_s,
+    heard_within,
     node_count,
     pulled_s,
     ready_names,
@@ -368,3 +369,12 @@ def test_the_routes_to_the_pods_go_through_each_node_that_has_a_pod_cidr() -> No
         ]
     }  # fmt: skip
     assert cluster.pod_routes(nodes) == [("10.244.1.0/24", "10.89.0.3")]
+
+
+def test_a_machine_counts_as_heard_only_with_a_recent_lease_renewal() -> None:
+    lease = {"spec": {"holderIdentity": "ddp-worker2", "renewTime": "2026-11-29T20:09:14.830609Z"}}
+    at = 1795982954.830609  # 2026-11-29T20:09:14.830609Z
+    assert heard_within(lease, at + 3, 10.0)
+    assert heard_within(lease, at + 10, 10.0)
+    assert not heard_within(lease, at + 12, 10.0)  # the operator's silence bound: not yet heard
+    assert not heard_within({"spec": {"holderIdentity": "ddp-worker2"}}, at, 10.0)  # never

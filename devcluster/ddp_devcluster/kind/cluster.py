@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -479,15 +480,39 @@ def power_on(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
     wait_ready(kubeconfig, node, timeout_s)
 
 
+# How recent a machine's last heartbeat (its kubelet's Lease renewal, every 10 s) must be for
+# it to count as heard: under the operator's 12 s silence bound, so the operator hears it too.
+HEARD_WITHIN_S = 10.0
+
+
 def wait_ready(kubeconfig: Path, node: str, timeout_s: float = 300) -> None:
-    """Returns once ``node`` reports Ready and carries none of the taints that the node
-    lifecycle controller puts on a machine it does not hear from."""
+    """Returns once ``node`` reports Ready, carries none of the taints that the node lifecycle
+    controller puts on a machine it does not hear from, and its kubelet has renewed its Lease
+    in the last :data:`HEARD_WITHIN_S` seconds. A Node says Ready before its restarted kubelet
+    renews: the operator, which watches the Leases, then still takes the machine for silent
+    and keeps new pods off it (seen in CI: a job started then had two of its three groups put
+    on one machine)."""
 
     def back() -> bool:
         obj = json.loads(kubectl(kubeconfig, "get", "node", node, "-o", "json"))
-        return is_ready(obj) and not lost_taints(obj)
+        if not is_ready(obj) or lost_taints(obj):
+            return False
+        lease = json.loads(
+            kubectl(kubeconfig, "get", "lease", node, "-n", "kube-node-lease", "-o", "json")
+        )
+        return heard_within(lease, time.time(), HEARD_WITHIN_S)
 
-    until(f"{node} Ready again", back, timeout_s=timeout_s, interval_s=2)
+    until(f"{node} Ready and heard again", back, timeout_s=timeout_s, interval_s=2)
+
+
+def heard_within(lease: Mapping[str, Any], now: float, within_s: float) -> bool:
+    """Whether a node's Lease (as ``kubectl get -o json`` shows it) was renewed in the last
+    ``within_s`` seconds before ``now`` (Unix time; kind's machines share this host's clock)."""
+    renewed = (lease.get("spec") or {}).get("renewTime")
+    if not renewed:
+        return False
+    at = datetime.fromisoformat(renewed.replace("Z", "+00:00")).timestamp()
+    return now - at <= within_s
 
 
 LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
