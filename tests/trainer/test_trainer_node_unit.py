@@ -530,19 +530,28 @@ def test_a_node_that_ends_leaves_the_rendezvous_open_for_the_next(
 
 
 # torchrun's own pieces, in a process of their own (it handles SIGTERM as torchrun does): its
-# signal handler, and its log tailer's stop, which waits up to interval_sec for a tailer
-# thread; the SIGTERM comes while the main thread waits there.
+# signal handler, and its log tailer's stop, which waits for the tailer threads. The tailer's
+# write of the worker's line holds until the main thread is in that wait, then the SIGTERM comes.
 SIGNAL_IN_TAIL_STOP = """
-import io, os, signal, sys, threading
+import io, os, signal, sys, time
 from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.tail_log import TailLog
 from ddp_trainer.launch.supervisor import signals_deferred
 
 signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as torchrun's start does
 
+class Held(io.StringIO):
+    def write(self, text):
+        tail._finished_events[0].wait()  # stop() has begun: it sets these, then waits
+        time.sleep(0.5)  # for this thread, in Future.result()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # the handler runs in the main thread, in that wait
+        return super().write(text)
+
 def stop_under_a_signal():
-    tail = TailLog("default", {0: sys.argv[1]}, io.StringIO(), interval_sec=2.0).start()
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    global tail
+    tail = TailLog("default", {0: sys.argv[1]}, Held(), interval_sec=0.05)
+    tail.start()
     tail.stop()
 
 try:
