@@ -199,3 +199,19 @@ def parse_rfc3339(value: str | None) -> dt.datetime | None:
     if not value:
         return None
     return dt.datetime.strptime(value, TIMESTAMP_FORMAT).replace(tzinfo=dt.UTC)
+
+
+def duration_text(seconds: int) -> str:
+    """``42s``, ``5m07s``, ``3h05m``, ``2d04h``: a span of time as a person reads it (the ETA
+    column of ``kubectl get``, ``kubectl ddp watch``)."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"

@@ -974,6 +974,11 @@ class Progress(_Model):
         " before the second report, while held, when the step did not advance (a resume"
         " from a checkpoint), and while the job is Suspended, Failed or Queued.",
     )
+    eta: str | None = Field(
+        default=None,
+        description="estimatedRemainingSeconds as a person reads it (42s, 5m07s, 3h05m,"
+        " 2d04h): the ETA column of kubectl get -o wide. Computed by the operator, unset with it.",
+    )
 
 
 class Incident(_Model):
@@ -1100,10 +1105,18 @@ class DDPJobStatus(_Model):
         default=None,
         description="Time spent in training steps that were kept (not redone after an incident).",
     )
+    first_report_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When rank 0 made the job's first report (its updatedAt, RFC 3339): training"
+        " began. The time from startTime to it is the start-up (pods scheduled and started,"
+        " rendezvous, data loaded, the first steps); goodput counts from it.",
+    )
     goodput: float | None = Field(
         default=None,
-        description="keptSeconds over the wall time since startTime, as of the last report: the"
-        " share of the job's time that trained (0 to 1).",
+        description="keptSeconds over the wall time since firstReportTime, as of the last"
+        " report: the share of the job's training time in steps that were kept (0 to 1); the"
+        " time that incidents cost (a restart's start-up included) is the rest.",
     )
     last_step_time: str | None = Field(
         default=None,

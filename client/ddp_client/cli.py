@@ -14,13 +14,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ddp_api.contract import parse_rfc3339
-from ddp_api.ddpjob import DDPJobPhase, FaultToleranceMode
+from ddp_api.ddpjob import FaultToleranceMode
 
 from .client import DDPClient
 from .errors import DDPError, WaitTimeout
 from .jobs import read_script
-from .live import LiveView, exit_code
+from .live import LiveView, exit_code, outcome_line
 from .objects import AUTO_LAUNCHER, LAUNCHERS, ScriptOptions
 
 PROG = "kubectl ddp"
@@ -217,10 +216,7 @@ def _watch(args: argparse.Namespace) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_TIMEOUT
     view.close()
-    start, end = parse_rfc3339(status.start_time), parse_rfc3339(status.completion_time)
-    took = f" in {(end - start).total_seconds():.0f}s" if start and end else ""
-    why = f": {status.reason}" if status.phase == DDPJobPhase.FAILED and status.reason else ""
-    print(f"ddpjob {args.job} {status.phase}{took}{why}")
+    print(outcome_line(args.job, status.model_dump(by_alias=True, exclude_none=True, mode="json")))
     code = exit_code(status.phase)
     return EXIT_ERROR if code is None else code
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ddp_api.contract import duration_text, parse_rfc3339
 from ddp_api.ddpjob import DDPJobPhase, IncidentKind
 
 EXIT_SUCCEEDED, EXIT_FAILED = 0, 1
@@ -42,19 +43,8 @@ def progress_line(progress: Mapping[str, Any]) -> str:
     parts.append(f"(world size {progress.get('worldSize', '?')})")
     eta = progress.get("estimatedRemainingSeconds")
     if eta is not None:
-        parts.append(f"ETA {duration(int(eta))}")
+        parts.append(f"ETA {duration_text(int(eta))}")
     return " ".join(parts)
-
-
-def duration(seconds: int) -> str:
-    """``42s``, ``5m07s``, ``3h05m``: the time left, as a person reads it."""
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
@@ -83,6 +73,26 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
             went = "a group moved to a machine of its own, the others trained on"
         return f"incident {kind}{where}: {went} ({step} reported{after}, 0 steps redone)"
     return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
+
+
+def outcome_line(job: str, status: Mapping[str, Any]) -> str:
+    """``ddpjob charlm Succeeded in 1m30s (start-up 30s; 1 incident, goodput 0.65)``: the last
+    line of ``kubectl ddp watch``, with what the job's start-up and its incidents cost."""
+    phase = status.get("phase")
+    start, end = parse_rfc3339(status.get("startTime")), parse_rfc3339(status.get("completionTime"))
+    took = f" in {duration_text(round((end - start).total_seconds()))}" if start and end else ""
+    reason = status.get("reason")
+    why = f": {reason}" if phase == DDPJobPhase.FAILED and reason else ""
+    costs = []
+    first = parse_rfc3339(status.get("firstReportTime"))
+    if start and first and first >= start:
+        costs.append(f"start-up {duration_text(round((first - start).total_seconds()))}")
+    count = len(status.get("incidents") or [])
+    goodput = status.get("goodput")
+    if goodput is not None:
+        costs.append(f"{count} incident{'' if count == 1 else 's'}, goodput {goodput:.2f}")
+    more = f" ({'; '.join(costs)})" if costs else ""
+    return f"ddpjob {job} {phase}{took}{why}{more}"
 
 
 def said(status: Mapping[str, Any]) -> tuple[str, str]:

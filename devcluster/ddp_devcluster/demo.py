@@ -34,7 +34,7 @@ from ddp_api.contract import KIND
 from ddp_api.ddpjob import TERMINAL_PHASES
 from ddp_api.pods import LABEL_JOB
 from ddp_client.curves import curves, draw_curves
-from ddp_client.live import LiveView
+from ddp_client.live import LiveView, outcome_line
 from ddp_trainer.reporting.run_log import read_run_log
 
 from .harness import Harness
@@ -214,7 +214,7 @@ def train(h: Harness, stall_timeout_s: float) -> dict[str, Any] | None:
         print(f"\n{e}", file=sys.stderr)
         return None
     view.close()
-    print(f"  {status['phase']} in {time.monotonic() - t_job:.0f}s", flush=True)
+    print(f"  {outcome_line(JOB, status)}; watched for {time.monotonic() - t_job:.0f}s", flush=True)
     if view.lines == 0:
         said = [
             line.strip()

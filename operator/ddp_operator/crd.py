@@ -42,9 +42,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {
         "name": "ETA",
-        "type": "integer",
-        "description": "Estimated seconds until the last step",
-        "jsonPath": ".status.progress.estimatedRemainingSeconds",
+        "type": "string",
+        "description": "Estimated time until the last step (5m07s)",
+        "jsonPath": ".status.progress.eta",
         "priority": 1,
     },
     {
@@ -64,7 +64,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
         "name": "Goodput",
         "type": "number",
-        "description": "Share of the job's time in training steps that were kept",
+        "description": "Share of the job's training time in steps that were kept",
         "jsonPath": ".status.goodput",
         "priority": 1,
     },

@@ -27,7 +27,9 @@ INTEGERS = ("epoch", "step", "totalSteps", "worldSize", "groups", "heldAtStep")
 NUMBERS = ("loss", "samplesPerSecond")
 TEXTS = ("lastCheckpoint", "updatedAt")
 FIELDS = INTEGERS + NUMBERS + TEXTS  # the fields of api.Progress that a record may carry
-ETA = "estimatedRemainingSeconds"  # the field of api.Progress that the operator computes
+ETA = "estimatedRemainingSeconds"  # the fields of api.Progress that the operator computes
+ETA_TEXT = "eta"  # the same, as a person reads it
+COMPUTED = (ETA, ETA_TEXT)
 
 
 @dataclass(frozen=True)

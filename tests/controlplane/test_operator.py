@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kwok_harness import KwokNamespace, env_of
 
-from ddp_api.contract import PROGRESS_ANNOTATION, pod_path
+from ddp_api.contract import PROGRESS_ANNOTATION, pod_path, rfc3339
 from ddp_api.ddpjob import DDPJob
 from ddp_api.metav1 import owner_reference
 from ddp_devcluster.operator_process import OperatorProcess
@@ -951,8 +951,12 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
     c.running("metered", 2)
     running = ("ddp_operator_jobs", (("namespace", c.ns), ("phase", "Running")))
     assert scrape(c.op.metrics_url)[running] == 1
-    c.report_in_pod("metered-node-0", {"step": 1, "totalSteps": 10})  # rank 0's first step
+    first = rfc3339(time.time())
+    c.report_in_pod("metered-node-0", {"step": 1, "totalSteps": 10, "updatedAt": first})
     c.until("the first step timed", lambda: delta("ddp_operator_job_first_step_seconds_count"))
+    # Training began with that report: goodput counts from it, not from the pods' start-up.
+    c.until("the first report kept", lambda: c.status("metered").get("firstReportTime"))
+    assert c.status("metered")["firstReportTime"] == first
     c.k("delete", "pod", "metered-node-1")
     c.until("a restart", lambda: c.status("metered").get("restarts") == 1 or None)
     c.running("metered", 2)
@@ -967,6 +971,7 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
         lambda: (i := c.status("metered")["incidents"][0]).get("resumedAt") == resumed and i,
     )
     assert closed["seconds"] == 2.0 and closed["stepsRedone"] == 1
+    assert c.status("metered")["goodput"] == 0.0  # since the first report: only the incident
     c.until(
         "its cost observed", lambda: delta("ddp_operator_recovery_seconds_count", kind="Failure")
     )

@@ -332,12 +332,14 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
         "restarts": 1,
         "disruptions": 2,
         "goodput": 0.9,
+        "firstReportTime": "2026-11-26T10:00:30Z",
         "progress": {
             "epoch": 3,
             "step": 120,
             "loss": 0.25,
             "lastCheckpoint": "step-100",
-            "estimatedRemainingSeconds": 42,
+            "estimatedRemainingSeconds": 342,
+            "eta": "5m42s",
             "groups": 2,
         },
     }
@@ -347,10 +349,12 @@ def test_status_fills_the_printer_columns_and_the_scale_subresource(
     )
     row = cp.kubectl("get", "ddpj", "digits", "-n", ns, "-o", "wide").stdout.splitlines()[1]
     assert row.split()[:12] == [
-        "digits", "Running", "1/2", "3", "120", "0.25", "2", "step-100", "42", "1", "2", "0.9"
+        "digits", "Running", "1/2", "3", "120", "0.25", "2", "step-100", "5m42s", "1", "2", "0.9"
     ]  # fmt: skip
     kept = json.loads(cp.kubectl("get", "ddpj", "digits", "-n", ns, "-o", "json").stdout)
     assert kept["status"]["image"] == "trainer:1"  # in the schema: not pruned
+    assert kept["status"]["firstReportTime"] == "2026-11-26T10:00:30Z"
+    assert kept["status"]["progress"]["eta"] == "5m42s"
     scale = cp.request("GET", f"/apis/ddp.dev/v1alpha1/namespaces/{ns}/ddpjobs/digits/scale")
     assert scale["spec"]["replicas"] == 2
     assert scale["status"] == {"replicas": 2, "selector": "ddp.dev/job-name=digits"}

@@ -3,9 +3,9 @@ logs (ddp_client.loglines), curves (ddp_client.curves)."""
 
 from __future__ import annotations
 
-from ddp_api.contract import parse_run_log
+from ddp_api.contract import duration_text, parse_run_log
 from ddp_client.curves import curves
-from ddp_client.live import LiveView, duration, exit_code, progress_line
+from ddp_client.live import LiveView, exit_code, outcome_line, progress_line
 from ddp_client.loglines import (
     LiveMerge,
     LogLine,
@@ -37,7 +37,13 @@ def test_progress_line_and_live_view_come_from_status_progress() -> None:
     assert progress_line({**progress, "estimatedRemainingSeconds": 307}).endswith(
         "(world size 2) ETA 5m07s"
     )
-    assert [duration(s) for s in (42, 60, 11045)] == ["42s", "1m00s", "3h04m"]
+    assert [duration_text(s) for s in (-1, 42, 60, 11045, 93784)] == [
+        "0s",
+        "42s",
+        "1m00s",
+        "3h04m",
+        "1d02h",
+    ]
 
     out: list[str] = []
     view = LiveView(out.append)
@@ -73,6 +79,24 @@ def test_the_outcome_gives_the_exit_code_and_only_a_finished_job_has_one() -> No
     assert exit_code("Succeeded") == 0 and exit_code("Failed") == 1
     for phase in (None, "Pending", "Running", "Scaling", "Restarting", "Suspended"):
         assert exit_code(phase) is None
+
+
+def test_the_last_line_says_how_long_the_job_took_its_start_up_and_its_incidents_cost() -> None:
+    status = {
+        "phase": "Succeeded",
+        "startTime": "2026-11-26T10:00:00Z",
+        "completionTime": "2026-11-26T10:01:31Z",
+        "firstReportTime": "2026-11-26T10:00:30Z",
+        "incidents": [{"kind": "Disruption", "detectedAt": "2026-11-26T10:00:51Z"}],
+        "goodput": 0.65,
+    }
+    assert outcome_line("charlm", status) == (
+        "ddpjob charlm Succeeded in 1m31s (start-up 30s; 1 incident, goodput 0.65)"
+    )
+    failed = {"phase": "Failed", "reason": "BackoffLimitExceeded", "startTime": status["startTime"]}
+    assert outcome_line("j", failed) == "ddpjob j Failed: BackoffLimitExceeded"  # never trained
+    twice = {**status, "incidents": status["incidents"] * 2, "goodput": 0.5}
+    assert outcome_line("j", twice).endswith("(start-up 30s; 2 incidents, goodput 0.50)")
 
 
 def test_kubelet_timestamps_parse_to_nanoseconds_whatever_their_precision() -> None:

@@ -49,9 +49,9 @@ def test_the_trainers_progress_record_is_what_the_api_declares_and_the_operator_
     )
     # Every key the trainer sends is a field of Progress (extra fields are refused) ...
     parsed = Progress.model_validate(sent)
-    # ... and every field of Progress but the operator's estimate is one the trainer sends
+    # ... and every field of Progress but the operator's estimates is one the trainer sends
     # (groups: in PerStep mode, which this record is not from).
-    declared = {f.alias for f in Progress.model_fields.values()} - {reports.ETA}
+    declared = {f.alias for f in Progress.model_fields.values()} - set(reports.COMPUTED)
     assert set(sent) | {"groups"} == declared
     assert parsed.held_at_step == 30 and parsed.updated_at == "1970-01-01T00:00:00Z"
     # The operator reads the ConfigMap the trainer patches, and keeps every value.

@@ -25,7 +25,8 @@ def test_a_report_after_the_incident_closes_it_with_its_cost() -> None:
     before = report(40, "2026-11-26T10:05:00Z", eta=120)  # 2 s a step
     open_ = incidents.opened([], "NodeLost", "2026-11-26T10:05:10Z", before)
     assert open_ == [{"kind": "NodeLost", "detectedAt": "2026-11-26T10:05:10Z", "atStep": 40}]
-    status = {"startTime": START, "incidents": open_, "keptSeconds": 290.0}
+    status = {"startTime": START, "firstReportTime": START, "incidents": open_}
+    status["keptSeconds"] = 290.0
     stale = report(40, "2026-11-26T10:05:05Z")  # written before the loss, read after it
     assert incidents.account(status, before, stale)[1] == []
     resumed = report(36, "2026-11-26T10:05:41Z")  # from the checkpoint of step 35
@@ -47,7 +48,7 @@ def test_a_report_after_the_incident_closes_it_with_its_cost() -> None:
 
 
 def test_time_between_reports_that_move_the_step_is_kept() -> None:
-    status = {"startTime": START, "keptSeconds": 100.0}
+    status = {"startTime": START, "firstReportTime": START, "keptSeconds": 100.0}
     changes, closed = incidents.account(
         status, report(10, "2026-11-26T10:02:00Z"), report(15, "2026-11-26T10:02:10Z")
     )
@@ -57,6 +58,32 @@ def test_time_between_reports_that_move_the_step_is_kept() -> None:
         status, report(15, "2026-11-26T10:02:10Z"), report(15, "2026-11-26T10:02:20Z")
     )[0]
     assert held["keptSeconds"] == 100.0  # no step, no kept time
+
+
+def test_goodput_counts_from_the_first_report_not_the_start_up() -> None:
+    # A 90 s job: 30 s to start, steps of 1 s, one incident that cost 21 s at 10:00:50.
+    first = report(1, "2026-11-26T10:00:30Z", eta=99)
+    changes = incidents.account({"startTime": START}, None, first)[0]
+    assert changes["firstReportTime"] == "2026-11-26T10:00:30Z" and "goodput" not in changes
+    status: dict[str, Any] = {"startTime": START, **changes}
+    status.update(incidents.account(status, first, at_50 := report(21, "2026-11-26T10:00:50Z"))[0])
+    assert status["keptSeconds"] == 20.0 and status["goodput"] == 1.0
+    status["incidents"] = incidents.opened([], "Disruption", "2026-11-26T10:00:51Z", at_50)
+    back = report(22, "2026-11-26T10:01:11Z", eta=78)  # the others trained on: nothing redone
+    status.update(incidents.account(status, at_50, back)[0])
+    end = report(40, "2026-11-26T10:01:30Z")
+    changes = incidents.account(status, back, end)[0]
+    assert "firstReportTime" not in changes  # set once
+    assert changes["keptSeconds"] == 39.0  # 20 s + 19 s; the 21 s of the incident are not
+    assert changes["goodput"] == round(39 / 60, 3)  # 0.65: from startTime it read 0.433
+
+
+def test_a_job_reported_before_first_report_time_was_kept_counts_from_its_start() -> None:
+    status = {"startTime": START, "keptSeconds": 100.0}  # an older operator wrote this status
+    changes = incidents.account(
+        status, report(10, "2026-11-26T10:02:00Z"), report(15, "2026-11-26T10:02:10Z")
+    )[0]
+    assert changes["firstReportTime"] == START and changes["goodput"] == round(110 / 130, 3)
 
 
 def test_the_newest_ten_are_kept() -> None:

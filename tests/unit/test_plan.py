@@ -504,14 +504,15 @@ def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
 
 
 def test_a_job_that_trains_no_more_shows_no_time_left() -> None:
-    progress = {"step": 30, "totalSteps": 90, "estimatedRemainingSeconds": 60}
+    progress = {"step": 30, "totalSteps": 90, "estimatedRemainingSeconds": 60, "eta": "1m00s"}
     running = {"phase": "Running", "startTime": EARLIER, "progress": progress}
     assert "progress" not in plan(job(), running, [STORE, pod(0), pod(1)], NOW, RULES).status
     suspended = plan(job(suspend=True), running, [STORE, pod(0), pod(1)], NOW, RULES).status
     assert suspended["phase"] == "Suspended"
-    assert suspended["progress"] == {**progress, "estimatedRemainingSeconds": None}
+    assert suspended["progress"] == {**progress, "estimatedRemainingSeconds": None, "eta": None}
     failed = plan(job(activeDeadlineSeconds=60), running, [STORE, pod(0), pod(1)], NOW, RULES)
     assert failed.status["progress"]["estimatedRemainingSeconds"] is None
+    assert failed.status["progress"]["eta"] is None
 
 
 def test_deadline_fails_the_job() -> None:

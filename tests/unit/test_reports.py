@@ -52,6 +52,7 @@ def test_a_good_record_is_kept_whole_and_missing_fields_are_unset() -> None:
     [
         ('{"phase": "Succeeded"}', "phase is not a field of status.progress"),
         ('{"estimatedRemainingSeconds": 1}', "estimatedRemainingSeconds is not a field"),
+        ('{"eta": "1s"}', "eta is not a field"),  # the operator's to compute, as the seconds
         ('{"step": 3, "conditions": [], "restarts": 0}', "conditions, restarts are not fields"),
         ('{"loss": NaN}', "NaN is not a number JSON allows"),
         ('{"loss": Infinity}', "Infinity is not a number JSON allows"),
@@ -128,9 +129,13 @@ def test_the_time_left_is_the_pace_between_the_last_two_reports() -> None:
 def test_the_planner_writes_the_time_left_with_the_record() -> None:
     later = {**GOOD, "step": 40, "updatedAt": "2026-11-24T10:00:20Z"}
     status = {"phase": "Running", "progress": reports.without_unset(GOOD)}
-    assert planned(status, later)["progress"][reports.ETA] == 96
-    shown = {"phase": "Running", "progress": {**reports.without_unset(later), reports.ETA: 96}}
+    progress = planned(status, later)["progress"]
+    assert progress[reports.ETA] == 96 and progress[reports.ETA_TEXT] == "1m36s"
+    eta = {reports.ETA: 96, reports.ETA_TEXT: "1m36s"}
+    shown = {"phase": "Running", "progress": {**reports.without_unset(later), **eta}}
     assert "progress" not in planned(shown, later)  # nothing new: no write
+    first = planned({"phase": "Running"}, GOOD)["progress"]  # no pace yet: neither is set
+    assert first[reports.ETA] is None and first[reports.ETA_TEXT] is None
 
 
 def pod_spec(spec: dict[str, Any]) -> dict[str, Any]:

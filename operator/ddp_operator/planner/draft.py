@@ -225,7 +225,8 @@ class Draft:
         if world:
             new["worldSize"] = world
         if (phase or self.status.get("phase")) in IDLE and progress.get(reports.ETA) is not None:
-            new["progress"] = {**progress, reports.ETA: None}  # no time left while nothing trains
+            # no time left while nothing trains
+            new["progress"] = {**progress, reports.ETA: None, reports.ETA_TEXT: None}
         # The image the job's pods ran (a pod past Pending started its containers): kept when
         # no pod is left (readers of the volume run it), and given to the pods it replaces
         # (converge.job_config). One that never ran (a name no machine can pull) is not kept.

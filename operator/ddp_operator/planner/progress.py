@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_api.contract import rfc3339
+from ddp_api.contract import duration_text, rfc3339
 from ddp_api.status import StatusFields
 
 from .. import incidents, reports
@@ -24,7 +24,8 @@ def take_report(st: Draft, progress: Mapping[str, Any] | None) -> Decision:
     shown = st.status.get("progress")
     outage = any(incidents.is_open(i) for i in st.status.get("incidents") or [])
     eta = reports.remaining_seconds(shown, progress, across_incident=outage)
-    progress = {**progress, reports.ETA: eta}
+    text = None if eta is None else duration_text(eta)
+    progress = {**progress, reports.ETA: eta, reports.ETA_TEXT: text}
     status = StatusFields()
     if reports.without_unset(progress) != reports.without_unset(shown):
         status["progress"] = progress  # None values: fields the merge patch removes
