@@ -76,7 +76,7 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
 
 
 def outcome_line(job: str, status: Mapping[str, Any]) -> str:
-    """``ddpjob charlm Succeeded in 1m30s (start-up 30s; 1 incident, goodput 0.65)``: the last
+    """``ddpjob charlm Succeeded in 1m31s (start-up 30s; 1 incident, goodput 0.67)``: the last
     line of ``kubectl ddp watch``, with what the job's start-up and its incidents cost."""
     phase = status.get("phase")
     start, end = parse_rfc3339(status.get("startTime")), parse_rfc3339(status.get("completionTime"))

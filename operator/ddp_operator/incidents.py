@@ -12,12 +12,16 @@ the other PerStep groups trained on). Several incidents open at once (a lost mac
 consequences) close together. The newest :data:`KEPT` are kept.
 
 ``goodput`` is the time in steps that were kept over the wall time since training began (rank
-0's first report, ``firstReportTime``): ``keptSeconds`` adds the time between consecutive
-reports that moved the step with no incident open between them, and loses the redone steps'
-time (at the pace before the incident) when an incident closes. The start-up before the first
-report is no incident's cost and is left out (a 90 s job that spent 30 s starting and 21 s in
-one incident showed 0.41 when goodput counted from ``startTime``); a restart's start-up is in
-its incident's time, so it counts. Both ends are the trainer's clock (``updatedAt``).
+0's first report, ``firstReportTime``). ``keptSeconds`` adds the time between consecutive
+reports that moved the step, and loses the redone steps' time (at the pace before the incident)
+when an incident closes. Across an incident it adds only the steps' time at the pace before it:
+in PerStep mode the other groups train on while a group is lost and their steps are kept, but
+their stall (and a slower pace with fewer groups) is the incident's cost; in Restart mode the
+new steps a resumed run made before its first report are kept, the restart is not. The
+start-up before the first report is no incident's cost and is left out (a 90 s job that spent
+30 s starting and 21 s in one incident showed 0.41 when goodput counted from ``startTime``); a
+restart's start-up is in its incident's time, so it counts. Both ends are the trainer's clock
+(``updatedAt``).
 """
 
 from __future__ import annotations
@@ -85,10 +89,13 @@ def account(
     prev = previous or {}
     now, then = parse_rfc3339(report.get("updatedAt")), parse_rfc3339(prev.get("updatedAt"))
     step, before = report.get("step"), prev.get("step")
-    moved = step is not None and before is not None and step > before
-    if moved and not was_open and now is not None and then is not None and now > then:
-        kept += (now - then).total_seconds()
+    moved = step - before if step is not None and before is not None and step > before else 0
     per_step = reports.step_seconds(prev)
+    if moved and now is not None and then is not None and now > then:
+        seconds = (now - then).total_seconds()
+        if was_open:  # steps trained across an incident: at most at the pace before it
+            seconds = min(seconds, moved * per_step)
+        kept += seconds
     kept -= sum(i.get("stepsRedone", 0) for i in closed) * per_step
     kept = max(0.0, kept)
     out = StatusFields(keptSeconds=round(kept, 1))

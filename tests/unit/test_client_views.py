@@ -88,10 +88,10 @@ def test_the_last_line_says_how_long_the_job_took_its_start_up_and_its_incidents
         "completionTime": "2026-11-26T10:01:31Z",
         "firstReportTime": "2026-11-26T10:00:30Z",
         "incidents": [{"kind": "Disruption", "detectedAt": "2026-11-26T10:00:51Z"}],
-        "goodput": 0.65,
+        "goodput": 0.667,
     }
     assert outcome_line("charlm", status) == (
-        "ddpjob charlm Succeeded in 1m31s (start-up 30s; 1 incident, goodput 0.65)"
+        "ddpjob charlm Succeeded in 1m31s (start-up 30s; 1 incident, goodput 0.67)"
     )
     failed = {"phase": "Failed", "reason": "BackoffLimitExceeded", "startTime": status["startTime"]}
     assert outcome_line("j", failed) == "ddpjob j Failed: BackoffLimitExceeded"  # never trained

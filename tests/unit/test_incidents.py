@@ -66,7 +66,8 @@ def test_goodput_counts_from_the_first_report_not_the_start_up() -> None:
     changes = incidents.account({"startTime": START}, None, first)[0]
     assert changes["firstReportTime"] == "2026-11-26T10:00:30Z" and "goodput" not in changes
     status: dict[str, Any] = {"startTime": START, **changes}
-    status.update(incidents.account(status, first, at_50 := report(21, "2026-11-26T10:00:50Z"))[0])
+    at_50 = report(21, "2026-11-26T10:00:50Z", eta=79)
+    status.update(incidents.account(status, first, at_50)[0])
     assert status["keptSeconds"] == 20.0 and status["goodput"] == 1.0
     status["incidents"] = incidents.opened([], "Disruption", "2026-11-26T10:00:51Z", at_50)
     back = report(22, "2026-11-26T10:01:11Z", eta=78)  # the others trained on: nothing redone
@@ -74,8 +75,25 @@ def test_goodput_counts_from_the_first_report_not_the_start_up() -> None:
     end = report(40, "2026-11-26T10:01:30Z")
     changes = incidents.account(status, back, end)[0]
     assert "firstReportTime" not in changes  # set once
-    assert changes["keptSeconds"] == 39.0  # 20 s + 19 s; the 21 s of the incident are not
-    assert changes["goodput"] == round(39 / 60, 3)  # 0.65: from startTime it read 0.433
+    # 20 s, the 1 step across the incident at the 1 s a step before it, then 19 s.
+    assert changes["keptSeconds"] == 40.0
+    assert changes["goodput"] == round(40 / 60, 3)  # 0.667: from startTime it read 0.444
+
+
+def test_steps_the_other_groups_trained_across_an_incident_count_at_the_pace_before_it() -> None:
+    # PerStep: 2 s a step before a group was lost; the others trained 20 steps in the 60 s
+    # between the reports around the loss, stalled and at a slower pace with fewer groups.
+    before = report(40, "2026-11-26T10:05:00Z", eta=120)
+    status = {"firstReportTime": START, "keptSeconds": 290.0}
+    status["incidents"] = incidents.opened([], "Disruption", "2026-11-26T10:05:10Z", before)
+    changes, closed = incidents.account(status, before, report(60, "2026-11-26T10:06:00Z"))
+    assert closed[0]["stepsRedone"] == 0
+    assert changes["keptSeconds"] == 290.0 + 20 * 2.0  # kept at the pace before: 40 s of 60
+    # A pace not known (one report before the incident) keeps none of that time.
+    status["incidents"] = incidents.opened([], "Disruption", "2026-11-26T10:05:10Z", before)
+    unpaced = report(40, "2026-11-26T10:05:00Z")
+    unknown = incidents.account(status, unpaced, report(60, "2026-11-26T10:06:00Z"))[0]
+    assert unknown["keptSeconds"] == 290.0
 
 
 def test_a_job_reported_before_first_report_time_was_kept_counts_from_its_start() -> None:
