@@ -418,6 +418,12 @@ def test_groups_heal_survive_kills_scale_and_use_each_sample_once(
     steps = events(ckpt, "step")
     assert {s["globalBatchSize"] for s in steps} == {BATCH}
     assert all(isinstance(s["groups"], int) and s["groups"] >= 1 for s in steps)
+    # A line's rate counts only the steps its writer trained since its last line (every group
+    # tallies at the same steps) or, healed since, from its heal on: never more than the steps
+    # since the line before. A group healed from a peer at step N once counted the N steps
+    # before it too (on kind: 38184 samples/s from a group that rejoined, 700 before and after).
+    for before, line in itertools.pairwise(steps):
+        assert 0 < line["rateSteps"] <= line["step"] - before["step"], (before, line)
     assert groups.kills >= KILLS
     stats = check_exactly_once(samples)
     print(

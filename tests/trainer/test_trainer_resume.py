@@ -62,6 +62,8 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(launcher: Launcher
     # The first step after the resume continues the epoch at the saved sample cursor.
     resumed_steps = [s for s in events(interrupted, "step") if s["time"] > restart["time"]]
     assert resumed_steps[0]["step"] == restart["step"] + 1
+    # Its rate counts the one step trained since the resume, not the 21 since step 0.
+    assert [s["rateSteps"] for s in resumed_steps[:2]] == [1, 1]
 
 
 @pytest.mark.timeout(180)

@@ -219,8 +219,7 @@ class PerStepTrainer(Trainer):
         def done() -> bool:  # another group may have completed the run
             return completed(folder, e.run_id)
 
-        first, redo = True, False
-        self.tally.restart_clock()
+        first, redo, fresh = True, False, True
         started = time.perf_counter()
         while True:
             waited = self.pace()
@@ -248,7 +247,14 @@ class PerStepTrainer(Trainer):
                     continue  # a checkpoint was loaded: quorum again at its step
             if redo and done():
                 return self._done_elsewhere()
+            before = self.position.step
             self.position = aligned(self.position, step, self.parts.state)
+            if fresh or self.position.step != before:
+                # The first step since this start, or a heal (the quorum's step is not the one
+                # this group reached): the rate counts the steps it trains from here, not those
+                # it took from a peer or a checkpoint.
+                self.tally.restart_clock()
+                fresh = False
             if step >= total:
                 self.stacks.disarm()  # waiting for the writer's last checkpoint is no hang
                 if done():

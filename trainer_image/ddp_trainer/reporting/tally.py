@@ -62,6 +62,7 @@ class Tally:
         self.skipped_steps = 0  # steps with a non-finite loss or gradient, in this process
         self.last_loss = float("nan")
         self.last_rate = 0.0
+        self.rate_steps = 0  # the steps the last rate counted (those trained since its clock)
         self.held_at: int | None = None
         # Whether this start has told anything (a step trained, or a report offered), and
         # whether its final report waits on that: in PerStep mode a group that came up as another
@@ -149,11 +150,12 @@ class Tally:
         return float(totals[0] / totals[1])
 
     def _rate(self) -> float:
-        """Samples per second over all ranks since the last call."""
+        """Samples per second over all ranks since the last call (or :meth:`restart_clock`)."""
         now, step = time.perf_counter(), self.parts.state.position.step
         since, steps_then = self._last_log
         self._last_log = (now, step)
-        return (step - steps_then) * self.config.global_batch_size / max(now - since, 1e-9)
+        self.rate_steps = step - steps_then
+        return self.rate_steps * self.config.global_batch_size / max(now - since, 1e-9)
 
     def _write_step_line(self) -> None:
         """Rank 0's `step` line in metrics.jsonl and its log line; kept, written or not."""
@@ -168,6 +170,7 @@ class Tally:
             gradNorm=self.grad_norm,
             skippedSteps=self.skipped_steps,
             samplesPerSecond=round(self.last_rate, 3),
+            rateSteps=self.rate_steps,
             **self._shape(),
             rank=self.env.rank,
             attempt=self.env.restart_count,
