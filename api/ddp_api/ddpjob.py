@@ -1105,6 +1105,12 @@ class DDPJobStatus(_Model):
         default=None,
         description="Time spent in training steps that were kept (not redone after an incident).",
     )
+    held_seconds: float | None = Field(
+        default=None,
+        description="Time rank 0 reported the job paused at a hold point"
+        " (spec.trainer.holdAtSteps, heldAtStep set): neither kept nor lost, and left out of"
+        " goodput.",
+    )
     first_report_time: str | None = Field(
         default=None,
         json_schema_extra={"format": "date-time"},
@@ -1114,9 +1120,9 @@ class DDPJobStatus(_Model):
     )
     goodput: float | None = Field(
         default=None,
-        description="keptSeconds over the wall time since firstReportTime, as of the last"
-        " report: the share of the job's training time in steps that were kept (0 to 1); the"
-        " time that incidents cost (a restart's start-up included) is the rest.",
+        description="keptSeconds over the wall time since firstReportTime less heldSeconds, as"
+        " of the last report: the share of the job's training time in steps that were kept"
+        " (0 to 1); the time that incidents cost (a restart's start-up included) is the rest.",
     )
     last_step_time: str | None = Field(
         default=None,

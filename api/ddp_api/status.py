@@ -34,6 +34,7 @@ class StatusFields(TypedDict, total=False):
     lastDisruptionTime: str | None
     incidents: list[dict[str, Any]] | None
     keptSeconds: float | None
+    heldSeconds: float | None
     firstReportTime: str | None
     goodput: float | None
     lastStepTime: str | None

@@ -12,7 +12,9 @@ the other PerStep groups trained on). Several incidents open at once (a lost mac
 consequences) close together. The newest :data:`KEPT` are kept.
 
 ``goodput`` is the time in steps that were kept over the wall time since training began (rank
-0's first report, ``firstReportTime``). ``keptSeconds`` adds the time between consecutive
+0's first report, ``firstReportTime``), less the time it was paused at a hold point
+(``heldSeconds``: from a report with ``heldAtStep`` to the next, as the trainer reports at once
+when a hold begins and when it ends). ``keptSeconds`` adds the time between consecutive
 reports that moved the step, and loses the redone steps' time (at the pace before the incident)
 when an incident closes. Across an incident it adds only the steps' time at the pace before it:
 in PerStep mode the other groups train on while a group is lost and their steps are kept, but
@@ -99,14 +101,19 @@ def account(
     kept -= sum(i.get("stepsRedone", 0) for i in closed) * per_step
     kept = max(0.0, kept)
     out = StatusFields(keptSeconds=round(kept, 1))
+    held = float(status.get("heldSeconds") or 0.0)
+    if prev.get("heldAtStep") is not None and now is not None and then is not None and now > then:
+        held += (now - then).total_seconds()  # paused from the last report to this one
+        out["heldSeconds"] = round(held, 1)
     if closed:
         out["incidents"] = incidents
     first = status.get("firstReportTime") or first_report(status, previous, report)
     if first is not None and first != status.get("firstReportTime"):
         out["firstReportTime"] = first
     began = parse_rfc3339(first)
-    if began is not None and now is not None and now > began:
-        out["goodput"] = round(min(1.0, kept / (now - began).total_seconds()), 3)
+    if began is not None and now is not None and (now - began).total_seconds() - held > 0:
+        training = (now - began).total_seconds() - held
+        out["goodput"] = round(min(1.0, kept / training), 3)
     return out, closed
 
 

@@ -96,6 +96,20 @@ def test_steps_the_other_groups_trained_across_an_incident_count_at_the_pace_bef
     assert unknown["keptSeconds"] == 290.0
 
 
+def test_time_paused_at_a_hold_point_is_neither_kept_nor_lost() -> None:
+    status: dict[str, Any] = {"firstReportTime": START, "keptSeconds": 45.0}
+    at_hold = {**report(30, "2026-11-26T10:01:00Z", eta=70), "heldAtStep": 30}
+    status.update(incidents.account(status, report(20, "2026-11-26T10:00:50Z", eta=80), at_hold)[0])
+    assert status["keptSeconds"] == 55.0 and "heldSeconds" not in status
+    released = report(30, "2026-11-26T10:06:00Z")  # the trainer reports at once on release
+    changes = incidents.account(status, at_hold, released)[0]
+    assert changes["heldSeconds"] == 300.0 and changes["keptSeconds"] == 55.0
+    status.update(changes)
+    changes = incidents.account(status, released, report(40, "2026-11-26T10:06:10Z"))[0]
+    assert "heldSeconds" not in changes  # unchanged: not written again
+    assert changes["goodput"] == round(65 / 70, 3)  # 65 s kept of 370 s, 300 of them paused
+
+
 def test_a_job_reported_before_first_report_time_was_kept_counts_from_its_start() -> None:
     status = {"startTime": START, "keptSeconds": 100.0}  # an older operator wrote this status
     changes = incidents.account(
