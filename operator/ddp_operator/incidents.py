@@ -19,7 +19,9 @@ reports that moved the step, and loses the redone steps' time (at the pace befor
 when an incident closes. Across an incident it adds only the steps' time at the pace before it:
 in PerStep mode the other groups train on while a group is lost and their steps are kept, but
 their stall (and a slower pace with fewer groups) is the incident's cost; in Restart mode the
-new steps a resumed run made before its first report are kept, the restart is not. The
+new steps a resumed run made before its first report are kept, the restart is not. Where the
+report before the incident gave no pace (the first report, or one at a hold point, which has no
+``estimatedRemainingSeconds``), none of that time is kept. The
 start-up before the first report is no incident's cost and is left out (a 90 s job that spent
 30 s starting and 21 s in one incident showed 0.41 when goodput counted from ``startTime``); a
 restart's start-up is in its incident's time, so it counts. Both ends are the trainer's clock
