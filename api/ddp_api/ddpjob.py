@@ -1009,6 +1009,13 @@ class Incident(_Model):
         default=None,
         description="Steps trained again after it (from the checkpoint resumed up to atStep).",
     )
+    lost_seconds: float | None = Field(
+        default=None,
+        description="The training time it cost, as goodput counts it: the time between rank 0's"
+        " reports around it, less the steps trained across it at the pace before it, plus the"
+        " redone steps' time. In PerStep mode the other groups' stall and slower pace; in"
+        " Restart mode the restart. Incidents that close together (one outage) show the same.",
+    )
 
 
 class DDPJobStatus(_Model):

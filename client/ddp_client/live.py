@@ -48,10 +48,11 @@ def progress_line(progress: Mapping[str, Any]) -> str:
 
 
 def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
-    """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)``;
-    in PerStep mode (``per_step``), where the other replica groups trained on through it (no
-    step redone), ``incident Disruption at step 180: the other groups trained on (step 400
-    reported after 6s, 0 steps redone)``: its seconds are no stop of training then. A lost
+    """``incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone, 51s
+    lost)``; in PerStep mode (``per_step``), where the other replica groups trained on through
+    it (no step redone), ``incident Disruption at step 180: the other groups trained on (step
+    400 reported after 6s, 0 steps redone, 1.4s lost)``: its seconds are no stop of training
+    then; what it cost is its ``lostSeconds``. A lost
     lighthouse stalls every group until its replacement answers, and restarts none:
     ``incident LighthouseLost at step 410: the groups waited for a new lighthouse, none
     restarted (step 560 reported after 10s, 0 steps redone)``. A group that shared a machine
@@ -63,7 +64,8 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
     after = f" after {float(seconds):.0f}s" if seconds is not None else ""
     redone = incident.get("stepsRedone")
     step = f"step {incident.get('resumedStep', '?')}"
-    cost = step if redone is None else f"{step}, {redone} steps redone"
+    lost = incident.get("lostSeconds")
+    cost = f", {lost_text(float(lost))} lost" if lost is not None else ""
     if per_step and redone == 0:
         kind = incident.get("kind")
         went = "the other groups trained on"
@@ -71,8 +73,14 @@ def incident_line(incident: Mapping[str, Any], per_step: bool = False) -> str:
             went = "the groups waited for a new lighthouse, none restarted"
         elif kind == IncidentKind.REBALANCE:
             went = "a group moved to a machine of its own, the others trained on"
-        return f"incident {kind}{where}: {went} ({step} reported{after}, 0 steps redone)"
-    return f"incident {incident.get('kind')}{where}: training again{after} ({cost})"
+        return f"incident {kind}{where}: {went} ({step} reported{after}, 0 steps redone{cost})"
+    done = step if redone is None else f"{step}, {redone} steps redone"
+    return f"incident {incident.get('kind')}{where}: training again{after} ({done}{cost})"
+
+
+def lost_text(seconds: float) -> str:
+    """``1.4s``, ``51s``, ``2m05s``: an incident's lost training time."""
+    return f"{seconds:.1f}s" if seconds < 10 else duration_text(round(seconds))
 
 
 def outcome_line(job: str, status: Mapping[str, Any]) -> str:

@@ -9,7 +9,8 @@ later than ``detectedAt``): training went on from there, so ``resumedAt`` is tha
 time, ``seconds`` the time between, and ``stepsRedone`` the steps done again (a resume from the
 checkpoint of step C reports step C + 1 first: ``atStep + 1 - step``, never below 0; 0 when
 the other PerStep groups trained on). Several incidents open at once (a lost machine and its
-consequences) close together. The newest :data:`KEPT` are kept.
+consequences) close together, as one outage: its redone steps count once, and each shows its
+``lostSeconds`` (below). The newest :data:`KEPT` are kept.
 
 ``goodput`` is the time in steps that were kept over the wall time since training began (rank
 0's first report, ``firstReportTime``), less the time it was paused at a hold point
@@ -21,7 +22,9 @@ in PerStep mode the other groups train on while a group is lost and their steps 
 their stall (and a slower pace with fewer groups) is the incident's cost; in Restart mode the
 new steps a resumed run made before its first report are kept, the restart is not. Where the
 report before the incident gave no pace (the first report, or one at a hold point, which has no
-``estimatedRemainingSeconds``), none of that time is kept. The
+``estimatedRemainingSeconds``), none of that time is kept. What goodput so loses is the
+closing incidents' ``lostSeconds``: the time between the reports around the outage, less the
+steps kept across it, plus the redone steps' time. The
 start-up before the first report is no incident's cost and is left out (a 90 s job that spent
 30 s starting and 21 s in one incident showed 0.41 when goodput counted from ``startTime``); a
 restart's start-up is in its incident's time, so it counts. Both ends are the trainer's clock
@@ -95,18 +98,26 @@ def account(
     step, before = report.get("step"), prev.get("step")
     moved = step - before if step is not None and before is not None and step > before else 0
     per_step = reports.step_seconds(prev)
-    if moved and now is not None and then is not None and now > then:
-        seconds = (now - then).total_seconds()
+    between = None  # the seconds since the report before
+    if now is not None and then is not None and now > then:
+        between = (now - then).total_seconds()
+    added = 0.0
+    if moved and between is not None:
+        added = between
         if was_open:  # steps trained across an incident: at most at the pace before it
-            seconds = min(seconds, moved * per_step)
-        kept += seconds
-    kept -= sum(i.get("stepsRedone", 0) for i in closed) * per_step
-    kept = max(0.0, kept)
+            added = min(between, moved * per_step)
+    redone = max((i.get("stepsRedone", 0) for i in closed), default=0) * per_step  # one outage
+    kept = max(0.0, kept + added - redone)
     out = StatusFields(keptSeconds=round(kept, 1))
     held = float(status.get("heldSeconds") or 0.0)
-    if prev.get("heldAtStep") is not None and now is not None and then is not None and now > then:
-        held += (now - then).total_seconds()  # paused from the last report to this one
+    paused = prev.get("heldAtStep") is not None
+    if paused and between is not None:
+        held += between  # paused from the last report to this one: neither kept nor lost
         out["heldSeconds"] = round(held, 1)
+    if closed and between is not None:
+        lost = round(max(0.0, (0.0 if paused else between) - added) + redone, 1)
+        for incident in closed:
+            incident["lostSeconds"] = lost
     if closed:
         out["incidents"] = incidents
     first = status.get("firstReportTime") or first_report(status, previous, report)

@@ -971,6 +971,8 @@ def test_metrics_show_the_jobs_by_phase_and_what_the_operator_did(c: Cluster) ->
         lambda: (i := c.status("metered")["incidents"][0]).get("resumedAt") == resumed and i,
     )
     assert closed["seconds"] == 2.0 and closed["stepsRedone"] == 1
+    # Its cost in training time: all since the first report (no step kept across it).
+    assert closed["lostSeconds"] >= closed["seconds"]
     assert c.status("metered")["goodput"] == 0.0  # since the first report: only the incident
     c.until(
         "its cost observed", lambda: delta("ddp_operator_recovery_seconds_count", kind="Failure")

@@ -236,6 +236,16 @@ def test_the_live_view_says_each_incident_once_when_it_closes() -> None:
         " 6s, 0 steps redone)",
         "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone)",
     ]
+    # What each cost, as goodput counts it (the operator's lostSeconds), where it is known.
+    view = LiveView(out.append)
+    costs = [{**closed, "lostSeconds": 51.0}, {**group, "lostSeconds": 1.37}]
+    view({"phase": "Running", "progress": {"groups": 3}, "incidents": costs})
+    assert [line.strip() for line in out if "incident" in line][-2:] == [
+        "incident NodeLost at step 40: training again after 31s (step 36, 5 steps redone, 51s"
+        " lost)",
+        "incident Disruption at step 180: the other groups trained on (step 400 reported after"
+        " 6s, 0 steps redone, 1.4s lost)",
+    ]
     # A lost lighthouse stalls every group until the new one answers; none restarts.
     view = LiveView(out.append)
     light = {**group, "kind": "LighthouseLost", "atStep": 410, "resumedStep": 560, "seconds": 10}

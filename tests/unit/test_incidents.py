@@ -40,6 +40,8 @@ def test_a_report_after_the_incident_closes_it_with_its_cost() -> None:
             "seconds": 31.0,
             "resumedStep": 36,
             "stepsRedone": 5,
+            # the 41 s between the reports around it, and the first run of steps 36 to 40
+            "lostSeconds": 51.0,
         }
     ]
     assert changes["incidents"] == closed
@@ -89,11 +91,31 @@ def test_steps_the_other_groups_trained_across_an_incident_count_at_the_pace_bef
     changes, closed = incidents.account(status, before, report(60, "2026-11-26T10:06:00Z"))
     assert closed[0]["stepsRedone"] == 0
     assert changes["keptSeconds"] == 290.0 + 20 * 2.0  # kept at the pace before: 40 s of 60
+    assert closed[0]["lostSeconds"] == 20.0  # the stall and the slower pace
     # A pace not known (one report before the incident) keeps none of that time.
     status["incidents"] = incidents.opened([], "Disruption", "2026-11-26T10:05:10Z", before)
     unpaced = report(40, "2026-11-26T10:05:00Z")
     unknown = incidents.account(status, unpaced, report(60, "2026-11-26T10:06:00Z"))[0]
     assert unknown["keptSeconds"] == 290.0
+
+
+def test_incidents_that_close_together_are_one_outage() -> None:
+    # A lost machine: its pod's incident and the failure of a peer it took down, then a resume
+    # from the checkpoint of step 35 (2 s a step before it): steps 36 to 40 are redone once.
+    before = report(40, "2026-11-26T10:05:00Z", eta=120)
+    both = incidents.opened([], "NodeLost", "2026-11-26T10:05:10Z", before)
+    both = incidents.opened(both, "Failure", "2026-11-26T10:05:12Z", before)
+    status = {"firstReportTime": START, "keptSeconds": 290.0, "incidents": both}
+    changes, closed = incidents.account(status, before, report(36, "2026-11-26T10:05:41Z"))
+    assert [i["stepsRedone"] for i in closed] == [5, 5]
+    assert changes["keptSeconds"] == 280.0  # 5 steps of 2 s lost once, not twice
+    assert [i["lostSeconds"] for i in closed] == [51.0, 51.0]
+    # A group lost while the others waited at a hold point: the pause is no one's loss.
+    held = {**report(60, "2026-11-26T10:07:00Z"), "heldAtStep": 60}
+    status = {"firstReportTime": START, "keptSeconds": 290.0}
+    status["incidents"] = incidents.opened([], "Disruption", "2026-11-26T10:07:05Z", held)
+    changes, closed = incidents.account(status, held, report(60, "2026-11-26T10:08:00Z"))
+    assert closed[0]["lostSeconds"] == 0.0 and changes["heldSeconds"] == 60.0
 
 
 def test_time_paused_at_a_hold_point_is_neither_kept_nor_lost() -> None:
