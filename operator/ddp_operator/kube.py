@@ -188,6 +188,18 @@ class Kube:
         finally:
             self.writes_in_flight -= write
 
+    async def ready(self, timeout_s: float) -> bool:
+        """Whether the API server answers ``/readyz`` with 200 within ``timeout_s``: one try,
+        not queued behind other requests (what the machines part hears the cluster through)."""
+        try:
+            session = await self._connect()
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with session.get(self._server + "/readyz", timeout=timeout) as r:
+                await r.read()
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def drained(self, timeout_s: float) -> None:
         """Returns once no write is in flight, or after ``timeout_s``."""
         await until_idle(lambda: self.writes_in_flight, timeout_s)

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ log = logging.getLogger("ddp_operator")
 
 Key = tuple[str, str]
 LEASE_NAMESPACE = "kube-node-lease"  # where each kubelet renews the Lease named after its Node
+PROBE_TIMEOUT_S = 2.0  # each tick's /readyz: a server that answers slower is not heard
 
 
 @dataclass
@@ -53,8 +54,13 @@ class Machines:
     # it nowhere else), or uncordoned (a Node keeps no time of that).
     back: dict[str, str] = field(default_factory=dict)
     cordoned: set[str] = field(default_factory=set)  # Nodes seen with spec.unschedulable
+    # Whether the API server is ready (asked each tick of the silence watch; None: not asked,
+    # as in tests without a server); since when it has not been, on our monotonic clock.
+    api_ready: Callable[[], Awaitable[bool]] | None = None
+    deaf_since: float | None = None
 
     def start(self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.api_ready = lambda: api.ready(PROBE_TIMEOUT_S)
         nodes = informer.Informer(api, "nodes", None, self.nodes, self._node)
         spawn(_keep(nodes))
         leases = informer.Informer(api, "leases", LEASE_NAMESPACE, self.leases, self._heartbeat,
@@ -107,14 +113,35 @@ class Machines:
 
         Silence is what this process did not hear: when it was itself stopped (its machine
         frozen, then back: a tick comes :data:`~ddp_operator.planner.lost_machines.STALLED_S`
-        late), every machine is heard afresh instead, or it would take them all for lost."""
+        late), every machine is heard afresh instead, or it would take them all for lost. So
+        too when the API server was not ready for
+        :data:`~ddp_operator.planner.lost_machines.DEAF_S` (no kubelet could renew its Lease
+        meanwhile): no machine is taken for silent until it is ready again, and then every
+        machine is heard afresh, as kube-controller-manager does not count a heartbeat it
+        could not have seen."""
         tick_s = min(2.0, self.grace_s / 4 or 2.0)
-        last = time.monotonic()
+        last = answered = time.monotonic()
         while True:
+            ready = True if self.api_ready is None else await self.api_ready()
             now = time.monotonic()
+            if ready:
+                answered = now
+            afresh = ""
             if lost_machines.stalled(last, now, tick_s):
-                log.warning("this operator was stopped for %.0fs: every machine heard afresh",
-                            now - last - tick_s)  # fmt: skip
+                afresh = f"this operator was stopped for {now - last - tick_s:.0f}s"
+            if lost_machines.deaf(answered, now):
+                if self.deaf_since is None:
+                    self.deaf_since = answered
+                    log.warning("the API server has not been ready for %.0fs: no machine is"
+                                " taken for silent until it is", now - answered)  # fmt: skip
+                last = now
+                await asyncio.sleep(tick_s)
+                continue
+            if self.deaf_since is not None:
+                afresh = f"the API server was not ready for {now - self.deaf_since:.0f}s"
+                self.deaf_since = None
+            if afresh:
+                log.warning("%s: every machine heard afresh", afresh)
                 wall = dt.datetime.now(dt.UTC)
                 self.heard = {name: (now, wall) for name in self.heard}
             heard = {name: mono for name, (mono, _) in self.heard.items()}

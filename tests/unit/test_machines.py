@@ -88,6 +88,54 @@ def test_the_watch_marks_a_silent_machine_and_a_thawed_operator_hears_all_afresh
     assert m.views()["a"].silent_since == m.silent["a"]
 
 
+def test_no_machine_is_silent_while_the_api_server_is_not_ready_and_all_are_heard_afresh_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An API server down for 60 s (its machine powered off, or restarted): no kubelet could
+    renew its Lease, and on kind the operator took every machine for lost as it came back."""
+    changed: list[tuple[str, str]] = []
+    m = Machines(grace_s=12, changed=changed.append)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    ready = [True]
+
+    async def api_ready() -> bool:
+        return ready[0]
+
+    m.api_ready = api_ready
+    for n in ("a", "b"):
+        m.nodes.apply("ADDED", node(n))
+        renew(m, n, "2026-11-24T10:00:00Z")
+
+    def ticks(advance: list[float]) -> None:
+        sleeps = iter(advance)
+
+        async def sleep(_: float) -> None:
+            try:
+                clock[0] += next(sleeps)
+            except StopIteration:
+                raise asyncio.CancelledError from None
+
+        monkeypatch.setattr(asyncio, "sleep", sleep)
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(m.watch_silence())
+
+    ready[0] = False
+    ticks([2.0] * 30)  # 60 s: the Leases look 60 s old, past the 20 s floor
+    assert m.silent == {} and changed == [] and m.deaf_since == 1000.0
+    ready[0] = True  # back: every machine heard afresh, from now
+    ticks([2.0] * 5)
+    assert m.silent == {} and changed == [] and m.deaf_since is None
+    assert {t for t, _ in m.heard.values()} == {1060.0}
+    renew(m, "b", "2026-11-24T10:01:10Z")  # b's kubelet renews; a's never does
+    ticks([2.0] * 8)
+    assert list(m.silent) == ["a"] and changed == [("", "a")]
+    # A blip shorter than DEAF_S hears nothing afresh: a's silence stands.
+    ready[0] = False
+    ticks([1.0])
+    assert m.deaf_since is None and list(m.silent) == ["a"]
+
+
 def test_an_uncordoned_machine_is_back_from_then() -> None:
     changed: list[tuple[str, str]] = []
     m = Machines(grace_s=30, changed=changed.append)

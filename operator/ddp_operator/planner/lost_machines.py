@@ -20,6 +20,10 @@ from .views import MachineView
 NODE_LOST_GRACE_S = 30.0  # Settings.node_lost_grace_s: the default
 SILENCE_FLOOR_S = 20.0  # a machine is silent after two missed Lease renewals at the least
 STALLED_S = 10.0  # the operator's own silence watch this late: it was stopped, not they
+# The API server not ready this long (two ticks' probes): the operator hears no machine. Less
+# than a Lease's silence can grow to SILENCE_FLOOR_S in an outage (a kubelet renews every 10 s:
+# its last renewal at most 10 s before it), with a tick and a probe's timeout to spare.
+DEAF_S = 4.0
 
 
 def silent_machines(heard: Mapping[str, float], now: float, grace_s: float) -> set[str]:
@@ -29,6 +33,14 @@ def silent_machines(heard: Mapping[str, float], now: float, grace_s: float) -> s
     with ours."""
     after = max(grace_s, SILENCE_FLOOR_S)
     return {name for name, at in heard.items() if now - at >= after}
+
+
+def deaf(answered: float, now: float) -> bool:
+    """Whether the API server, last ready at ``answered``, has not been for :data:`DEAF_S` or
+    more before ``now``: then no kubelet could renew its Lease either, and a machine's silence
+    says nothing of the machine (an API server restarted, or its machine powered off: once it
+    answered again, every Lease looked 70 s old and every pod of a job was deleted)."""
+    return now - answered >= DEAF_S
 
 
 def stalled(last: float, now: float, tick_s: float) -> bool:
