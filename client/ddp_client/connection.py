@@ -13,7 +13,7 @@ from typing import Any
 
 from ddp_api.contract import GROUP, PLURAL, VERSION
 
-from .errors import ClusterUnreachable, DDPError, JobNotFound, one_line
+from .errors import ApiError, ClusterUnreachable, DDPError, JobNotFound, one_line
 
 REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to read one response
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -96,8 +96,8 @@ class Connection:
                 " operator's CRD (kubectl apply --server-side -k manifests/)"
             )
         if error.status in (401, 403):
-            return DDPError(f"not allowed: {message}")
-        return DDPError(message)
+            return ApiError(f"not allowed: {message}", error.status)
+        return ApiError(message, int(error.status or 0))
 
 
 def _context_namespace(config: Any, kubeconfig: str, context: str | None) -> str | None:

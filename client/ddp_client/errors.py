@@ -27,6 +27,21 @@ class NoKeptLogs(DDPError):
     pass
 
 
+class ApiError(DDPError):
+    """The API server answered with an error; ``status`` is its HTTP status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def passing(self) -> bool:
+        """Whether a server that just answered well may answer so while it restarts: 401 and
+        403 until its authorizers have synced (seen on kind, a machine of the control plane
+        powered off and on), 429 and 5xx while it comes up or is overloaded."""
+        return self.status in (401, 403, 429) or self.status >= 500
+
+
 class WaitTimeout(DDPError, TimeoutError):
     pass
 

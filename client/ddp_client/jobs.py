@@ -17,7 +17,7 @@ from ddp_api.metav1 import owner_reference
 from ddp_api.trainer_config import validation_message
 
 from .connection import REQUEST_TIMEOUT, Connection
-from .errors import ClusterUnreachable, DDPError, ScriptNotFound, WaitTimeout
+from .errors import ApiError, ClusterUnreachable, DDPError, ScriptNotFound, WaitTimeout
 from .objects import InvalidJob, ScriptOptions, script_objects
 
 API_PATIENCE_S = 60.0  # how long `wait` rides out an unreachable API server
@@ -152,15 +152,18 @@ class Jobs(Connection):
     ) -> DDPJobStatus:
         """Polls the job until it Succeeded or Failed and returns its last status, calling
         ``on_status`` with every status seen. WaitTimeout after ``timeout_s`` (None: no limit);
-        an API server that does not answer is ridden out for a minute."""
+        an API server that does not answer, or answers as one restarting does
+        (:attr:`ApiError.passing`), is ridden out for a minute."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         unreachable_since: float | None = None
-        status = self.status(name)  # a cluster that never answered is an error at once
+        status = self.status(name)  # a cluster that never answered well is an error at once
         while True:
             try:
                 status = self.status(name)
                 unreachable_since = None
-            except ClusterUnreachable:
+            except (ClusterUnreachable, ApiError) as error:
+                if isinstance(error, ApiError) and not error.passing:
+                    raise
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
                 if now - unreachable_since > API_PATIENCE_S:

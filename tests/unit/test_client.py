@@ -3,13 +3,16 @@ creates, the curves it draws, and the one-line errors it gives."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddp_client import cli, draw_curves, status_of
+from ddp_client import cli, draw_curves, jobs, status_of
 from ddp_client import objects as client_objects
 from ddp_client.curves import Curves
 from ddp_client.objects import (
@@ -251,6 +254,70 @@ def test_an_unreachable_cluster_is_one_line_and_exit_code_2(
     assert one_error_line(capsys) == f"kubectl ddp: no kubeconfig at {tmp_path / 'absent'}"
     assert cli.main(["watch", "j", "--kubeconfig", str(kubeconfig), "--context", "nope"]) == 2
     assert "nope" in one_error_line(capsys)
+
+
+class RestartingServer:
+    """An API server of the test's own (plain HTTP) that answers a DDPJob's GET with each of
+    ``answers`` in turn (HTTP status, phase), then the last one for good."""
+
+    def __init__(self, answers: list[tuple[int, str]]):
+        self.answers, self.asked = list(answers), 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server's name for it
+                code, phase = server.answers[min(server.asked, len(server.answers) - 1)]
+                server.asked += 1
+                if code == 200:
+                    body = {"apiVersion": "ddp.dev/v1alpha1", "kind": "DDPJob"}
+                    body |= {"metadata": {"name": "j"}, "status": {"phase": phase}}
+                else:
+                    body = {"kind": "Status", "code": code, "message": f'{phase} "j"'}
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def kubeconfig(self, tmp_path: Path) -> str:
+        path = tmp_path / "kubeconfig"
+        port = self.http.server_address[1]
+        path.write_text(KUBECONFIG.replace("https://", "http://") % port)
+        return str(path)
+
+
+def test_watch_rides_out_an_api_server_that_restarts_but_not_one_that_refuses_from_the_start(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restarting API server answers 503, then 403 until its authorizers have synced (seen on
+    # kind, the control plane's machine powered off and on under `kubectl ddp watch`).
+    forbidden = (403, "ddpjobs.ddp.dev is forbidden: User cannot get resource ddpjobs")
+    answers = [(200, "Running"), (200, "Running"), (503, "not ready"), forbidden, forbidden]
+    server = RestartingServer([*answers, (200, "Succeeded")])
+    assert cli.main(["watch", "j", "--kubeconfig", server.kubeconfig(tmp_path)]) == 0
+    out, _ = capsys.readouterr()
+    assert out.splitlines() == ["phase Running", "phase Succeeded", "ddpjob j Succeeded"]
+    assert server.asked == 6
+    # Refused at the first read: the user's own permissions, said at once.
+    server = RestartingServer([forbidden])
+    assert cli.main(["watch", "j", "--kubeconfig", server.kubeconfig(tmp_path)]) == 2
+    assert "not allowed: ddpjobs.ddp.dev is forbidden" in one_error_line(capsys)
+    # Refused for longer than a restart takes: said after the patience.
+    monkeypatch.setattr(jobs, "API_PATIENCE_S", 2.0)
+    server = RestartingServer([(200, "Running"), (200, "Running"), forbidden])
+    assert cli.main(["watch", "j", "--kubeconfig", server.kubeconfig(tmp_path)]) == 2
+    assert "not allowed" in capsys.readouterr().err
+    # Any other error is no restart: said at once.
+    server = RestartingServer([(200, "Running"), (200, "Running"), (400, "bad request")])
+    assert cli.main(["watch", "j", "--kubeconfig", server.kubeconfig(tmp_path)]) == 2
+    assert server.asked == 3
 
 
 def test_no_cluster_configured_at_all_is_one_line_and_exit_code_2(
