@@ -192,6 +192,10 @@ class Informer(Generic[T]):
                 kube.core_path(namespace, plural) if namespace else f"/api/v1/{plural}"
             )
         self.synced = asyncio.Event()  # set after the first LIST
+        # Whether the cache is being kept current: after a LIST, or once a watch delivers an
+        # event or ends as the server ends it, until a watch fails (then it retries, after a
+        # backoff up to RETRY_CAP_S).
+        self.following = False
         self.resource_version = ""  # "" means: LIST first
         self.lists = 0  # how many LISTs and WATCHes, for tests and logs
         self.watches = 0
@@ -212,6 +216,7 @@ class Informer(Generic[T]):
                 if not self.resource_version:
                     await self.relist()
                 await self.watch()
+                self.following = True  # the server ended it (timeoutSeconds): it was open
                 delay = 0.0
             except asyncio.CancelledError:
                 raise
@@ -219,6 +224,7 @@ class Informer(Generic[T]):
                 log.info("watch of %s expired (%s); listing again", self.collection, e)
                 self.resource_version = ""
             except Exception as e:  # the cache must never stop: retry whatever it was
+                self.following = False
                 status = e.response.status if isinstance(e, kube.KubeError) else 0
                 if (status == 403 and stop_if_forbidden) or (status == 404 and stop_if_missing):
                     raise Forbidden(str(e)) from e
@@ -241,6 +247,7 @@ class Informer(Generic[T]):
                 break
         changed = self.cache.replace(items, self.namespace)
         self.resource_version = meta["resourceVersion"]
+        self.following = True
         self.lists += 1
         log.debug("listed %d from %s; %d jobs changed", len(items), self.collection, len(changed))
         if not self.synced.is_set():
@@ -260,6 +267,7 @@ class Informer(Generic[T]):
         )
         try:
             async for event in self.api.stream(url, read_timeout_s=self.watch_s + 30):
+                self.following = True
                 kind, obj = event.get("type", ""), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:

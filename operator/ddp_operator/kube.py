@@ -189,14 +189,16 @@ class Kube:
             self.writes_in_flight -= write
 
     async def ready(self, timeout_s: float) -> bool:
-        """Whether the API server answers ``/readyz`` with 200 within ``timeout_s``: one try,
-        not queued behind other requests (what the machines part hears the cluster through)."""
+        """Whether the API server answers ``/readyz`` within ``timeout_s``, ready (200; or 401
+        and 403, where this account may not read it: Kubernetes' default RBAC lets every
+        account, but a cluster may not; then the server answers at least): one try, not queued
+        behind other requests (the machines part hears the cluster through it)."""
         try:
             session = await self._connect()
             timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with session.get(self._server + "/readyz", timeout=timeout) as r:
                 await r.read()
-                return r.status == 200
+                return r.status in (200, 401, 403)
         except (aiohttp.ClientError, TimeoutError):
             return False
 

@@ -54,18 +54,24 @@ class Machines:
     # it nowhere else), or uncordoned (a Node keeps no time of that).
     back: dict[str, str] = field(default_factory=dict)
     cordoned: set[str] = field(default_factory=set)  # Nodes seen with spec.unschedulable
-    # Whether the API server is ready (asked each tick of the silence watch; None: not asked,
-    # as in tests without a server); since when it has not been, on our monotonic clock.
+    # Whether this part can hear the kubelets: the API server ready and the Lease watch
+    # following (asked each tick of the silence watch; None: not asked, as in tests without a
+    # server); since when it could not, on our monotonic clock.
     api_ready: Callable[[], Awaitable[bool]] | None = None
     deaf_since: float | None = None
 
     def start(self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        self.api_ready = lambda: api.ready(PROBE_TIMEOUT_S)
         nodes = informer.Informer(api, "nodes", None, self.nodes, self._node)
         spawn(_keep(nodes))
         leases = informer.Informer(api, "leases", LEASE_NAMESPACE, self.leases, self._heartbeat,
                                    api_version="coordination.k8s.io/v1")  # fmt: skip
         spawn(_keep(leases))
+
+        async def hearing() -> bool:
+            # A Lease watch that failed (and retries after a backoff) hears no renewal either.
+            return await api.ready(PROBE_TIMEOUT_S) and leases.following
+
+        self.api_ready = hearing
         spawn(self.watch_silence())
 
     def views(self) -> dict[str, MachineView]:
@@ -114,11 +120,11 @@ class Machines:
         Silence is what this process did not hear: when it was itself stopped (its machine
         frozen, then back: a tick comes :data:`~ddp_operator.planner.lost_machines.STALLED_S`
         late), every machine is heard afresh instead, or it would take them all for lost. So
-        too when the API server was not ready for
+        too when the API server was not ready, or the Lease watch not following, for
         :data:`~ddp_operator.planner.lost_machines.DEAF_S` (no kubelet could renew its Lease
-        meanwhile): no machine is taken for silent until it is ready again, and then every
-        machine is heard afresh, as kube-controller-manager does not count a heartbeat it
-        could not have seen."""
+        meanwhile, or none was seen): no machine is taken for silent until both are again, and
+        then every machine is heard afresh, as kube-controller-manager does not count a
+        heartbeat it could not have seen."""
         tick_s = min(2.0, self.grace_s / 4 or 2.0)
         last = answered = time.monotonic()
         while True:
@@ -132,13 +138,14 @@ class Machines:
             if lost_machines.deaf(answered, now):
                 if self.deaf_since is None:
                     self.deaf_since = answered
-                    log.warning("the API server has not been ready for %.0fs: no machine is"
-                                " taken for silent until it is", now - answered)  # fmt: skip
+                    log.warning("the API server has not been ready, or the Lease watch not"
+                                " following, for %.0fs: no machine is taken for silent until"
+                                " both are", now - answered)  # fmt: skip
                 last = now
                 await asyncio.sleep(tick_s)
                 continue
             if self.deaf_since is not None:
-                afresh = f"the API server was not ready for {now - self.deaf_since:.0f}s"
+                afresh = f"the Lease watch could not hear for {now - self.deaf_since:.0f}s"
                 self.deaf_since = None
             if afresh:
                 log.warning("%s: every machine heard afresh", afresh)

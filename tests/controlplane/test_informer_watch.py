@@ -65,6 +65,7 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
         try:
             await asyncio.wait_for(w.synced.wait(), 20)
             assert set(cache.kept((ns, "a"))) == {"early"} and changed == [(ns, "a")]
+            assert w.following and await api.ready(2.0)  # what the machines part hears by
 
             await asyncio.to_thread(cp.kubectl, "apply", "-n", ns, "-f", "-", input=pod("x", "b"))
             await until("the created pod", lambda: set(cache.kept((ns, "b"))) == {"x"})
@@ -91,6 +92,24 @@ def test_the_cache_follows_creates_and_deletes_across_resumed_and_expired_watche
             await until("a second LIST", lambda: w.lists == 2, timeout_s=15)
             assert (ns, "g") not in cache.by_job and changed[-1] == (ns, "g")
             assert set(cache.kept((ns, "b"))) == {"x"}
+
+            # A watch that fails is not following while it backs off, and follows again once a
+            # watch is open (here one the server ends after 2 s, nothing having changed).
+            failed = asyncio.Event()
+
+            async def reset_once() -> None:
+                monkeypatch.setattr(w, "watch", held_then_real)
+                raise ConnectionResetError("the API server's machine powered off")
+
+            async def held_then_real() -> None:
+                failed.set()
+                await asyncio.sleep(0.5)  # the retry's watch, held: the failure's state is seen
+                await real_watch()
+
+            monkeypatch.setattr(w, "watch", reset_once)
+            await asyncio.wait_for(failed.wait(), 15)
+            assert not w.following
+            await until("following again", lambda: w.following, timeout_s=15)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
