@@ -196,6 +196,7 @@ class Informer(Generic[T]):
         # event or ends as the server ends it, until a watch fails (then it retries, after a
         # backoff up to RETRY_CAP_S).
         self.following = False
+        self.forbidden = False  # RBAC forbade its LIST and it stopped (run's stop_if_forbidden)
         self.resource_version = ""  # "" means: LIST first
         self.lists = 0  # how many LISTs and WATCHes, for tests and logs
         self.watches = 0

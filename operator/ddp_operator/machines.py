@@ -68,8 +68,10 @@ class Machines:
         spawn(_keep(leases))
 
         async def hearing() -> bool:
-            # A Lease watch that failed (and retries after a backoff) hears no renewal either.
-            return await api.ready(PROBE_TIMEOUT_S) and leases.following
+            # A Lease watch that failed (and retries after a backoff) hears no renewal either;
+            # one RBAC forbids (a namespaced install) never runs, and no machine is heard.
+            following = leases.following or leases.forbidden
+            return await api.ready(PROBE_TIMEOUT_S) and following
 
         self.api_ready = hearing
         spawn(self.watch_silence())
@@ -167,6 +169,7 @@ async def _keep(w: informer.Informer[Any]) -> None:
     try:
         await w.run(stop_if_forbidden=True)
     except informer.Forbidden as e:
+        w.forbidden = True
         log.info("%s; pods on lost machines go when Kubernetes evicts them", e)
 
 
