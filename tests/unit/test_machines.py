@@ -29,6 +29,24 @@ def renew(m: Machines, name: str, renewed: str) -> None:
         m._heartbeat(key)
 
 
+def ticks(
+    m: Machines, monkeypatch: pytest.MonkeyPatch, clock: list[float], advance: list[float]
+) -> None:
+    """Runs ``m``'s silence watch, moving ``clock`` (its monotonic time) by each value of
+    ``advance`` between its ticks, and stops it after the last."""
+    sleeps = iter(advance)
+
+    async def sleep(_: float) -> None:
+        try:
+            clock[0] += next(sleeps)
+        except StopIteration:
+            raise asyncio.CancelledError from None
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(m.watch_silence())
+
+
 def test_a_silent_machine_is_marked_until_its_lease_is_renewed() -> None:
     changed: list[tuple[str, str]] = []
     m = Machines(grace_s=30, changed=changed.append)
@@ -65,25 +83,11 @@ def test_the_watch_marks_a_silent_machine_and_a_thawed_operator_hears_all_afresh
     m.nodes.apply("ADDED", node("a"))
     renew(m, "a", "2026-11-24T10:00:00Z")
 
-    async def ticks(advance: list[float]) -> None:
-        """Runs the watch loop, moving the clock by each value between its ticks."""
-        sleeps = iter(advance)
-
-        async def sleep(_: float) -> None:
-            try:
-                clock[0] += next(sleeps)
-            except StopIteration:
-                raise asyncio.CancelledError from None
-
-        monkeypatch.setattr(asyncio, "sleep", sleep)
-        with pytest.raises(asyncio.CancelledError):
-            await m.watch_silence()
-
     # The operator itself stopped for 100 s: nothing is silent, every machine heard afresh.
-    asyncio.run(ticks([100.0, 2.0]))
+    ticks(m, monkeypatch, clock, [100.0, 2.0])
     assert m.silent == {} and changed == [] and m.heard["a"][0] == 1100.0
     # Then 2 s ticks without a renewal: silent once 30 s have passed, reported once.
-    asyncio.run(ticks([2.0] * 20))
+    ticks(m, monkeypatch, clock, [2.0] * 20)
     assert list(m.silent) == ["a"] and changed == [("", "a")]
     assert m.views()["a"].silent_since == m.silent["a"]
 
@@ -107,32 +111,19 @@ def test_no_machine_is_silent_while_the_api_server_is_not_ready_and_all_are_hear
         m.nodes.apply("ADDED", node(n))
         renew(m, n, "2026-11-24T10:00:00Z")
 
-    def ticks(advance: list[float]) -> None:
-        sleeps = iter(advance)
-
-        async def sleep(_: float) -> None:
-            try:
-                clock[0] += next(sleeps)
-            except StopIteration:
-                raise asyncio.CancelledError from None
-
-        monkeypatch.setattr(asyncio, "sleep", sleep)
-        with pytest.raises(asyncio.CancelledError):
-            asyncio.run(m.watch_silence())
-
     ready[0] = False
-    ticks([2.0] * 30)  # 60 s: the Leases look 60 s old, past the 20 s floor
+    ticks(m, monkeypatch, clock, [2.0] * 30)  # 60 s: the Leases look 60 s old, past the 20 s floor
     assert m.silent == {} and changed == [] and m.deaf_since == 1000.0
     ready[0] = True  # back: every machine heard afresh, from now
-    ticks([2.0] * 5)
+    ticks(m, monkeypatch, clock, [2.0] * 5)
     assert m.silent == {} and changed == [] and m.deaf_since is None
     assert {t for t, _ in m.heard.values()} == {1060.0}
     renew(m, "b", "2026-11-24T10:01:10Z")  # b's kubelet renews; a's never does
-    ticks([2.0] * 8)
+    ticks(m, monkeypatch, clock, [2.0] * 8)
     assert list(m.silent) == ["a"] and changed == [("", "a")]
     # A blip shorter than DEAF_S hears nothing afresh: a's silence stands.
     ready[0] = False
-    ticks([1.0])
+    ticks(m, monkeypatch, clock, [1.0])
     assert m.deaf_since is None and list(m.silent) == ["a"]
 
 
