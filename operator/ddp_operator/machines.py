@@ -57,7 +57,7 @@ class Machines:
     # Whether this part can hear the kubelets: the API server ready and the Lease watch
     # following (asked each tick of the silence watch; None: not asked, as in tests without a
     # server); since when it could not, on our monotonic clock.
-    api_ready: Callable[[], Awaitable[bool]] | None = None
+    hearing: Callable[[], Awaitable[bool]] | None = None
     deaf_since: float | None = None
 
     def start(self, api: kube.Kube, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
@@ -73,7 +73,7 @@ class Machines:
             following = leases.following or leases.forbidden
             return await api.ready(PROBE_TIMEOUT_S) and following
 
-        self.api_ready = hearing
+        self.hearing = hearing
         spawn(self.watch_silence())
 
     def views(self) -> dict[str, MachineView]:
@@ -130,37 +130,40 @@ class Machines:
         tick_s = min(2.0, self.grace_s / 4 or 2.0)
         last = answered = time.monotonic()
         while True:
-            ready = True if self.api_ready is None else await self.api_ready()
+            ready = True if self.hearing is None else await self.hearing()
             now = time.monotonic()
             if ready:
                 answered = now
-            afresh = ""
-            if lost_machines.stalled(last, now, tick_s):
-                afresh = f"this operator was stopped for {now - last - tick_s:.0f}s"
             if lost_machines.deaf(answered, now):
                 if self.deaf_since is None:
                     self.deaf_since = answered
                     log.warning("the API server has not been ready, or the Lease watch not"
                                 " following, for %.0fs: no machine is taken for silent until"
                                 " both are", now - answered)  # fmt: skip
-                last = now
-                await asyncio.sleep(tick_s)
-                continue
-            if self.deaf_since is not None:
-                afresh = f"the Lease watch could not hear for {now - self.deaf_since:.0f}s"
-                self.deaf_since = None
-            if afresh:
-                log.warning("%s: every machine heard afresh", afresh)
-                wall = dt.datetime.now(dt.UTC)
-                self.heard = {name: (now, wall) for name in self.heard}
-            heard = {name: mono for name, (mono, _) in self.heard.items()}
-            for name in lost_machines.silent_machines(heard, now, self.grace_s) - set(self.silent):
-                self.silent[name] = rfc3339(self.heard[name][1])
-                log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name,
-                            self.grace_s)  # fmt: skip
-                self.changed(("", name))
+            else:
+                afresh = ""
+                if lost_machines.stalled(last, now, tick_s):
+                    afresh = f"this operator was stopped for {now - last - tick_s:.0f}s"
+                if self.deaf_since is not None:
+                    afresh = f"the Lease watch could not hear for {now - self.deaf_since:.0f}s"
+                    self.deaf_since = None
+                self._mark_silent(now, afresh)
             last = now
             await asyncio.sleep(tick_s)
+
+    def _mark_silent(self, now: float, afresh: str) -> None:
+        """One tick's marks: every machine heard afresh first when ``afresh`` says why, then
+        each machine silent past the grace marked (once) and its jobs told."""
+        if afresh:
+            log.warning("%s: every machine heard afresh", afresh)
+            wall = dt.datetime.now(dt.UTC)
+            self.heard = {name: (now, wall) for name in self.heard}
+        heard = {name: mono for name, (mono, _) in self.heard.items()}
+        for name in lost_machines.silent_machines(heard, now, self.grace_s) - set(self.silent):
+            self.silent[name] = rfc3339(self.heard[name][1])
+            log.warning("machine %s: no heartbeat (Lease renewal) for %.0fs", name,
+                        self.grace_s)  # fmt: skip
+            self.changed(("", name))
 
 
 async def _keep(w: informer.Informer[Any]) -> None:

@@ -103,10 +103,10 @@ def test_no_machine_is_silent_while_the_api_server_is_not_ready_and_all_are_hear
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     ready = [True]
 
-    async def api_ready() -> bool:
+    async def hearing() -> bool:
         return ready[0]
 
-    m.api_ready = api_ready
+    m.hearing = hearing
     for n in ("a", "b"):
         m.nodes.apply("ADDED", node(n))
         renew(m, n, "2026-11-24T10:00:00Z")
