@@ -196,7 +196,7 @@ class Informer(Generic[T]):
         # event or ends as the server ends it, until a watch fails (then it retries, after a
         # backoff up to RETRY_CAP_S).
         self.following = False
-        self.forbidden = False  # RBAC forbade its LIST and it stopped (run's stop_if_forbidden)
+        self.forbidden = False  # it stopped: RBAC forbade it, or the resource is not served
         self.resource_version = ""  # "" means: LIST first
         self.lists = 0  # how many LISTs and WATCHes, for tests and logs
         self.watches = 0
@@ -228,6 +228,7 @@ class Informer(Generic[T]):
                 self.following = False
                 status = e.response.status if isinstance(e, kube.KubeError) else 0
                 if (status == 403 and stop_if_forbidden) or (status == 404 and stop_if_missing):
+                    self.forbidden = True
                     raise Forbidden(str(e)) from e
                 if status == 410:
                     self.resource_version = ""  # a LIST's continue token expired

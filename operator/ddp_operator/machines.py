@@ -172,7 +172,6 @@ async def _keep(w: informer.Informer[Any]) -> None:
     try:
         await w.run(stop_if_forbidden=True)
     except informer.Forbidden as e:
-        w.forbidden = True
         log.info("%s; pods on lost machines go when Kubernetes evicts them", e)
 
 
