@@ -124,8 +124,8 @@ def account(
     if first is not None and first != status.get("firstReportTime"):
         out["firstReportTime"] = first
     began = parse_rfc3339(first)
-    if began is not None and now is not None and (now - began).total_seconds() - held > 0:
-        training = (now - began).total_seconds() - held
+    training = (now - began).total_seconds() - held if began and now else 0.0
+    if training > 0:
         out["goodput"] = round(min(1.0, kept / training), 3)
     return out, closed
 
